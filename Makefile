@@ -1,0 +1,43 @@
+# latentgate: `make run` starts the gateway, `make test` runs the whole suite. Both install first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+CONFIG ?= config/latentgate.yaml
+
+.PHONY: install run test lint typecheck redis-server bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# The CPU wheel first: an unpinned torch would pull several GB of CUDA packages.
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[build,test]'
+	touch $@
+
+run: install
+	$(BIN)/latentgate serve --config $(CONFIG)
+
+# A real Redis server for the tests: Debian's package, installed when missing.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing Debian's redis-server for the test suite"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get install -y -q redis-server >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q redis-server >/dev/null; }; }
+	@command -v redis-server >/dev/null 2>&1 || { echo "redis-server is required by the tests"; exit 1; }
+
+test: install redis-server
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check gateway cache backends tests bench
+	$(BIN)/ruff format --check gateway cache backends tests bench
+
+typecheck: install
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,63 @@
+"""The Backend contract: one upstream request in, one (possibly streamed) response out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+Headers = list[tuple[str, str]]
+
+
+@dataclass(slots=True)
+class UpstreamRequest:
+    method: str
+    path_qs: str
+    headers: Headers
+    # bytes when the gateway parsed the body; an async iterator when it streams it through.
+    body: bytes | AsyncIterator[bytes] | None = None
+    content_length: int | None = None
+    # Seconds left in the client's deadline; sent upstream so replicas can shed late work.
+    deadline_s: float | None = None
+
+
+@dataclass(slots=True)
+class UpstreamResponse:
+    status: int
+    reason: str
+    headers: Headers
+    # The whole body when it was small and length-delimited; otherwise `stream` yields chunks.
+    body: bytes | None = None
+    stream: AsyncIterator[bytes] | None = None
+    replica: str = ""
+    _release: list[object] = field(default_factory=list)
+
+    async def read(self) -> bytes:
+        if self.body is not None:
+            return self.body
+        chunks = []
+        if self.stream is not None:
+            async for chunk in self.stream:
+                chunks.append(chunk)
+        self.body = b"".join(chunks)
+        self.stream = None
+        return self.body
+
+    def header(self, name: str) -> str | None:
+        lname = name.lower()
+        for k, v in self.headers:
+            if k.lower() == lname:
+                return v
+        return None
+
+
+class Backend(Protocol):
+    name: str
+
+    async def send(self, request: UpstreamRequest) -> UpstreamResponse: ...
+
+    def ready(self) -> bool: ...
+
+    def describe(self) -> dict[str, object]: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,49 @@
+"""BackendError tree. Everything above backends/ sees only these, never aiohttp's exceptions.
+
+    BackendError
+    ├── UpstreamError                      a remote replica failed us
+    │   ├── UpstreamConnectError (ConnectionError)   nothing reached the replica: safe to retry
+    │   ├── UpstreamTimeout (TimeoutError)           connect, first byte or total deadline passed
+    │   └── UpstreamProtocolError                    the replica broke HTTP or the stream mid-way
+    ├── Overloaded                         circuit breaker / admission refused (fast 503)
+    └── EngineError                        a local engine failed
+        └── BadInput (ValueError)          the request does not fit the model: a 400
+"""
+
+from __future__ import annotations
+
+
+class BackendError(Exception):
+    pass
+
+
+class UpstreamError(BackendError):
+    def __init__(self, message: str, replica: str | None = None) -> None:
+        super().__init__(message)
+        self.replica = replica
+
+
+class UpstreamConnectError(UpstreamError, ConnectionError):
+    pass
+
+
+class UpstreamTimeout(UpstreamError, TimeoutError):
+    pass
+
+
+class UpstreamProtocolError(UpstreamError):
+    pass
+
+
+class Overloaded(BackendError):
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class EngineError(BackendError):
+    pass
+
+
+class BadInput(EngineError, ValueError):
+    pass

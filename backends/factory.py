@@ -1,0 +1,17 @@
+"""Build backend objects by kind from settings (a name → implementation table)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from backends.base import Backend
+from backends.remote.pool import Pool
+from backends.settings import BackendSettings, RemoteBackendSettings
+
+
+def build_backends(settings: Mapping[str, BackendSettings]) -> dict[str, Backend]:
+    out: dict[str, Backend] = {}
+    for name, spec in settings.items():
+        if isinstance(spec, RemoteBackendSettings):
+            out[name] = Pool(name, spec)
+    return out

@@ -1,0 +1,17 @@
+"""Transport protocol: bytes to one replica over a pooled connection. Policy lives in the Pool."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from backends.base import UpstreamRequest, UpstreamResponse
+
+
+class Transport(Protocol):
+    url: str
+
+    async def send(self, request: UpstreamRequest) -> UpstreamResponse: ...
+
+    def pool_stats(self) -> dict[str, int]: ...
+
+    async def aclose(self) -> None: ...

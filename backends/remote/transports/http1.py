@@ -1,0 +1,132 @@
+"""HTTP/1.1 transport: one aiohttp ClientSession per replica over a TCP or unix-socket connector.
+
+Keep-alive connections are pooled by the connector; nothing here opens a connection per request.
+aiohttp's exceptions are mapped to the BackendError tree at this boundary (`map_errors`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from backends.base import UpstreamRequest, UpstreamResponse
+from backends.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
+from backends.settings import PoolLimits, Timeouts
+
+# Bodies up to this size with a Content-Length are read whole: one write downstream, no chunking.
+_BUFFER_LIMIT = 1 << 20
+_SKIP_AUTO = frozenset({"User-Agent", "Accept-Encoding", "Content-Type", "Accept"})
+DEADLINE_HEADER = "X-Latentgate-Deadline-Ms"
+
+
+@contextmanager
+def map_errors(replica: str, phase: str) -> Iterator[None]:
+    try:
+        yield
+    except (aiohttp.ClientConnectorError, aiohttp.ClientConnectionResetError) as exc:
+        raise UpstreamConnectError(f"cannot connect to {replica}: {exc}", replica) from exc
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        raise UpstreamTimeout(f"{replica} timed out during {phase}", replica) from exc
+    except aiohttp.ServerDisconnectedError as exc:
+        raise UpstreamProtocolError(f"{replica} closed the connection during {phase}", replica) from exc
+    except aiohttp.ClientPayloadError as exc:
+        raise UpstreamProtocolError(f"{replica} sent a broken body during {phase}: {exc}", replica) from exc
+    except aiohttp.ClientError as exc:
+        raise UpstreamProtocolError(f"{replica} failed during {phase}: {exc}", replica) from exc
+
+
+class Http1Transport:
+    """Pooled HTTP/1.1 to one replica: `http(s)://host:port` or `unix:/path/to.sock`."""
+
+    def __init__(self, url: str, limits: PoolLimits, timeouts: Timeouts) -> None:
+        self.url = url
+        self._timeouts = timeouts
+        if url.startswith("unix:"):
+            self._base = "http://localhost"
+            connector: aiohttp.BaseConnector = aiohttp.UnixConnector(
+                path=url[len("unix:") :],
+                limit=limits.max_connections,
+                keepalive_timeout=limits.keepalive_s,
+            )
+        else:
+            parts = urlsplit(url)
+            self._base = f"{parts.scheme}://{parts.netloc}"
+            connector = aiohttp.TCPConnector(
+                limit=limits.max_connections,
+                limit_per_host=0,
+                keepalive_timeout=limits.keepalive_s,
+                ttl_dns_cache=60,
+            )
+        self._connector = connector
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            auto_decompress=False,
+            skip_auto_headers=_SKIP_AUTO,
+            timeout=aiohttp.ClientTimeout(
+                total=timeouts.total, sock_connect=timeouts.connect, sock_read=timeouts.read
+            ),
+        )
+
+    async def send(self, request: UpstreamRequest) -> UpstreamResponse:
+        headers = list(request.headers)
+        if request.deadline_s is not None:
+            headers.append((DEADLINE_HEADER, str(max(0, int(request.deadline_s * 1000)))))
+        timeout = None
+        if request.deadline_s is not None and request.deadline_s < self._timeouts.total:
+            timeout = aiohttp.ClientTimeout(
+                total=request.deadline_s,
+                sock_connect=self._timeouts.connect,
+                sock_read=self._timeouts.read,
+            )
+        with map_errors(self.url, "request"):
+            resp = await self._session.request(
+                request.method,
+                self._base + request.path_qs,
+                headers=headers,
+                data=request.body,
+                allow_redirects=False,
+                timeout=timeout if timeout is not None else aiohttp.helpers.sentinel,
+            )
+        out_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in resp.raw_headers]
+        out = UpstreamResponse(resp.status, resp.reason or "", out_headers, replica=self.url)
+        length = resp.content_length
+        ctype = resp.headers.get("Content-Type", "")
+        if length is not None and length <= _BUFFER_LIMIT and "text/event-stream" not in ctype:
+            try:
+                with map_errors(self.url, "body"):
+                    out.body = await resp.read()
+            finally:
+                resp.release()
+        else:
+            out.stream = self._iter_body(resp)
+        return out
+
+    async def _iter_body(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+        try:
+            with map_errors(self.url, "stream"):
+                async for chunk in resp.content.iter_any():
+                    yield chunk
+        finally:
+            # A stream abandoned mid-way must not return its connection to the pool dirty.
+            if resp.content.at_eof():
+                resp.release()
+            else:
+                resp.close()
+
+    def pool_stats(self) -> dict[str, int]:
+        conns = getattr(self._connector, "_conns", {})
+        acquired = getattr(self._connector, "_acquired", ())
+        return {
+            "idle": sum(len(v) for v in conns.values()),
+            "in_use": len(acquired),
+            "limit": self._connector.limit,
+        }
+
+    async def aclose(self) -> None:
+        await self._session.close()
+        # Let the connector's transports finish closing before the loop moves on.
+        await asyncio.sleep(0)

@@ -1,0 +1,69 @@
+"""Cache policy and store settings (value objects; no I/O)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KeySettings(_Frozen):
+    """What goes into an exact key beyond the protocol's canonical fields."""
+
+    tenant_headers: list[str] = ["Authorization"]
+    ignore_fields: list[str] = []
+
+
+class ExactPolicy(_Frozen):
+    enabled: bool = False
+    ttl: float = Field(3600.0, gt=0)
+    tiers: list[Literal["memory", "redis"]] = ["memory", "redis"]
+    max_entry_bytes: int = Field(1 << 20, ge=1)
+    key: KeySettings = KeySettings()
+
+
+class SemanticPolicy(_Frozen):
+    enabled: bool = False
+    threshold: float = Field(0.90, ge=-1.0, le=1.0)
+    verifier: Literal["on", "off"] = "on"
+    only_deterministic: bool = True
+    max_entries: int = Field(100_000, ge=1)
+    ttl: float = Field(3600.0, gt=0)
+    min_chars: int = Field(8, ge=0)
+    field: str | None = None
+
+
+class CachePolicy(_Frozen):
+    """A route's cache policy slot."""
+
+    exact: ExactPolicy = ExactPolicy()
+    semantic: SemanticPolicy = SemanticPolicy()
+
+
+class MemorySettings(_Frozen):
+    max_bytes: int = Field(256 << 20, ge=1024)
+
+
+class RedisTimeouts(_Frozen):
+    connect: float = Field(0.25, gt=0)
+    op: float = Field(0.05, gt=0)
+
+
+class RedisPoolSettings(_Frozen):
+    max_connections: int = Field(64, ge=1)
+
+
+class RedisSettings(_Frozen):
+    url: str
+    timeouts: RedisTimeouts = RedisTimeouts()
+    pool: RedisPoolSettings = RedisPoolSettings()
+    key_prefix: str = "lg:"
+
+
+class CacheSettings(_Frozen):
+    memory: MemorySettings = MemorySettings()
+    redis: RedisSettings | None = None

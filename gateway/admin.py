@@ -1,0 +1,79 @@
+"""Operational endpoints: /healthz, /readyz, /metrics, and the bearer-token guarded /admin API."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from gateway.errors import GatewayError, Unauthorized, error_body
+from gateway.state import AppState, STATE
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(data: object, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=json.dumps(data).encode(), content_type="application/json")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return _json({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    backends = {name: {"ready": b.ready(), **b.describe()} for name, b in state.backends.items()}
+    ready = not state.draining and all(v["ready"] for v in backends.values())
+    return _json({"ready": ready, "draining": state.draining, "backends": backends}, 200 if ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[STATE].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def check_admin(state: AppState, request: web.Request) -> None:
+    """Constant-time bearer check; an unset token disables the admin API rather than opening it."""
+    token = state.settings.admin.token
+    given = request.headers.get("Authorization", "")
+    if not token:
+        raise Unauthorized("the admin API is disabled: set admin.token or LATENTGATE_ADMIN_TOKEN")
+    if not given.startswith("Bearer ") or not hmac.compare_digest(given[7:].encode(), token.encode()):
+        raise Unauthorized("missing or wrong admin bearer token")
+
+
+def guarded(handler: Handler) -> Handler:
+    async def wrapper(request: web.Request) -> web.StreamResponse:
+        try:
+            check_admin(request.app[STATE], request)
+            return await handler(request)
+        except GatewayError as err:
+            return web.Response(
+                status=err.status, body=error_body("admin", err), content_type="application/json",
+                headers={"WWW-Authenticate": "Bearer"} if err.status == 401 else None,
+            )
+
+    return wrapper
+
+
+async def admin_backends(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    return _json({name: b.describe() for name, b in state.backends.items()})
+
+
+async def admin_config(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    data = state.settings.model_dump(mode="json")
+    if data.get("admin", {}).get("token"):
+        data["admin"]["token"] = "***"
+    return _json(data)
+
+
+def register(app: web.Application) -> None:
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/admin/backends", guarded(admin_backends))
+    app.router.add_get("/admin/config", guarded(admin_config))

@@ -1,0 +1,70 @@
+"""Command line: `latentgate serve` and `latentgate check-config`. Parses flags, then calls in."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from gateway.config import ConfigError, ListenerSettings, Settings, load_settings
+
+DEFAULT_CONFIG = "config/latentgate.yaml"
+
+
+def _apply_flags(settings: Settings, args: argparse.Namespace) -> Settings:
+    listeners = list(settings.listeners)
+    if args.host is not None or args.port is not None:
+        tcp = [lst for lst in listeners if lst.unix is None]
+        base = tcp[0] if tcp else ListenerSettings(host="127.0.0.1", port=8080)
+        new = base.model_copy(update={
+            "host": args.host if args.host is not None else base.host,
+            "port": args.port if args.port is not None else base.port,
+        })
+        listeners = [new] + [lst for lst in listeners if lst.unix is not None]
+    if args.uds:
+        listeners.append(ListenerSettings(name="uds", unix=args.uds))
+    update: dict[str, object] = {"listeners": listeners}
+    if args.log_level:
+        update["logging"] = settings.logging.model_copy(update={"level": args.log_level})
+    return settings.model_copy(update=update)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="latentgate", description="Caching inference gateway")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="start the gateway")
+    serve.add_argument("--config", default=os.environ.get("LATENTGATE_CONFIG", DEFAULT_CONFIG))
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--uds", help="also listen on this unix socket path")
+    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    check = sub.add_parser("check-config", help="validate a config file and print every error")
+    check.add_argument("path")
+    args = parser.parse_args(argv)
+
+    if args.command == "check-config":
+        try:
+            load_settings(args.path)
+        except ConfigError as err:
+            print(f"{err.source}: {len(err.issues)} error(s)", file=sys.stderr)
+            for issue in err.issues:
+                print(f"  {issue}", file=sys.stderr)
+            return 1
+        print(f"{args.path}: ok")
+        return 0
+
+    try:
+        settings = _apply_flags(load_settings(args.config), args)
+    except ConfigError as err:
+        for issue in err.issues:
+            print(f"{err.source}: {issue}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.logging.level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
+    )
+    from gateway.server import run
+
+    return run(settings, workers=args.workers)

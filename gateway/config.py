@@ -1,0 +1,209 @@
+"""Root settings: load YAML once, interpolate `${VAR:-default}`, validate, report errors with lines.
+
+Each package owns its own settings models (cache/settings.py, backends/settings.py); this module
+only composes them and knows where in the file each value came from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from backends.settings import BackendSettings
+from cache.settings import CachePolicy, CacheSettings
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ListenerSettings(_Frozen):
+    """A named network location: a TCP host:port or a unix socket path (not both)."""
+
+    name: str = "main"
+    host: str | None = None
+    port: int | None = Field(None, ge=0, le=65535)
+    unix: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ListenerSettings:
+        tcp = self.host is not None or self.port is not None
+        if tcp == (self.unix is not None):
+            raise ValueError("a listener has either host/port or unix, not both and not neither")
+        return self
+
+
+class AdminSettings(_Frozen):
+    token: str | None = None
+
+
+class LimitSettings(_Frozen):
+    max_body_bytes: int = Field(16 << 20, ge=1)
+    max_header_bytes: int = Field(8190, ge=256)
+    max_headers: int = Field(100, ge=1)
+    client_idle_timeout_s: float = Field(75.0, gt=0)
+    body_read_timeout_s: float = Field(30.0, gt=0)
+    shutdown_grace_s: float = Field(30.0, ge=0)
+
+
+class LoggingSettings(_Frozen):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    access_log: bool = False
+
+
+class RouteMatch(_Frozen):
+    path: str | None = None
+    prefix: str | None = None
+    methods: list[str] | None = None
+    model: str | None = None
+
+    @model_validator(mode="after")
+    def _path_or_prefix(self) -> RouteMatch:
+        if (self.path is None) == (self.prefix is None):
+            raise ValueError("match needs exactly one of path or prefix")
+        return self
+
+
+class RouteSettings(_Frozen):
+    name: str
+    match: RouteMatch
+    protocol: Literal["openai", "v2", "passthrough"] = "passthrough"
+    backend: str
+    cache: CachePolicy = CachePolicy()
+
+
+class Settings(_Frozen):
+    listeners: list[ListenerSettings] = [ListenerSettings(host="127.0.0.1", port=8080)]
+    admin: AdminSettings = AdminSettings()
+    limits: LimitSettings = LimitSettings()
+    logging: LoggingSettings = LoggingSettings()
+    cache: CacheSettings = CacheSettings()
+    backends: dict[str, BackendSettings]
+    routes: list[RouteSettings] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _references(self) -> Settings:
+        names: set[str] = set()
+        for route in self.routes:
+            if route.backend not in self.backends:
+                raise ValueError(
+                    f"route {route.name!r} names backend {route.backend!r}, "
+                    f"which is not under backends ({', '.join(sorted(self.backends))})"
+                )
+            if route.name in names:
+                raise ValueError(f"route name {route.name!r} is used twice")
+            names.add(route.name)
+        return self
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    """One problem found in a config file: where it is and what is wrong."""
+
+    path: str
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.path or '<root>'}" + (f" (line {self.line})" if self.line else "")
+        return f"{where}: {self.message}"
+
+
+class ConfigError(Exception):
+    def __init__(self, source: str, issues: list[ConfigIssue]) -> None:
+        self.source = source
+        self.issues = issues
+        super().__init__(f"{source}: " + "; ".join(str(i) for i in issues))
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def interpolate(text: str, environ: Mapping[str, str]) -> str:
+    """Replace `${VAR}` and `${VAR:-default}`; an unset variable without a default is empty."""
+
+    def sub(m: re.Match[str]) -> str:
+        value = environ.get(m.group(1))
+        if value is None or (value == "" and m.group(2) is not None):
+            return m.group(2) or ""
+        return value
+
+    return _VAR.sub(sub, text)
+
+
+def _line_index(node: yaml.Node, prefix: tuple[str, ...], out: dict[tuple[str, ...], int]) -> None:
+    out[prefix] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            path = (*prefix, str(key.value))
+            out[path] = key.start_mark.line + 1
+            _line_index(value, path, out)
+            out[path] = key.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _line_index(item, (*prefix, str(i)), out)
+
+
+def _interpolate_tree(value: Any, environ: Mapping[str, str]) -> Any:
+    if isinstance(value, str):
+        out = interpolate(value, environ)
+        # An emptied `${VAR:-}` means "not set" so optional fields stay None.
+        return None if out == "" and _VAR.search(value) else out
+    if isinstance(value, list):
+        return [_interpolate_tree(v, environ) for v in value]
+    if isinstance(value, dict):
+        return {k: _interpolate_tree(v, environ) for k, v in value.items()}
+    return value
+
+
+def parse_settings(text: str, source: str = "<config>", environ: Mapping[str, str] | None = None) -> Settings:
+    """Validate a YAML document; raise ConfigError listing every problem with its line."""
+    env = os.environ if environ is None else environ
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise ConfigError(source, [ConfigIssue("", line, f"not valid YAML: {exc}")]) from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(source, [ConfigIssue("", 1, "the top level must be a mapping")])
+    lines: dict[tuple[str, ...], int] = {}
+    if node is not None:
+        _line_index(node, (), lines)
+    try:
+        return Settings.model_validate(_interpolate_tree(raw, env))
+    except ValidationError as exc:
+        issues = []
+        for err in exc.errors():
+            loc = tuple(str(p) for p in err["loc"])
+            # Discriminated unions insert the tag into loc; drop it for the user-facing path.
+            loc = tuple(p for p in loc if p != "remote")
+            line = None
+            for n in range(len(loc), -1, -1):
+                if loc[:n] in lines:
+                    line = lines[loc[:n]]
+                    break
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key"
+            issues.append(ConfigIssue(".".join(loc), line, msg))
+        raise ConfigError(source, issues) from None
+
+
+def load_settings(path: str | Path, environ: Mapping[str, str] | None = None) -> Settings:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(p), [ConfigIssue("", None, f"cannot read: {exc.strerror}")]) from None
+    return parse_settings(text, str(p), environ)

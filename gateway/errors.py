@@ -1,0 +1,74 @@
+"""GatewayError tree and how each becomes an HTTP status with the route's protocol envelope."""
+
+from __future__ import annotations
+
+import json
+
+
+class GatewayError(Exception):
+    status = 500
+    error_type = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
+
+
+class BadRequest(GatewayError):
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class NotFound(GatewayError):
+    status = 404
+    error_type = "not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    error_type = "method_not_allowed"
+
+
+class RequestTimeout(GatewayError):
+    status = 408
+    error_type = "request_timeout"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    error_type = "payload_too_large"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    error_type = "unauthorized"
+
+
+class BadGateway(GatewayError):
+    status = 502
+    error_type = "upstream_error"
+
+
+class ServiceUnavailable(GatewayError):
+    status = 503
+    error_type = "unavailable"
+
+
+class GatewayTimeout(GatewayError):
+    status = 504
+    error_type = "upstream_timeout"
+
+
+def error_body(protocol: str, err: GatewayError) -> bytes:
+    """The error envelope clients of each protocol already parse."""
+    if protocol == "v2":
+        return json.dumps({"error": err.message}).encode()
+    payload: dict[str, object] = {
+        "message": err.message,
+        "type": err.error_type,
+        "param": err.param,
+        "code": err.status,
+    }
+    return json.dumps({"error": payload}).encode()

@@ -1,0 +1,42 @@
+"""Listener settings → aiohttp sites: TCP (SO_REUSEPORT with workers) and unix sockets."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+
+from aiohttp import web
+
+from gateway.config import ListenerSettings
+
+
+def bind_unix(path: str) -> socket.socket:
+    """Bind a unix socket, replacing a stale one left by a crashed process (never a regular file)."""
+    try:
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    os.chmod(path, 0o660)
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def make_sites(
+    runner: web.AppRunner, listeners: list[ListenerSettings], unix_socks: dict[str, socket.socket],
+    reuse_port: bool,
+) -> list[web.BaseSite]:
+    sites: list[web.BaseSite] = []
+    for lst in listeners:
+        if lst.unix is not None:
+            sock = unix_socks.get(lst.unix) or bind_unix(lst.unix)
+            sites.append(web.SockSite(runner, sock))
+        else:
+            sites.append(
+                web.TCPSite(runner, lst.host or "127.0.0.1", lst.port or 0, reuse_port=reuse_port or None, backlog=1024)
+            )
+    return sites

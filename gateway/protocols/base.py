@@ -1,0 +1,68 @@
+"""Adapter contract: parse a request body into a typed Call. No I/O, no HTTP objects."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgpack
+
+from gateway.errors import BadRequest
+
+MSGPACK_TYPES = frozenset({"application/msgpack", "application/x-msgpack", "application/vnd.msgpack"})
+
+
+@dataclass(slots=True)
+class Call:
+    """What a request asks for, in the terms caches and dispatch need.
+
+    key_fields: every field that changes the answer, JSON-like (canonicalised by cache.keys).
+    semantic_text: the text a semantic lookup embeds, or None when the call has none.
+    context: what else defines the conversation for a semantic namespace (earlier turns,
+        system prompt, tools, sampling parameters). Everything not in semantic_text.
+    """
+
+    protocol: str
+    model: str | None
+    key_fields: Any
+    stream: bool = False
+    deterministic: bool = False
+    semantic_text: str | None = None
+    context: Any = None
+    kind: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Adapter(Protocol):
+    name: str
+
+    def parse(
+        self, method: str, path: str, query: str, content_type: str, body: bytes,
+        headers: Mapping[str, str] | None = None,
+    ) -> Call | None:
+        """Return the Call, None when this path is not a parsed endpoint, or raise BadRequest."""
+        ...
+
+
+def decode_body(content_type: str, body: bytes) -> Any:
+    """JSON or msgpack → Python objects; BadRequest names what was wrong."""
+    ctype = content_type.split(";", 1)[0].strip().lower()
+    if ctype in MSGPACK_TYPES:
+        try:
+            return msgpack.unpackb(body, raw=False, strict_map_key=False)
+        except Exception as exc:  # msgpack raises several unrelated types
+            raise BadRequest(f"request body is not valid msgpack: {exc}") from None
+    if not body:
+        raise BadRequest("request body is empty; a JSON object is required")
+    try:
+        return json.loads(body)
+    except UnicodeDecodeError:
+        raise BadRequest("request body is not valid UTF-8 JSON") from None
+    except json.JSONDecodeError as exc:
+        raise BadRequest(
+            f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply") from None

@@ -1,0 +1,92 @@
+"""OpenAI-compatible adapter: /v1/chat/completions, /v1/completions, /v1/embeddings → Call."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.errors import BadRequest
+from gateway.protocols.base import Call, decode_body
+
+# Fields that change only the framing or the bookkeeping, never the answer.
+IGNORED_FIELDS = frozenset({"stream", "stream_options", "user"})
+_KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
+
+
+def _text_of(content: Any) -> str | None:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if parts and all(isinstance(p, str) for p in parts) and len(parts) == len(content):
+            return "\n".join(parts)  # type: ignore[arg-type]
+    return None
+
+
+def _require(cond: bool, message: str, param: str) -> None:
+    if not cond:
+        raise BadRequest(message, param=param)
+
+
+class OpenAIAdapter:
+    name = "openai"
+
+    def __init__(self, extra_ignored: frozenset[str] = frozenset()) -> None:
+        self._ignored = IGNORED_FIELDS | extra_ignored
+
+    def parse(
+        self, method: str, path: str, query: str, content_type: str, body: bytes,
+        headers: Mapping[str, str] | None = None,
+    ) -> Call | None:
+        kind = _KINDS.get(path.rstrip("/"))
+        if kind is None or method != "POST":
+            return None
+        doc = decode_body(content_type, body)
+        _require(isinstance(doc, dict), "request body must be a JSON object", "body")
+        model = doc.get("model")
+        _require(isinstance(model, str) and model != "", "'model' is required and must be a string", "model")
+        stream = doc.get("stream", False)
+        _require(isinstance(stream, bool), "'stream' must be a boolean", "stream")
+        key_fields = {k: v for k, v in doc.items() if k not in self._ignored}
+        call = Call("openai", model, key_fields, stream=stream, kind=kind)
+        if kind == "chat":
+            self._chat(doc, call)
+        elif kind == "completions":
+            _require("prompt" in doc, "'prompt' is required", "prompt")
+            prompt = doc["prompt"]
+            call.semantic_text = prompt if isinstance(prompt, str) else None
+            call.context = {k: v for k, v in key_fields.items() if k != "prompt"}
+            call.deterministic = _deterministic(doc)
+        else:
+            _require("input" in doc, "'input' is required", "input")
+            call.deterministic = True
+            call.extra["input"] = doc["input"]
+        return call
+
+    def _chat(self, doc: dict[str, Any], call: Call) -> None:
+        messages = doc.get("messages")
+        _require(
+            isinstance(messages, list) and len(messages) > 0,
+            "'messages' is required and must be a non-empty array",
+            "messages",
+        )
+        assert isinstance(messages, list)
+        for i, m in enumerate(messages):
+            _require(
+                isinstance(m, dict) and isinstance(m.get("role"), str),
+                f"messages[{i}] must be an object with a string 'role'",
+                f"messages[{i}]",
+            )
+        last = messages[-1]
+        # Only a final user turn is a question a semantic cache may answer.
+        if last.get("role") == "user":
+            call.semantic_text = _text_of(last.get("content"))
+        context = {k: v for k, v in call.key_fields.items() if k != "messages"}
+        context["messages"] = messages[:-1]
+        call.context = context
+        call.deterministic = _deterministic(doc)
+
+
+def _deterministic(doc: dict[str, Any]) -> bool:
+    temperature = doc.get("temperature", 1.0)
+    return temperature == 0 or doc.get("seed") is not None

@@ -1,0 +1,172 @@
+"""Open Inference Protocol (KServe v2) adapter: infer requests, JSON or binary-extension tensors.
+
+The same tensor sent as JSON data or through the binary extension gives the same key fields:
+tensor contents are reduced to their raw little-endian bytes and hashed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from gateway.errors import BadRequest
+from gateway.protocols.base import Call, decode_body
+
+INFER_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer$")
+BINARY_HEADER = "inference-header-content-length"
+
+DTYPES: dict[str, np.dtype[Any] | None] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+    "BF16": None,
+    "BYTES": None,
+}
+
+
+def _flatten(data: Any) -> list[Any]:
+    if isinstance(data, list):
+        out: list[Any] = []
+        for item in data:
+            out.extend(_flatten(item))
+        return out
+    return [data]
+
+
+def _bytes_elements(raw: bytes, name: str) -> list[bytes]:
+    out, i = [], 0
+    while i < len(raw):
+        if i + 4 > len(raw):
+            raise BadRequest(f"input '{name}': truncated BYTES element length")
+        (n,) = struct.unpack_from("<I", raw, i)
+        i += 4
+        if i + n > len(raw):
+            raise BadRequest(f"input '{name}': BYTES element runs past the end of its data")
+        out.append(raw[i : i + n])
+        i += n
+    return out
+
+
+def tensor_from_json(name: str, datatype: str, shape: list[int], data: Any) -> tuple[bytes, list[bytes] | None]:
+    """Raw bytes of a JSON tensor in the binary extension's layout; and its strings for BYTES."""
+    flat = _flatten(data)
+    count = int(np.prod(shape)) if shape else 1
+    if len(flat) != count:
+        raise BadRequest(f"input '{name}': shape {shape} needs {count} elements, data has {len(flat)}")
+    if datatype == "BYTES":
+        elems = []
+        for v in flat:
+            if isinstance(v, str):
+                elems.append(v.encode())
+            elif isinstance(v, bytes):
+                elems.append(v)
+            else:
+                raise BadRequest(f"input '{name}': BYTES data must be strings")
+        return b"".join(struct.pack("<I", len(e)) + e for e in elems), elems
+    try:
+        if datatype == "BF16":
+            as32 = np.asarray(flat, dtype=np.float32)
+            return (as32.view(np.uint32) >> 16).astype("<u2").tobytes(), None
+        dtype = DTYPES[datatype]
+        assert dtype is not None
+        return np.asarray(flat, dtype=dtype).tobytes(), None
+    except (TypeError, ValueError, OverflowError):
+        raise BadRequest(f"input '{name}': data does not fit datatype {datatype}") from None
+
+
+class V2Adapter:
+    name = "v2"
+
+    def __init__(self, semantic_field: str | None = None) -> None:
+        self._semantic_field = semantic_field
+
+    def parse(
+        self, method: str, path: str, query: str, content_type: str, body: bytes,
+        headers: Mapping[str, str] | None = None,
+    ) -> Call | None:
+        m = INFER_PATH.match(path)
+        if m is None or method != "POST":
+            return None
+        binary: bytes = b""
+        hlen = (headers or {}).get(BINARY_HEADER) or (headers or {}).get("Inference-Header-Content-Length")
+        if hlen is not None:
+            try:
+                n = int(hlen)
+            except ValueError:
+                raise BadRequest("Inference-Header-Content-Length must be an integer") from None
+            if not 0 <= n <= len(body):
+                raise BadRequest("Inference-Header-Content-Length is larger than the body")
+            header, binary = body[:n], body[n:]
+            try:
+                doc = json.loads(header)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise BadRequest("the inference header is not valid JSON") from None
+        else:
+            doc = decode_body(content_type, body)
+        if not isinstance(doc, dict):
+            raise BadRequest("request body must be a JSON object")
+        inputs = doc.get("inputs")
+        if not isinstance(inputs, list) or not inputs:
+            raise BadRequest("'inputs' is required and must be a non-empty array")
+        key_inputs, texts, offset = [], {}, 0
+        for i, inp in enumerate(inputs):
+            if not isinstance(inp, dict):
+                raise BadRequest(f"inputs[{i}] must be an object")
+            name, datatype, shape = inp.get("name"), inp.get("datatype"), inp.get("shape")
+            if not isinstance(name, str):
+                raise BadRequest(f"inputs[{i}]: 'name' must be a string")
+            if datatype not in DTYPES:
+                raise BadRequest(f"input '{name}': unknown datatype {datatype!r}")
+            if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+                raise BadRequest(f"input '{name}': 'shape' must be an array of non-negative integers")
+            params = dict(inp.get("parameters") or {})
+            size = params.pop("binary_data_size", None)
+            if size is not None:
+                if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+                    raise BadRequest(f"input '{name}': binary_data_size does not match the body")
+                raw = binary[offset : offset + size]
+                offset += size
+                elems = _bytes_elements(raw, name) if datatype == "BYTES" else None
+            else:
+                if "data" not in inp:
+                    raise BadRequest(f"input '{name}': 'data' is required without binary_data_size")
+                raw, elems = tensor_from_json(name, datatype, shape, inp["data"])
+            if elems:
+                try:
+                    texts[name] = elems[0].decode()
+                except UnicodeDecodeError:
+                    pass
+            key_inputs.append({
+                "name": name, "shape": shape, "datatype": datatype, "parameters": params,
+                "data": hashlib.blake2b(raw, digest_size=16).hexdigest(),
+            })
+        key_fields = {
+            "model": m.group("name"),
+            "version": m.group("version") or "",
+            "inputs": key_inputs,
+            "outputs": doc.get("outputs"),
+            "parameters": doc.get("parameters"),
+        }
+        call = Call("v2", m.group("name"), key_fields, deterministic=True, kind="infer")
+        call.extra["version"] = m.group("version")
+        call.extra["texts"] = texts
+        if self._semantic_field is not None:
+            call.semantic_text = texts.get(self._semantic_field)
+            call.context = {k: v for k, v in key_fields.items() if k != "inputs"}
+            call.context["inputs"] = [x for x in key_inputs if x["name"] != self._semantic_field]
+        return call

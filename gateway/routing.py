@@ -1,0 +1,79 @@
+"""Routes are data from config; the router walks them in order (first FULL match wins).
+
+A path that matched with the wrong method is remembered so the caller can answer 405, not 404.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from cache.settings import CachePolicy
+from gateway.config import RouteSettings
+from gateway.protocols.base import Adapter
+
+
+class Match(Enum):
+    NONE = 0
+    PARTIAL = 1
+    FULL = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    name: str
+    protocol: str
+    backend: str
+    policy: CachePolicy
+    adapter: Adapter
+    path: str | None
+    prefix: str | None
+    methods: frozenset[str] | None
+    model: str | None
+
+    @classmethod
+    def from_settings(cls, s: RouteSettings, adapter: Adapter) -> Route:
+        return cls(
+            name=s.name, protocol=s.protocol, backend=s.backend, policy=s.cache, adapter=adapter,
+            path=s.match.path, prefix=s.match.prefix,
+            methods=frozenset(m.upper() for m in s.match.methods) if s.match.methods else None,
+            model=s.match.model,
+        )
+
+    def matches(self, method: str, path: str) -> Match:
+        if self.path is not None:
+            hit = path == self.path or path == self.path + "/"
+        else:
+            assert self.prefix is not None
+            hit = path.startswith(self.prefix)
+        if not hit:
+            return Match.NONE
+        if self.methods is not None and method not in self.methods:
+            return Match.PARTIAL
+        return Match.FULL
+
+
+class Router:
+    def __init__(self, routes: list[Route]) -> None:
+        self.routes = routes
+
+    def resolve(self, method: str, path: str) -> tuple[list[Route], bool]:
+        """Routes that fully match, in config order, and whether any matched the path only."""
+        full: list[Route] = []
+        partial = False
+        for route in self.routes:
+            m = route.matches(method, path)
+            if m is Match.FULL:
+                full.append(route)
+                if route.model is None:
+                    break  # later routes can never be chosen over a model-agnostic match
+            elif m is Match.PARTIAL:
+                partial = True
+        return full, partial
+
+    @staticmethod
+    def pick_by_model(candidates: list[Route], model: str | None) -> Route | None:
+        for route in candidates:
+            if route.model is None or route.model == model:
+                return route
+        return None

@@ -1,0 +1,107 @@
+"""Process lifecycle: workers sharing the port, signals, and a graceful drain on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+
+from aiohttp import web
+
+from gateway.app import build_app
+from gateway.config import Settings
+from gateway.listeners import bind_unix, make_sites
+from gateway.state import STATE
+
+log = logging.getLogger("latentgate.server")
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.new_event_loop()
+
+
+async def serve(settings: Settings, unix_socks: dict[str, socket.socket] | None = None, reuse_port: bool = False) -> None:
+    app = build_app(settings)
+    state = app[STATE]
+    limits = settings.limits
+    runner = web.AppRunner(
+        app,
+        handle_signals=False,
+        access_log=logging.getLogger("latentgate.access") if settings.logging.access_log else None,
+        keepalive_timeout=limits.client_idle_timeout_s,
+        max_line_size=limits.max_header_bytes,
+        max_field_size=limits.max_header_bytes,
+        shutdown_timeout=limits.shutdown_grace_s,
+    )
+    await runner.setup()
+    sites = make_sites(runner, settings.listeners, unix_socks or {}, reuse_port)
+    for site in sites:
+        await site.start()
+        log.info("listening on %s (pid %d)", site.name, os.getpid())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("draining: no new connections; waiting up to %.0fs for %d in-flight requests",
+             limits.shutdown_grace_s, state.pipeline.in_flight)
+    state.draining = True
+    for site in sites:
+        await site.stop()
+    try:
+        async with asyncio.timeout(limits.shutdown_grace_s):
+            await state.pipeline.idle.wait()
+    except TimeoutError:
+        log.warning("grace period over with %d requests in flight", state.pipeline.in_flight)
+    await runner.cleanup()
+    for lst in settings.listeners:
+        if lst.unix is not None and os.path.exists(lst.unix):
+            os.unlink(lst.unix)
+    log.info("stopped")
+
+
+def run(settings: Settings, workers: int = 1) -> int:
+    if workers <= 1:
+        with asyncio.Runner(loop_factory=_new_loop) as runner:
+            runner.run(serve(settings))
+        return 0
+    # Unix sockets cannot be shared with SO_REUSEPORT: bind once here, workers inherit the fd.
+    unix_socks = {lst.unix: bind_unix(lst.unix) for lst in settings.listeners if lst.unix}
+    children: list[int] = []
+    for _ in range(workers):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                with asyncio.Runner(loop_factory=_new_loop) as runner:
+                    runner.run(serve(settings, unix_socks, reuse_port=True))
+            except BaseException:
+                log.exception("worker failed")
+                code = 1
+            os._exit(code)
+        children.append(pid)
+    log.info("started %d workers: %s", workers, children)
+
+    def forward(signum: int, _frame: object) -> None:
+        for child in children:
+            try:
+                os.kill(child, signum)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    worst = 0
+    for child in children:
+        _, status = os.waitpid(child, 0)
+        worst = max(worst, os.waitstatus_to_exitcode(status) if status else 0)
+    sys.stdout.flush()
+    return 1 if worst else 0

@@ -1,0 +1,25 @@
+"""Typed application state: every long-lived object the app factory builds, in one place."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from backends import Backend
+from gateway.config import Settings
+from gateway.metrics import Metrics
+from gateway.pipeline import Pipeline
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    metrics: Metrics
+    backends: Mapping[str, Backend]
+    pipeline: Pipeline
+    draining: bool = False
+
+
+STATE: web.AppKey[AppState] = web.AppKey("latentgate_state", AppState)

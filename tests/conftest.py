@@ -1,0 +1,83 @@
+"""Shared fixtures: a real test upstream, a real Redis server, and gateways built from config."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from gateway.app import build_app
+from gateway.config import Settings
+from tests.support.servers import RedisServer, ServerThread
+from tests.support.upstream import build_upstream
+
+
+def base_config(upstream_url: str, **overrides: Any) -> dict[str, Any]:
+    """The default routes pointed at one upstream; tests override what they exercise."""
+    cfg: dict[str, Any] = {
+        "backends": {"upstream": {"kind": "remote", "replicas": [upstream_url],
+                                  "timeouts": {"connect": 1, "read": 5, "total": 10}}},
+        "routes": [
+            {"name": "chat", "match": {"path": "/v1/chat/completions", "methods": ["POST"]},
+             "protocol": "openai", "backend": "upstream"},
+            {"name": "completions", "match": {"path": "/v1/completions", "methods": ["POST"]},
+             "protocol": "openai", "backend": "upstream"},
+            {"name": "embeddings", "match": {"path": "/v1/embeddings", "methods": ["POST"]},
+             "protocol": "openai", "backend": "upstream"},
+            {"name": "v2", "match": {"prefix": "/v2/"}, "protocol": "v2", "backend": "upstream"},
+            {"name": "default", "match": {"prefix": "/"}, "protocol": "passthrough", "backend": "upstream"},
+        ],
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+@pytest.fixture
+def upstream() -> Iterator[ServerThread]:
+    server = ServerThread(build_upstream).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def start_gateway() -> Iterator[Callable[..., ServerThread]]:
+    """start_gateway(config_dict, uds=None) → a running in-process gateway (own thread, own loop)."""
+    started: list[ServerThread] = []
+
+    def start(config: dict[str, Any], uds: str | None = None) -> ServerThread:
+        settings = Settings.model_validate(config)
+        server = ServerThread(lambda: build_app(settings), uds=uds).start()
+        started.append(server)
+        return server
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture
+def gateway(upstream: ServerThread, start_gateway: Callable[..., ServerThread]) -> ServerThread:
+    return start_gateway(base_config(upstream.url))
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def tmp_sock_dir() -> Iterator[str]:
+    # Unix socket paths are limited to ~107 bytes: keep them short.
+    d = tempfile.mkdtemp(prefix="lg-", dir="/tmp")
+    yield d
+    for f in os.listdir(d):
+        try:
+            os.unlink(os.path.join(d, f))
+        except OSError:
+            pass
+    os.rmdir(d)

@@ -1,0 +1,178 @@
+"""Real servers for tests: aiohttp apps in a background thread, subprocesses, a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(host: str, port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"{host}:{port} did not open within {timeout}s")
+
+
+class ServerThread:
+    """Runs an aiohttp app on its own event loop in a daemon thread, on TCP and/or a unix socket."""
+
+    def __init__(self, factory: Callable[[], web.Application], *, uds: str | None = None,
+                 tcp: bool = True, runner_kwargs: dict[str, Any] | None = None) -> None:
+        self._factory = factory
+        self._uds = uds
+        self._tcp = tcp
+        self._runner_kwargs = runner_kwargs or {}
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        self.app: web.Application | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(60)
+        return self
+
+    async def _start(self) -> None:
+        self.app = self._factory()
+        self._runner = web.AppRunner(self.app, access_log=None, **self._runner_kwargs)
+        await self._runner.setup()
+        if self._tcp:
+            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            await site.start()
+            server = site._server
+            assert server is not None
+            self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        if self._uds:
+            await web.UnixSite(self._runner, self._uds).start()
+
+    def call(self, coro: Any, timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            try:
+                self.call(self._runner.cleanup(), 30)
+            except Exception:
+                pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+class RedisServer:
+    """A real redis-server process on a free port, persistence off."""
+
+    def __init__(self) -> None:
+        exe = os.environ.get("LATENTGATE_REDIS_SERVER") or shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server not found: `make test` installs it (Debian's redis-server)")
+        self.exe = exe
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="lg-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        self.proc = subprocess.Popen(
+            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir, "--protected-mode", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_port("127.0.0.1", self.port)
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def stop(self) -> None:
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class GatewayProcess:
+    """`python -m gateway serve` as a real process, from a config dict written to a temp file."""
+
+    def __init__(self, config: dict[str, Any], *, workers: int = 1, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        cfg = dict(config)
+        listeners = [x for x in cfg.get("listeners", []) if "unix" in x]
+        cfg["listeners"] = [{"name": "main", "host": "127.0.0.1", "port": self.port}, *listeners]
+        fd, self.config_path = tempfile.mkstemp(suffix=".yaml", prefix="lg-")
+        with os.fdopen(fd, "w") as f:
+            yaml.safe_dump(cfg, f)
+        self.workers = workers
+        self.env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.config_path + ".log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> GatewayProcess:
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--config", self.config_path,
+             "--workers", str(self.workers)],
+            cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_port("127.0.0.1", self.port, 60)
+        except TimeoutError:
+            self.stop()
+            raise RuntimeError("gateway did not start:\n" + self.log()) from None
+        return self
+
+    def log(self) -> str:
+        return Path(self.log_path).read_text(errors="replace")
+
+    def stop(self, sig: int | None = None, timeout: float = 30) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig or 15)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+        return self.proc.returncode

@@ -1,0 +1,301 @@
+"""A real HTTP model server for tests and benchmarks: OpenAI-compatible and Open Inference v2.
+
+Behaviour on demand through request headers:
+  X-Test-Status: N        answer with status N and an OpenAI-style error body
+  X-Test-Delay: S         sleep S seconds before answering
+  X-Test-Event-Delay: S   sleep S seconds between SSE events
+  X-Test-Cut-Stream: N    close the connection after N SSE events (no [DONE])
+  X-Test-Set-Cookie: v    add Set-Cookie: v
+  X-Test-Cache-Control: v add Cache-Control: v
+It counts TCP/unix connections and requests per path (GET /_test/stats, POST /_test/reset).
+Run standalone: python -m tests.support.upstream --port 8000 [--uds PATH] [--name NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import struct
+from collections import Counter
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+NAME = web.AppKey("name", str)
+STATS = web.AppKey("stats", dict)
+
+_DT = {"FP32": "<f4", "FP64": "<f8", "INT32": "<i4", "INT64": "<i8", "FP16": "<f2", "UINT8": "<u1"}
+
+
+def _stats(app: web.Application) -> dict[str, Any]:
+    return app[STATS]
+
+
+async def _common(request: web.Request) -> web.StreamResponse | None:
+    st = _stats(request.app)
+    st["connections"].add(id(request.protocol))
+    st["requests"][request.path] += 1
+    st["in_flight"] += 1
+    delay = request.headers.get("X-Test-Delay")
+    if delay:
+        await asyncio.sleep(float(delay))
+    status = request.headers.get("X-Test-Status")
+    if status:
+        body = {"error": {"message": f"injected {status}", "type": "test_error", "param": None, "code": int(status)}}
+        return web.json_response(body, status=int(status), headers={"X-Upstream": request.app[NAME]})
+    return None
+
+
+def _extra_headers(request: web.Request) -> dict[str, str]:
+    h = {"X-Upstream": request.app[NAME], "X-Upstream-Custom": "kept"}
+    if v := request.headers.get("X-Test-Set-Cookie"):
+        h["Set-Cookie"] = v
+    if v := request.headers.get("X-Test-Cache-Control"):
+        h["Cache-Control"] = v
+    return h
+
+
+def _answer(text: str, app_name: str) -> str:
+    return f"echo({app_name}): {text}"
+
+
+async def _sse(request: web.Request, chunks: list[dict[str, Any]]) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                       **_extra_headers(request)})
+    await resp.prepare(request)
+    gap = float(request.headers.get("X-Test-Event-Delay", "0"))
+    cut = request.headers.get("X-Test-Cut-Stream")
+    for i, chunk in enumerate(chunks):
+        if cut is not None and i >= int(cut):
+            assert request.transport is not None
+            request.transport.close()
+            return resp
+        await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        if gap:
+            await asyncio.sleep(gap)
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    try:
+        if (early := await _common(request)) is not None:
+            return early
+        body = await request.json()
+        last = body["messages"][-1].get("content", "")
+        text = _answer(last if isinstance(last, str) else json.dumps(last), request.app[NAME])
+        rid = "chatcmpl-" + hashlib.sha1(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
+        model = body.get("model", "m")
+        if body.get("stream"):
+            words = text.split(" ")
+            chunks = [{"id": rid, "object": "chat.completion.chunk", "created": 1700000000, "model": model,
+                       "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}]
+            for i, w in enumerate(words):
+                piece = w if i == 0 else " " + w
+                chunks.append({"id": rid, "object": "chat.completion.chunk", "created": 1700000000, "model": model,
+                               "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
+            chunks.append({"id": rid, "object": "chat.completion.chunk", "created": 1700000000, "model": model,
+                           "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+            return await _sse(request, chunks)
+        out = {
+            "id": rid, "object": "chat.completion", "created": 1700000000, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": len(text.split()), "total_tokens": 3 + len(text.split())},
+        }
+        return web.json_response(out, headers=_extra_headers(request))
+    finally:
+        _stats(request.app)["in_flight"] -= 1
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    try:
+        if (early := await _common(request)) is not None:
+            return early
+        body = await request.json()
+        text = _answer(str(body.get("prompt", "")), request.app[NAME])
+        out = {"id": "cmpl-1", "object": "text_completion", "created": 1700000000, "model": body.get("model"),
+               "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}]}
+        return web.json_response(out, headers=_extra_headers(request))
+    finally:
+        _stats(request.app)["in_flight"] -= 1
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    try:
+        if (early := await _common(request)) is not None:
+            return early
+        body = await request.json()
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        data = []
+        for i, text in enumerate(inputs):
+            seed = int.from_bytes(hashlib.sha1(str(text).encode()).digest()[:4], "little")
+            vec = np.random.default_rng(seed).standard_normal(8)
+            data.append({"object": "embedding", "index": i, "embedding": [float(x) for x in vec / np.linalg.norm(vec)]})
+        out = {"object": "list", "data": data, "model": body.get("model"), "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+        return web.json_response(out, headers=_extra_headers(request))
+    finally:
+        _stats(request.app)["in_flight"] -= 1
+
+
+async def models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "test"}]})
+
+
+async def health(request: web.Request) -> web.Response:
+    _stats(request.app)["requests"][request.path] += 1
+    return web.Response(status=200)
+
+
+async def v2_server(request: web.Request) -> web.Response:
+    return web.json_response({"name": "test-upstream", "version": "1", "extensions": ["binary_tensor_data"]})
+
+
+async def v2_model(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    return web.json_response({
+        "name": name, "versions": ["1"], "platform": "test",
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, -1]}],
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, -1]}],
+    })
+
+
+async def v2_infer(request: web.Request) -> web.StreamResponse:
+    """OUTPUT<i> = INPUT<i> * 2 for numeric tensors; BYTES tensors are echoed upper-cased."""
+    try:
+        if (early := await _common(request)) is not None:
+            return early
+        raw = await request.read()
+        hlen = request.headers.get("Inference-Header-Content-Length")
+        header, binary = (raw[: int(hlen)], raw[int(hlen):]) if hlen else (raw, b"")
+        doc = json.loads(header)
+        arrays, off = [], 0
+        for inp in doc["inputs"]:
+            size = (inp.get("parameters") or {}).get("binary_data_size")
+            if inp["datatype"] == "BYTES":
+                if size is not None:
+                    chunk, off = binary[off: off + size], off + size
+                    vals, i = [], 0
+                    while i < len(chunk):
+                        (n,) = struct.unpack_from("<I", chunk, i)
+                        vals.append(chunk[i + 4: i + 4 + n].decode())
+                        i += 4 + n
+                else:
+                    vals = list(np.array(inp["data"]).reshape(-1))
+                arrays.append((inp, [str(v).upper() for v in vals]))
+                continue
+            dt = np.dtype(_DT[inp["datatype"]])
+            if size is not None:
+                arr = np.frombuffer(binary[off: off + size], dtype=dt)
+                off += size
+            else:
+                arr = np.asarray(inp["data"], dtype=dt).reshape(-1)
+            arrays.append((inp, arr * 2))
+        want_binary = bool((doc.get("parameters") or {}).get("binary_data_output")) or any(
+            (o.get("parameters") or {}).get("binary_data") for o in doc.get("outputs") or [])
+        outputs, blobs = [], []
+        for i, (inp, arr) in enumerate(arrays):
+            out: dict[str, Any] = {"name": f"OUTPUT{i}", "datatype": inp["datatype"], "shape": inp["shape"]}
+            if want_binary:
+                if inp["datatype"] == "BYTES":
+                    blob = b"".join(struct.pack("<I", len(s.encode())) + s.encode() for s in arr)
+                else:
+                    blob = np.asarray(arr).tobytes()
+                out["parameters"] = {"binary_data_size": len(blob)}
+                blobs.append(blob)
+            else:
+                out["data"] = arr if isinstance(arr, list) else np.asarray(arr).tolist()
+            outputs.append(out)
+        body = {"model_name": request.match_info["name"], "model_version": "1", "outputs": outputs}
+        if "id" in doc:
+            body["id"] = doc["id"]
+        head = json.dumps(body).encode()
+        headers = _extra_headers(request)
+        if want_binary:
+            headers["Inference-Header-Content-Length"] = str(len(head))
+            return web.Response(body=head + b"".join(blobs), headers=headers,
+                                content_type="application/octet-stream")
+        return web.Response(body=head, headers=headers, content_type="application/json")
+    finally:
+        _stats(request.app)["in_flight"] -= 1
+
+
+async def echo(request: web.Request) -> web.Response:
+    """Passthrough target: echoes method, path, query, headers and body length."""
+    st = _stats(request.app)
+    st["connections"].add(id(request.protocol))
+    st["requests"][request.path] += 1
+    if (early := await _common(request)) is not None:
+        st["in_flight"] -= 1
+        return early  # type: ignore[return-value]
+    st["in_flight"] -= 1
+    body = await request.read()
+    return web.json_response({
+        "method": request.method, "path": request.path, "query": request.query_string,
+        "headers": [[k, v] for k, v in request.headers.items()], "body_len": len(body),
+        "body_sha1": hashlib.sha1(body).hexdigest(),
+    }, headers=_extra_headers(request))
+
+
+async def test_stats(request: web.Request) -> web.Response:
+    st = _stats(request.app)
+    return web.json_response({"connections": len(st["connections"]), "requests": dict(st["requests"]),
+                              "in_flight": st["in_flight"]})
+
+
+async def test_reset(request: web.Request) -> web.Response:
+    request.app[STATS].update(_fresh_stats())
+    return web.json_response({"ok": True})
+
+
+def _fresh_stats() -> dict[str, Any]:
+    return {"connections": set(), "requests": Counter(), "in_flight": 0}
+
+
+def build_upstream(name: str = "up") -> web.Application:
+    app = web.Application(client_max_size=64 << 20)
+    app[NAME] = name
+    app[STATS] = _fresh_stats()
+    r = app.router
+    r.add_get("/_test/stats", test_stats)
+    r.add_post("/_test/reset", test_reset)
+    r.add_post("/v1/chat/completions", chat)
+    r.add_post("/v1/completions", completions)
+    r.add_post("/v1/embeddings", embeddings)
+    r.add_get("/v1/models", models)
+    r.add_get("/health", health)
+    r.add_get("/v2", v2_server)
+    r.add_get("/v2/health/live", health)
+    r.add_get("/v2/health/ready", health)
+    r.add_get("/v2/models/{name}", v2_model)
+    r.add_get("/v2/models/{name}/ready", health)
+    r.add_post("/v2/models/{name}/infer", v2_infer)
+    r.add_post("/v2/models/{name}/versions/{version}/infer", v2_infer)
+    r.add_route("*", "/{tail:.*}", echo)
+    return app
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--uds")
+    ap.add_argument("--name", default="up")
+    args = ap.parse_args()
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
+    app = build_upstream(args.name)
+    if args.uds:
+        web.run_app(app, path=args.uds, print=None, access_log=None)
+    else:
+        web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()
