@@ -9,12 +9,10 @@ CONFIG ?= config/latentgate.yaml
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml scripts/install.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	# The CPU wheel first: an unpinned torch would pull several GB of CUDA packages.
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[build,test]'
+	# The same steps the Dockerfiles run (torch CPU wheel first, then the package).
+	sh scripts/install.sh $(BIN)/python dev
 	touch $@
 
 run: install

