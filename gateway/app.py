@@ -7,9 +7,10 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from backends import build_backends
-from gateway import admin
+from gateway import admin, reload
 from gateway.config import RouteSettings, Settings
 from gateway.metrics import Metrics
+from gateway.middleware import listener_roles
 from gateway.pipeline import Pipeline
 from gateway.protocols.base import Adapter
 from gateway.protocols.openai import OpenAIAdapter
@@ -27,10 +28,14 @@ def build_adapter(route: RouteSettings) -> Adapter:
     return PassthroughAdapter()
 
 
-def build_app(settings: Settings) -> web.Application:
+def build_router(settings: Settings) -> Router:
+    return Router([Route.from_settings(r, build_adapter(r)) for r in settings.routes])
+
+
+def build_app(settings: Settings, config_path: str | None = None) -> web.Application:
     metrics = Metrics()
     backends = build_backends(settings.backends)
-    router = Router([Route.from_settings(r, build_adapter(r)) for r in settings.routes])
+    router = build_router(settings)
     pipeline = Pipeline(router, backends, metrics, settings.limits)
     state = AppState(settings=settings, metrics=metrics, backends=backends, pipeline=pipeline)
 
@@ -46,13 +51,15 @@ def build_app(settings: Settings) -> web.Application:
 
     app = web.Application(client_max_size=settings.limits.max_body_bytes, handler_args=None)
     app[STATE] = state
+    listener_roles.install(app, separate=settings.admin.listener is not None)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         yield
-        for backend in backends.values():
+        for backend in state.backends.values():  # the current generation's (reloads swap them)
             await backend.aclose()
 
     app.cleanup_ctx.append(lifecycle)
     admin.register(app)
+    reload.register(app, config_path, build_router)
     app.router.add_route("*", "/{tail:.*}", pipeline.handle)
     return app

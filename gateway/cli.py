@@ -8,6 +8,7 @@ import os
 import sys
 
 from gateway.config import ConfigError, ListenerSettings, Settings, load_settings
+from gateway.redact import install_redaction
 
 DEFAULT_CONFIG = "config/latentgate.yaml"
 
@@ -67,4 +68,5 @@ def main(argv: list[str] | None = None) -> int:
     )
     from gateway.server import run
 
-    return run(settings, workers=args.workers)
+    install_redaction(settings)
+    return run(settings, workers=args.workers, config_path=args.config)

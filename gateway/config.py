@@ -42,6 +42,8 @@ class ListenerSettings(_Frozen):
 
 class AdminSettings(_Frozen):
     token: str | None = None
+    # Where /admin/* is served; None keeps it on the main listeners (probes stay on every listener).
+    listener: ListenerSettings | None = None
 
 
 class LimitSettings(_Frozen):
@@ -51,11 +53,22 @@ class LimitSettings(_Frozen):
     client_idle_timeout_s: float = Field(75.0, gt=0)
     body_read_timeout_s: float = Field(30.0, gt=0)
     shutdown_grace_s: float = Field(30.0, ge=0)
+    header_timeout_s: float = Field(10.0, gt=0)
+    max_connections_per_client: int = Field(256, ge=1)
 
 
 class LoggingSettings(_Frozen):
     level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = False
+
+
+class TracingSettings(_Frozen):
+    """OpenTelemetry spans per stage (needs the `otel` extra); off by default."""
+
+    enabled: bool = False
+    service_name: str = "latentgate"
+    otlp_endpoint: str | None = None
+    sample_ratio: float = Field(1.0, ge=0.0, le=1.0)
 
 
 class RouteMatch(_Frozen):
@@ -84,6 +97,7 @@ class Settings(_Frozen):
     admin: AdminSettings = AdminSettings()
     limits: LimitSettings = LimitSettings()
     logging: LoggingSettings = LoggingSettings()
+    tracing: TracingSettings = TracingSettings()
     cache: CacheSettings = CacheSettings()
     backends: dict[str, BackendSettings]
     routes: list[RouteSettings] = Field(min_length=1)

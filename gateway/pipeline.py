@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
+from contextvars import ContextVar
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -37,6 +38,7 @@ from gateway.headers import downstream_headers, upstream_headers
 from gateway.metrics import Metrics
 from gateway.protocols.base import Call
 from gateway.routing import Route, Router
+from gateway.runtime import Runtime
 
 log = logging.getLogger("latentgate.pipeline")
 
@@ -69,15 +71,35 @@ class Pipeline:
     def __init__(
         self, router: Router, backends: Mapping[str, Backend], metrics: Metrics, limits: LimitSettings,
     ) -> None:
-        self.router = router
-        self.backends = backends
+        # Routes and backends live in one swappable Runtime (gateway/reload.py swaps it); each
+        # request pins the generation it started on, so in-flight work finishes on the old one.
+        self.runtime = Runtime(router, backends)
+        self._pinned: ContextVar[Runtime] = ContextVar("latentgate_runtime")
         self.metrics = metrics
         self.limits = limits
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
 
+    @property
+    def router(self) -> Router:
+        return self._pinned.get(self.runtime).router
+
+    @property
+    def backends(self) -> Mapping[str, Backend]:
+        return self._pinned.get(self.runtime).backends
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        runtime = self.runtime
+        runtime.enter()
+        pin = self._pinned.set(runtime)
+        try:
+            return await self._handle(request)
+        finally:
+            self._pinned.reset(pin)
+            runtime.leave()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         timing = Timing()
         self.in_flight += 1
         self.idle.clear()

@@ -13,7 +13,10 @@ from aiohttp import web
 
 from gateway.app import build_app
 from gateway.config import Settings
+from gateway.connections import ConnectionGuard, GuardedAppRunner
 from gateway.listeners import bind_unix, make_sites
+from gateway.middleware.listener_roles import ROLES
+from gateway.reload import RELOADER
 from gateway.state import STATE
 
 log = logging.getLogger("latentgate.server")
@@ -28,12 +31,17 @@ def _new_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
-async def serve(settings: Settings, unix_socks: dict[str, socket.socket] | None = None, reuse_port: bool = False) -> None:
-    app = build_app(settings)
+async def serve(
+    settings: Settings, unix_socks: dict[str, socket.socket] | None = None, reuse_port: bool = False,
+    config_path: str | None = None,
+) -> None:
+    app = build_app(settings, config_path)
     state = app[STATE]
     limits = settings.limits
-    runner = web.AppRunner(
+    runner = GuardedAppRunner(
         app,
+        guard=ConnectionGuard(limits, state.metrics.registry),
+        max_headers=limits.max_headers,
         handle_signals=False,
         access_log=logging.getLogger("latentgate.access") if settings.logging.access_log else None,
         keepalive_timeout=limits.client_idle_timeout_s,
@@ -46,10 +54,17 @@ async def serve(settings: Settings, unix_socks: dict[str, socket.socket] | None 
     for site in sites:
         await site.start()
         log.info("listening on %s (pid %d)", site.name, os.getpid())
+    if settings.admin.listener is not None:
+        for site in make_sites(runner, [settings.admin.listener], unix_socks or {}, reuse_port):
+            await site.start()
+            app[ROLES].add_admin_site(site)
+            sites.append(site)
+            log.info("admin API listening on %s (pid %d)", site.name, os.getpid())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, app[RELOADER].schedule, "SIGHUP")
     await stop.wait()
     log.info("draining: no new connections; waiting up to %.0fs for %d in-flight requests",
              limits.shutdown_grace_s, state.pipeline.in_flight)
@@ -62,19 +77,20 @@ async def serve(settings: Settings, unix_socks: dict[str, socket.socket] | None 
     except TimeoutError:
         log.warning("grace period over with %d requests in flight", state.pipeline.in_flight)
     await runner.cleanup()
-    for lst in settings.listeners:
-        if lst.unix is not None and os.path.exists(lst.unix):
+    for lst in [*settings.listeners, settings.admin.listener]:
+        if lst is not None and lst.unix is not None and os.path.exists(lst.unix):
             os.unlink(lst.unix)
     log.info("stopped")
 
 
-def run(settings: Settings, workers: int = 1) -> int:
+def run(settings: Settings, workers: int = 1, config_path: str | None = None) -> int:
     if workers <= 1:
         with asyncio.Runner(loop_factory=_new_loop) as runner:
-            runner.run(serve(settings))
+            runner.run(serve(settings, config_path=config_path))
         return 0
     # Unix sockets cannot be shared with SO_REUSEPORT: bind once here, workers inherit the fd.
-    unix_socks = {lst.unix: bind_unix(lst.unix) for lst in settings.listeners if lst.unix}
+    every = [*settings.listeners, settings.admin.listener]
+    unix_socks = {lst.unix: bind_unix(lst.unix) for lst in every if lst is not None and lst.unix}
     children: list[int] = []
     for _ in range(workers):
         pid = os.fork()
@@ -82,7 +98,7 @@ def run(settings: Settings, workers: int = 1) -> int:
             code = 0
             try:
                 with asyncio.Runner(loop_factory=_new_loop) as runner:
-                    runner.run(serve(settings, unix_socks, reuse_port=True))
+                    runner.run(serve(settings, unix_socks, reuse_port=True, config_path=config_path))
             except BaseException:
                 log.exception("worker failed")
                 code = 1
@@ -99,6 +115,7 @@ def run(settings: Settings, workers: int = 1) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGHUP, forward)  # each worker reloads its own copy
     worst = 0
     for child in children:
         _, status = os.waitpid(child, 0)

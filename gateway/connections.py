@@ -1,0 +1,140 @@
+"""Downstream connection guard: a per-client-IP connection cap and a deadline for the first
+request's headers (slowloris), plugged into aiohttp's connection manager; nothing else here.
+
+Idle keep-alive connections (and a stalled later request) are closed by aiohttp's keep-alive timer,
+which `limits.client_idle_timeout_s` sets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import Counter as Tally
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_server import Server
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gateway.config import LimitSettings
+
+log = logging.getLogger("latentgate.connections")
+
+
+def _response(status: int, reason: str, message: str) -> bytes:
+    body = json.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": reason.lower().replace(" ", "_"),
+                "param": None,
+                "code": status,
+            }
+        }
+    ).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class ConnectionGuard:
+    """Policy and metrics shared by every listener of one worker."""
+
+    def __init__(self, limits: LimitSettings, registry: CollectorRegistry) -> None:
+        self.max_per_client = limits.max_connections_per_client
+        self.header_timeout_s = limits.header_timeout_s
+        self.open = Gauge(
+            "latentgate_downstream_connections", "Open downstream connections", registry=registry
+        )
+        self.refused = Counter(
+            "latentgate_downstream_connections_refused",
+            "Downstream connections closed by the gateway: per_client_cap, header_timeout",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in ("per_client_cap", "header_timeout"):
+            self.refused.labels(reason)
+
+
+class GuardedServer(Server):
+    """aiohttp's connection manager plus the guard's accounting for each connection."""
+
+    def __init__(self, *args: Any, guard: ConnectionGuard, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._guard = guard
+        self._per_client: Tally[str] = Tally()
+        self._client_of: dict[RequestHandler, str | None] = {}
+        self._deadlines: dict[RequestHandler, asyncio.TimerHandle] = {}
+
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        guard = self._guard
+        guard.open.inc()
+        peer = transport.get_extra_info("peername")
+        # Unix-socket peers are all local processes: the cap is about remote clients.
+        client = peer[0] if isinstance(peer, tuple) and peer else None
+        self._client_of[handler] = client
+        if client is not None:
+            self._per_client[client] += 1
+            if self._per_client[client] > guard.max_per_client:
+                guard.refused.labels("per_client_cap").inc()
+                log.warning(
+                    "refusing a connection from %s: %d open (cap %d)",
+                    client,
+                    self._per_client[client] - 1,
+                    guard.max_per_client,
+                )
+                transport.write(
+                    _response(503, "Service Unavailable", "too many connections from this client")
+                )
+                transport.close()
+                return
+        self._deadlines[handler] = asyncio.get_running_loop().call_later(
+            guard.header_timeout_s, self._header_deadline, handler, transport
+        )
+
+    def _header_deadline(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        self._deadlines.pop(handler, None)
+        # `_request_count` counts requests whose headers were parsed on this connection.
+        if getattr(handler, "_request_count", 1) == 0 and not transport.is_closing():
+            self._guard.refused.labels("header_timeout").inc()
+            transport.write(
+                _response(408, "Request Timeout", "request headers did not arrive in time")
+            )
+            transport.close()
+
+    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+        super().connection_lost(handler, exc)
+        timer = self._deadlines.pop(handler, None)
+        if timer is not None:
+            timer.cancel()
+        if handler in self._client_of:
+            self._guard.open.dec()
+            client = self._client_of.pop(handler)
+            if client is not None:
+                self._per_client[client] -= 1
+                if self._per_client[client] <= 0:
+                    del self._per_client[client]
+
+
+class GuardedAppRunner(web.AppRunner):
+    """AppRunner whose connection manager is a GuardedServer."""
+
+    def __init__(self, app: web.Application, *, guard: ConnectionGuard, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._guard = guard
+
+    async def _make_server(self) -> Server:
+        plain = await super()._make_server()
+        return GuardedServer(
+            plain.request_handler,
+            request_factory=plain.request_factory,
+            handler_cancellation=plain.handler_cancellation,
+            loop=plain._loop,
+            guard=self._guard,
+            **plain._kwargs,
+        )

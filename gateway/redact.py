@@ -1,0 +1,65 @@
+"""Secrets never reach the logs: a logging filter that masks credentials in every record.
+
+Masks Authorization-style headers, bearer tokens, OpenAI-style keys, passwords in URLs, and the
+exact secret values the config holds (the admin token).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+
+from gateway.config import Settings
+
+MASK = "***"
+
+_PATTERNS = (
+    # Header-like "Name: value" / "name=value" for credential-bearing names, up to the line end,
+    # a quote or a comma.
+    re.compile(
+        r"(?i)\b((?:proxy-)?authorization|x-api-key|api[-_]?key|x-admin-token|cookie|set-cookie)"
+        r"(['\"]?\s*[:=]\s*['\"]?)([^'\"\r\n,}]+)"
+    ),
+    re.compile(r"(?i)\b(bearer|basic)(\s+)([A-Za-z0-9._~+/=-]+)"),
+    re.compile(r"()()\bsk-[A-Za-z0-9_-]{8,}"),
+    re.compile(r"(://[^/\s:@]+)(:)([^/\s@]+)(?=@)"),
+)
+
+
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    for value in secrets:
+        if value:
+            text = text.replace(value, MASK)
+    for pattern in _PATTERNS:
+        text = pattern.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", text)
+    return text
+
+
+class RedactingFilter(logging.Filter):
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__()
+        self.secrets = tuple(s for s in secrets if s and len(s) >= 4)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact(message, self.secrets)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text, self.secrets)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
+
+
+def config_secrets(settings: Settings) -> list[str]:
+    return [s for s in (settings.admin.token,) if s]
+
+
+def install_redaction(settings: Settings, logger: logging.Logger | None = None) -> RedactingFilter:
+    """Attach the filter to every root handler (handlers see the records of all loggers)."""
+    flt = RedactingFilter(config_secrets(settings))
+    for handler in (logger or logging.getLogger()).handlers:
+        handler.addFilter(flt)
+    return flt

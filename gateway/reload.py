@@ -1,0 +1,243 @@
+"""Hot reload (SIGHUP and POST /admin/reload): re-read and validate the config, swap routes,
+policies and backends in one assignment, and close replaced backends once their requests drained.
+
+Listeners, limits, logging, tracing and cache stores are bound at start-up: a change to them is
+reported as `restart_required` and the running values are kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import Counter, Gauge
+
+from backends import Backend, build_backends
+from gateway.admin import guarded
+from gateway.config import ConfigError, Settings, load_settings
+from gateway.routing import Router
+from gateway.runtime import Runtime
+from gateway.state import STATE, AppState
+
+log = logging.getLogger("latentgate.reload")
+
+# Bound when the process starts: kept from the running config, reported if the file changed them.
+_START_ONLY = ("listeners", "limits", "logging", "tracing", "cache")
+
+RouterFactory = Callable[[Settings], Router]
+
+
+@dataclass
+class ReloadResult:
+    ok: bool
+    generation: int
+    status: int = 200
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    restart_required: list[str] = field(default_factory=list)
+    backends_replaced: list[str] = field(default_factory=list)
+    backends_kept: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "generation": self.generation,
+            "errors": self.errors,
+            "restart_required": self.restart_required,
+            "backends_replaced": self.backends_replaced,
+            "backends_kept": self.backends_kept,
+            "seconds": round(self.seconds, 4),
+        }
+
+
+class Reloader:
+    def __init__(
+        self, state: AppState, config_path: str | None, build_router: RouterFactory
+    ) -> None:
+        self.state = state
+        self.config_path = config_path
+        self.build_router = build_router
+        self._lock = asyncio.Lock()
+        self._retiring: set[asyncio.Task[None]] = set()
+        registry = state.metrics.registry
+        self.reloads = Counter(
+            "latentgate_config_reloads",
+            "Config reloads by result (ok, invalid, error)",
+            ["result"],
+            registry=registry,
+        )
+        for result in ("ok", "invalid", "error"):
+            self.reloads.labels(result)
+        self.generation = Gauge(
+            "latentgate_config_generation",
+            "Generation of the config being served (0 = as started)",
+            registry=registry,
+        )
+
+    async def reload(self) -> ReloadResult:
+        """Load the config file again; on any error keep serving the current generation."""
+        async with self._lock:
+            started = time.perf_counter()
+            current = self.state.pipeline.runtime
+            if self.config_path is None:
+                self.reloads.labels("error").inc()
+                return ReloadResult(
+                    False,
+                    current.generation,
+                    409,
+                    [
+                        {
+                            "path": "",
+                            "line": None,
+                            "message": "started without a config file: nothing to reload",
+                        }
+                    ],
+                )
+            try:
+                new = await asyncio.to_thread(load_settings, self.config_path)
+            except ConfigError as err:
+                self.reloads.labels("invalid").inc()
+                log.warning(
+                    "reload rejected, still serving generation %d: %s", current.generation, err
+                )
+                return ReloadResult(
+                    False,
+                    current.generation,
+                    422,
+                    [{"path": i.path, "line": i.line, "message": i.message} for i in err.issues],
+                )
+            result = await self._swap(new, current)
+            result.seconds = time.perf_counter() - started
+            return result
+
+    async def _swap(self, new: Settings, current: Runtime) -> ReloadResult:
+        old = self.state.settings
+        kept_settings = {
+            k: getattr(old, k) for k in _START_ONLY if getattr(old, k) != getattr(new, k)
+        }
+        if old.admin.listener != new.admin.listener:
+            kept_settings["admin"] = new.admin.model_copy(update={"listener": old.admin.listener})
+        merged = new.model_copy(update=kept_settings)
+        reused = {
+            name: current.backends[name]
+            for name, spec in new.backends.items()
+            if name in current.backends and old.backends.get(name) == spec
+        }
+        try:
+            fresh = build_backends({n: s for n, s in new.backends.items() if n not in reused})
+            router = self.build_router(merged)
+        except Exception as exc:  # a backend that cannot be built must not take the gateway down
+            self.reloads.labels("error").inc()
+            log.exception(
+                "reload failed while building backends; still serving generation %d",
+                current.generation,
+            )
+            return ReloadResult(
+                False,
+                current.generation,
+                422,
+                [{"path": "backends", "line": None, "message": f"{type(exc).__name__}: {exc}"}],
+            )
+        backends: dict[str, Backend] = {**reused, **fresh}
+        runtime = Runtime(router, backends, generation=current.generation + 1)
+        # One assignment each, no await between them: a request sees all old or all new.
+        self.state.pipeline.runtime = runtime
+        self.state.backends = backends
+        self.state.settings = merged
+        retired = [b for name, b in current.backends.items() if reused.get(name) is not b]
+        if retired:
+            task = asyncio.create_task(self._retire(current, retired))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+        self.reloads.labels("ok").inc()
+        self.generation.set(runtime.generation)
+        restart = sorted(k for k in kept_settings if k != "admin")
+        if "admin" in kept_settings:
+            restart.append("admin.listener")
+        log.info(
+            "config reloaded: generation %d (%d backends replaced, %d kept)%s",
+            runtime.generation,
+            len(fresh),
+            len(reused),
+            f"; restart needed for {', '.join(restart)}" if restart else "",
+        )
+        return ReloadResult(
+            True,
+            runtime.generation,
+            restart_required=restart,
+            backends_replaced=sorted(fresh),
+            backends_kept=sorted(reused),
+        )
+
+    async def _retire(self, old: Runtime, backends: list[Backend]) -> None:
+        grace = self.state.settings.limits.shutdown_grace_s
+        try:
+            async with asyncio.timeout(grace):
+                await old.idle.wait()
+        except TimeoutError:
+            log.warning(
+                "generation %d still has %d requests after %.0fs; closing its backends",
+                old.generation,
+                old.in_flight,
+                grace,
+            )
+        finally:
+            # Also on shutdown (cancelled): replaced backends are closed exactly once, here.
+            for backend in backends:
+                await backend.aclose()
+            log.info("generation %d retired; %d old backends closed", old.generation, len(backends))
+
+    def schedule(self, why: str) -> None:
+        """Start a reload from a signal handler; the outcome goes to the log."""
+
+        async def run() -> None:
+            result = await self.reload()
+            if not result.ok:
+                log.error("%s reload rejected: %s", why, result.errors)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def aclose(self) -> None:
+        for task in list(self._retiring):
+            task.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
+
+
+RELOADER: web.AppKey[Reloader] = web.AppKey("latentgate_reloader", Reloader)
+
+
+async def admin_reload(request: web.Request) -> web.Response:
+    result = await request.app[RELOADER].reload()
+    status = result.status
+    body: Mapping[str, Any] = result.as_json()
+    if not result.ok:
+        body = {
+            "error": {
+                "message": "config rejected; the running config keeps serving",
+                "type": "invalid_config",
+                "param": None,
+                "code": status,
+            },
+            **body,
+        }
+    return web.json_response(body, status=status)
+
+
+def register(app: web.Application, config_path: str | None, build_router: RouterFactory) -> None:
+    """Wire the reloader into an app built by build_app (before the catch-all route)."""
+    reloader = Reloader(app[STATE], config_path, build_router)
+    app[RELOADER] = reloader
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        yield
+        await reloader.aclose()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_post("/admin/reload", guarded(admin_reload))
