@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from gateway.errors import GatewayError, Unauthorized, error_body
+from gateway.redact import redact
 from gateway.state import AppState, STATE
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -68,7 +69,7 @@ async def admin_config(request: web.Request) -> web.Response:
     data = state.settings.model_dump(mode="json")
     if data.get("admin", {}).get("token"):
         data["admin"]["token"] = "***"
-    return _json(data)
+    return _json(json.loads(redact(json.dumps(data))))  # e.g. passwords in Redis/replica URLs
 
 
 def register(app: web.Application) -> None:

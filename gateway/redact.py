@@ -15,15 +15,15 @@ from gateway.config import Settings
 MASK = "***"
 
 _PATTERNS = (
-    # Header-like "Name: value" / "name=value" for credential-bearing names, up to the line end,
-    # a quote or a comma.
+    # Header-like "Name: value" / "name=value" for credential-bearing names (one token, or a
+    # scheme and a token).
     re.compile(
         r"(?i)\b((?:proxy-)?authorization|x-api-key|api[-_]?key|x-admin-token|cookie|set-cookie)"
-        r"(['\"]?\s*[:=]\s*['\"]?)([^'\"\r\n,}]+)"
+        r"(['\"]?\s*[:=]\s*['\"]?)((?:bearer\s+|basic\s+)?[^'\"\s,;&}]+)"
     ),
     re.compile(r"(?i)\b(bearer|basic)(\s+)([A-Za-z0-9._~+/=-]+)"),
     re.compile(r"()()\bsk-[A-Za-z0-9_-]{8,}"),
-    re.compile(r"(://[^/\s:@]+)(:)([^/\s@]+)(?=@)"),
+    re.compile(r"(://[^/\s:@]*)(:)([^/\s@]+)(?=@)"),
 )
 
 

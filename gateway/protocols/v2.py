@@ -130,10 +130,12 @@ class V2Adapter:
             name, datatype, shape = inp.get("name"), inp.get("datatype"), inp.get("shape")
             if not isinstance(name, str):
                 raise BadRequest(f"inputs[{i}]: 'name' must be a string")
-            if datatype not in DTYPES:
+            if not isinstance(datatype, str) or datatype not in DTYPES:
                 raise BadRequest(f"input '{name}': unknown datatype {datatype!r}")
             if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
                 raise BadRequest(f"input '{name}': 'shape' must be an array of non-negative integers")
+            if not isinstance(inp.get("parameters") or {}, dict):
+                raise BadRequest(f"input '{name}': 'parameters' must be an object")
             params = dict(inp.get("parameters") or {})
             size = params.pop("binary_data_size", None)
             if size is not None:

@@ -1,0 +1,199 @@
+"""Hardening on a real `latentgate serve` process: per-client connection cap, slow-header clients
+cut, header count and size limits, the admin API on its own listener, secrets kept out of logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+
+from gateway.config import parse_settings
+from gateway.redact import MASK, RedactingFilter, redact
+from tests.conftest import base_config
+from tests.ops.conftest import ADMIN_TOKEN, http
+from tests.support.servers import GatewayProcess, ServerThread
+
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def _recv_all(sock: socket.socket, timeout: float) -> bytes:
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except TimeoutError:
+        pass
+    return data
+
+
+def _raw(port: int, request: bytes, timeout: float = 10) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(request)
+        return _recv_all(s, timeout)
+
+
+def test_per_client_connection_cap(
+    upstream: ServerThread,
+    gateway_process: Callable[..., GatewayProcess],
+) -> None:
+    cfg = base_config(upstream.url, limits={"max_connections_per_client": 3})
+    gw = gateway_process(cfg)
+    held = [socket.create_connection(("127.0.0.1", gw.port), timeout=5) for _ in range(3)]
+    try:
+        time.sleep(0.2)
+        extra = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
+        data = _recv_all(extra, 5)
+        extra.close()
+        assert data.startswith(b"HTTP/1.1 503"), data[:100]
+        assert b"too many connections" in data
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(0.3)
+    assert http("GET", gw.url + "/healthz")[0] == 200  # slots free again once clients leave
+    metrics = http("GET", gw.url + "/metrics")[2].decode()
+    assert 'latentgate_downstream_connections_refused_total{reason="per_client_cap"} 1.0' in metrics
+
+
+def test_slow_header_client_is_cut(
+    upstream: ServerThread,
+    gateway_process: Callable[..., GatewayProcess],
+) -> None:
+    gw = gateway_process(base_config(upstream.url, limits={"header_timeout_s": 1.0}))
+    trickle = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 200
+    started = time.monotonic()
+    closed_after = None
+    answer = b""
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as s:
+        s.settimeout(0.2)
+        for byte in trickle:  # one byte every 50 ms: ~12 s if nobody cut it
+            try:
+                s.sendall(bytes([byte]))
+            except OSError:
+                closed_after = time.monotonic() - started
+                break
+            try:
+                chunk = s.recv(4096)
+            except TimeoutError:
+                time.sleep(0.05)
+                continue
+            answer += chunk
+            if not chunk:
+                closed_after = time.monotonic() - started
+                break
+    assert closed_after is not None, "the gateway let a slowloris client hold the connection"
+    assert closed_after < 6
+    assert answer.startswith(b"HTTP/1.1 408")
+    # A connection that never sends a byte is cut too, and normal clients are unaffected.
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as s:
+        assert _recv_all(s, 4).startswith(b"HTTP/1.1 408")
+    assert http("GET", gw.url + "/healthz")[0] == 200
+
+
+def test_header_count_and_size_limits_answer_4xx(
+    upstream: ServerThread,
+    gateway_process: Callable[..., GatewayProcess],
+) -> None:
+    cfg = base_config(upstream.url, limits={"max_headers": 20, "max_header_bytes": 1024})
+    gw = gateway_process(cfg)
+    many = b"".join(f"X-H{i}: v\r\n".encode() for i in range(50))
+    data = _raw(gw.port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + many + b"\r\n")
+    assert data.split(b" ", 2)[1] in (b"400", b"431"), data[:120]
+    big = b"X-Big: " + b"a" * 4000 + b"\r\n"
+    data = _raw(gw.port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + big + b"\r\n")
+    assert data.split(b" ", 2)[1] in (b"400", b"431"), data[:120]
+    assert http("GET", gw.url + "/v1/models")[0] == 200
+
+
+def test_admin_api_on_its_own_listener(
+    upstream: ServerThread,
+    gateway_process: Callable[..., GatewayProcess],
+    tmp_sock_dir: str,
+) -> None:
+    sock = os.path.join(tmp_sock_dir, "admin.sock")
+    cfg = base_config(
+        upstream.url, admin={"token": ADMIN_TOKEN, "listener": {"name": "admin", "unix": sock}}
+    )
+    gw = gateway_process(cfg)
+    assert http("GET", gw.url + "/admin/config", headers=AUTH)[0] == 404
+    assert http("POST", gw.url + "/admin/reload", headers=AUTH)[0] == 404
+    for probe in ("/healthz", "/readyz", "/metrics"):
+        assert http("GET", gw.url + probe)[0] == 200
+
+    def over_socket(path: str) -> bytes:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(sock)
+            s.sendall(
+                f"GET {path} HTTP/1.1\r\nHost: admin\r\nAuthorization: Bearer {ADMIN_TOKEN}"
+                "\r\nConnection: close\r\n\r\n".encode()
+            )
+            return _recv_all(s, 10)
+
+    config = over_socket("/admin/config")
+    assert config.startswith(b"HTTP/1.1 200")
+    assert ADMIN_TOKEN.encode() not in config  # masked in the effective config
+    assert over_socket("/healthz").startswith(b"HTTP/1.1 200")
+    assert over_socket("/v1/models").startswith(b"HTTP/1.1 404")  # no model traffic on admin
+
+
+def test_default_config_puts_admin_on_loopback_away_from_the_main_port() -> None:
+    from tests.support.servers import ROOT
+
+    settings = parse_settings((ROOT / "config" / "latentgate.yaml").read_text(), environ={})
+    admin = settings.admin.listener
+    assert admin is not None and admin.host == "127.0.0.1"
+    assert admin.port not in {lst.port for lst in settings.listeners}
+
+
+def test_secrets_never_reach_the_logs(
+    upstream: ServerThread,
+    gateway_process: Callable[..., GatewayProcess],
+) -> None:
+    key = "sk-live-abcdefghijklmnop"
+    cfg = base_config(upstream.url, logging={"level": "debug", "access_log": True})
+    cfg["admin"] = {"token": "${LG_TEST_ADMIN_TOKEN}"}  # a secret from the environment
+    gw = gateway_process(cfg, env={"LG_TEST_ADMIN_TOKEN": "env-token-987654321"})
+    chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    h = {
+        "Content-Type": "application/json",
+        "Authorization": f"Bearer {key}",
+        "X-Api-Key": key,
+        "User-Agent": f"client Bearer {key}",
+    }
+    assert http("POST", gw.url + f"/v1/chat/completions?api_key={key}", chat, h)[0] == 200
+    auth = {"Authorization": "Bearer env-token-987654321"}
+    assert http("GET", gw.url + "/admin/config", headers=auth)[0] == 200
+    http("GET", gw.url + "/admin/config", headers={"Authorization": "Bearer env-token-WRONG"})
+    gw.stop()
+    log = gw.log()
+    assert "/v1/chat/completions" in log  # the access log did record the request
+    assert key not in log
+    assert "env-token-987654321" not in log
+
+
+def test_redaction_filter_masks_messages_args_and_tracebacks() -> None:
+    flt = RedactingFilter(["my-admin-token-xyz"])
+    try:
+        raise ValueError("token my-admin-token-xyz rejected")
+    except ValueError:
+        import sys
+
+        rec = logging.LogRecord(
+            "t",
+            logging.ERROR,
+            __file__,
+            1,
+            "hdr %s url %s",
+            ("Authorization: Bearer abc123", "redis://:pw1234@r:6379"),
+            sys.exc_info(),
+        )
+    assert flt.filter(rec)
+    assert rec.getMessage() == f"hdr Authorization: {MASK} url redis://:{MASK}@r:6379"
+    assert "my-admin-token-xyz" not in (rec.exc_text or "")
+    assert redact("nothing secret here http://127.0.0.1:8000/v1") == (
+        "nothing secret here http://127.0.0.1:8000/v1"
+    )
