@@ -43,7 +43,20 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     check = sub.add_parser("check-config", help="validate a config file and print every error")
     check.add_argument("path")
+    prof = sub.add_parser("profile", help="send traffic and print p50/p99 per Server-Timing stage")
+    prof.add_argument("url")
+    prof.add_argument("--requests", type=int, default=200)
+    prof.add_argument("--concurrency", type=int, default=8)
+    prof.add_argument("--body", help="file whose bytes are each request's body (POST by default)")
+    prof.add_argument("--method")
+    prof.add_argument("--header", action="append", default=[], help="'Name: value', repeatable")
+    prof.add_argument("--plot", help="also write a chart to this PNG file (needs matplotlib)")
     args = parser.parse_args(argv)
+
+    if args.command == "profile":
+        from gateway.profile import main as profile_main
+
+        return profile_main(args)
 
     if args.command == "check-config":
         try:
