@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import sys
 import time
@@ -32,10 +33,8 @@ def parse_server_timing(header: str) -> dict[str, float]:
         for item in items[1:]:
             key, _, value = item.partition("=")
             if key.strip().lower() == "dur":
-                try:
+                with contextlib.suppress(ValueError):  # a malformed dur is skipped, not fatal
                     out[name] = out.get(name, 0.0) + float(value.strip().strip('"'))
-                except ValueError:
-                    pass
     return out
 
 
