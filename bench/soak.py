@@ -56,24 +56,47 @@ def gateway_config(upstream: str, port: int, exact: bool, read_s: float = 30) ->
     return {
         "listeners": [{"name": "main", "host": "127.0.0.1", "port": port}],
         "logging": {"level": "warning"},
-        "backends": {"upstream": {"kind": "remote", "replicas": [upstream],
-                                  "timeouts": {"connect": 2, "read": read_s, "total": 60}}},
+        "backends": {
+            "upstream": {
+                "kind": "remote",
+                "replicas": [upstream],
+                "timeouts": {"connect": 2, "read": read_s, "total": 60},
+            }
+        },
         "routes": [
-            {"name": "chat", "match": {"path": "/v1/chat/completions", "methods": ["POST"]},
-             "protocol": "openai", "backend": "upstream", "cache": policy},
-            {"name": "embeddings", "match": {"path": "/v1/embeddings", "methods": ["POST"]},
-             "protocol": "openai", "backend": "upstream", "cache": policy},
+            {
+                "name": "chat",
+                "match": {"path": "/v1/chat/completions", "methods": ["POST"]},
+                "protocol": "openai",
+                "backend": "upstream",
+                "cache": policy,
+            },
+            {
+                "name": "embeddings",
+                "match": {"path": "/v1/embeddings", "methods": ["POST"]},
+                "protocol": "openai",
+                "backend": "upstream",
+                "cache": policy,
+            },
             {"name": "v2", "match": {"prefix": "/v2/"}, "protocol": "v2", "backend": "upstream"},
-            {"name": "default", "match": {"prefix": "/"}, "protocol": "passthrough",
-             "backend": "upstream"},
+            {
+                "name": "default",
+                "match": {"prefix": "/"},
+                "protocol": "passthrough",
+                "backend": "upstream",
+            },
         ],
     }
 
 
 def _requests() -> itertools.cycle[tuple[str, str, Any]]:
     def chat(text: str, stream: bool = False) -> dict[str, Any]:
-        return {"model": "m", "temperature": 0, "stream": stream,
-                "messages": [{"role": "user", "content": text}]}
+        return {
+            "model": "m",
+            "temperature": 0,
+            "stream": stream,
+            "messages": [{"role": "user", "content": text}],
+        }
 
     mix: list[tuple[str, str, Any]] = [
         ("GET", "/v1/models", None),
@@ -82,8 +105,11 @@ def _requests() -> itertools.cycle[tuple[str, str, Any]]:
         ("POST", "/v1/chat/completions", chat("the same question every time")),
         ("POST", "/v1/chat/completions", "stream"),
         ("POST", "/v1/embeddings", {"model": "e", "input": ["alpha beta", "gamma"]}),
-        ("POST", "/v2/models/m/infer", {"inputs": [{"name": "x", "datatype": "FP32",
-                                                    "shape": [1, 4], "data": [1, 2, 3, 4]}]}),
+        (
+            "POST",
+            "/v2/models/m/infer",
+            {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]},
+        ),
     ]
     return itertools.cycle(mix)
 
@@ -98,8 +124,11 @@ async def traffic(base: str, concurrency: int, stop: asyncio.Event, tally: Tally
             if body == "miss":
                 body = {"model": "m", "messages": [{"role": "user", "content": f"q {next(seq)}"}]}
             elif body == "stream":
-                body = {"model": "m", "stream": True,
-                        "messages": [{"role": "user", "content": f"s {random.random()}"}]}
+                body = {
+                    "model": "m",
+                    "stream": True,
+                    "messages": [{"role": "user", "content": f"s {random.random()}"}],
+                }
             try:
                 async with session.request(method, base + path, json=body) as resp:
                     async for _ in resp.content.iter_any():
@@ -111,8 +140,9 @@ async def traffic(base: str, concurrency: int, stop: asyncio.Event, tally: Tally
             tally.requests += 1
 
     timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(timeout=timeout,
-                                     connector=aiohttp.TCPConnector(limit=concurrency)) as s:
+    async with aiohttp.ClientSession(
+        timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency)
+    ) as s:
         await asyncio.gather(*(worker(s) for _ in range(concurrency)))
 
 
@@ -125,21 +155,26 @@ async def reloads(every: float, cfg_path: str, make: Any, pid: int, stop: asynci
             await asyncio.wait_for(stop.wait(), every)
         except TimeoutError:
             n += 1
-            Path(cfg_path).write_text(yaml.safe_dump(make(30 + n % 2)))
+            text = yaml.safe_dump(make(30 + n % 2))
+            await asyncio.to_thread(Path(cfg_path).write_text, text)
             os.kill(pid, 1)  # SIGHUP
     return n
 
 
-async def sample(proc: psutil.Process, duration: float, interval: float, tally: Tally,
-                 stop: asyncio.Event) -> list[Sample]:
+async def sample(
+    proc: psutil.Process, duration: float, interval: float, tally: Tally, stop: asyncio.Event
+) -> list[Sample]:
     series: list[Sample] = []
     started = time.monotonic()
     while True:
         elapsed = time.monotonic() - started
         mem = proc.memory_info().rss / (1 << 20)
         series.append(Sample(elapsed, mem, proc.num_fds(), tally.requests))
-        print(f"  t={elapsed:6.0f}s  rss={mem:7.1f} MiB  fds={series[-1].fds:4d}  "
-              f"requests={tally.requests}", flush=True)
+        print(
+            f"  t={elapsed:6.0f}s  rss={mem:7.1f} MiB  fds={series[-1].fds:4d}  "
+            f"requests={tally.requests}",
+            flush=True,
+        )
         if elapsed >= duration:
             break
         await asyncio.sleep(min(interval, max(0.0, duration - elapsed)))
@@ -154,9 +189,11 @@ def verdict(series: list[Sample], warmup_s: float) -> tuple[bool, str]:
     late = [s.fds for s in series if s.t >= warm.t]
     fd_growth = max(late) - warm.fds
     ok = growth < 5.0 and fd_growth <= 2
-    text = (f"RSS {warm.rss_mib:.1f} MiB at t={warm.t:.0f}s (after warm-up) → {last.rss_mib:.1f} MiB "
-            f"at t={last.t:.0f}s: {growth:+.2f} % (limit < 5 %); fds {warm.fds} → max {max(late)} "
-            f"(growth {fd_growth:+d}, limit +2): {'PASS' if ok else 'FAIL'}")
+    text = (
+        f"RSS {warm.rss_mib:.1f} MiB at t={warm.t:.0f}s (after warm-up) → {last.rss_mib:.1f} MiB "
+        f"at t={last.t:.0f}s: {growth:+.2f} % (limit < 5 %); fds {warm.fds} → max {max(late)} "
+        f"(growth {fd_growth:+d}, limit +2): {'PASS' if ok else 'FAIL'}"
+    )
     return ok, text
 
 
@@ -166,55 +203,77 @@ def markdown(series: list[Sample]) -> str:
     return "\n".join(lines)
 
 
-async def main_async(args: argparse.Namespace) -> int:
+async def soak(
+    args: argparse.Namespace, gw_port: int, up_port: int, cfg_path: str, pid: int
+) -> tuple[list[Sample], Tally]:
+    print(
+        f"soak: {args.duration:.0f}s, concurrency {args.concurrency}, sampling every "
+        f"{args.interval:.0f}s; gateway pid {pid}",
+        flush=True,
+    )
+    tally, stop = Tally(), asyncio.Event()
+    load = asyncio.create_task(
+        traffic(f"http://127.0.0.1:{gw_port}", args.concurrency, stop, tally)
+    )
+
+    def make(read_s: float) -> dict[str, Any]:
+        return gateway_config(f"http://127.0.0.1:{up_port}", gw_port, args.exact_cache, read_s)
+
+    reloader = asyncio.create_task(
+        reloads(args.reload_every, cfg_path, make, pid, stop)
+        if args.reload_every > 0
+        else stop.wait()
+    )
+    series = await sample(psutil.Process(pid), args.duration, args.interval, tally, stop)
+    await load
+    n_reloads = await reloader
+    if args.reload_every > 0:
+        print(f"reloads (SIGHUP, backend replaced each time): {n_reloads}")
+    return series, tally
+
+
+def run(args: argparse.Namespace) -> int:
     up_port, gw_port = free_port(), free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    upstream = subprocess.Popen([sys.executable, "-m", "tests.support.upstream", "--port",
-                                 str(up_port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+    upstream = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.upstream", "--port", str(up_port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     cfg_fd, cfg_path = tempfile.mkstemp(suffix=".yaml", prefix="lg-soak-")
     with os.fdopen(cfg_fd, "w") as f:
         yaml.safe_dump(gateway_config(f"http://127.0.0.1:{up_port}", gw_port, args.exact_cache), f)
-    log = open(cfg_path + ".log", "wb")
-    gateway = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", cfg_path],
-                               cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_port("127.0.0.1", up_port)
-        wait_port("127.0.0.1", gw_port, 60)
-        print(f"soak: {args.duration:.0f}s, concurrency {args.concurrency}, sampling every "
-              f"{args.interval:.0f}s; gateway pid {gateway.pid}", flush=True)
-        tally, stop = Tally(), asyncio.Event()
-        load = asyncio.create_task(traffic(f"http://127.0.0.1:{gw_port}", args.concurrency, stop,
-                                           tally))
-
-        def make(read_s: float) -> dict[str, Any]:
-            return gateway_config(f"http://127.0.0.1:{up_port}", gw_port, args.exact_cache, read_s)
-
-        reloader = asyncio.create_task(
-            reloads(args.reload_every, cfg_path, make, gateway.pid, stop)
-            if args.reload_every > 0 else stop.wait())
-        series = await sample(psutil.Process(gateway.pid), args.duration, args.interval, tally,
-                              stop)
-        await load
-        n_reloads = await reloader
-        if args.reload_every > 0:
-            print(f"reloads (SIGHUP, backend replaced each time): {n_reloads}")
-    finally:
-        gateway.terminate()
-        upstream.terminate()
-        gateway.wait(30)
-        upstream.wait(30)
-        log.close()
+    with open(cfg_path + ".log", "wb") as log:
+        gateway = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--config", cfg_path],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_port("127.0.0.1", up_port)
+            wait_port("127.0.0.1", gw_port, 60)
+            series, tally = asyncio.run(soak(args, gw_port, up_port, cfg_path, gateway.pid))
+        finally:
+            gateway.terminate()
+            upstream.terminate()
+            gateway.wait(30)
+            upstream.wait(30)
     ok, text = verdict(series, args.warmup)
     rate = tally.requests / series[-1].t if series[-1].t else 0
-    print(f"\nrequests {tally.requests} ({rate:.0f}/s); status {dict(tally.statuses)}; "
-          f"X-Cache {dict(tally.x_cache)}; client errors {dict(tally.errors)}")
+    print(
+        f"\nrequests {tally.requests} ({rate:.0f}/s); status {dict(tally.statuses)}; "
+        f"X-Cache {dict(tally.x_cache)}; client errors {dict(tally.errors)}"
+    )
     print(text)
     if args.markdown:
         print("\n" + markdown(series))
     if args.json:
-        Path(args.json).write_text(json.dumps({"series": [s.__dict__ for s in series],
-                                               "verdict": text, "ok": ok}, indent=1))
+        doc = {"series": [s.__dict__ for s in series], "verdict": text, "ok": ok}
+        Path(args.json).write_text(json.dumps(doc, indent=1))
     return 0 if ok else 1
 
 
@@ -224,12 +283,16 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=10)
     ap.add_argument("--warmup", type=float, default=60, help="seconds before the baseline sample")
     ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--reload-every", type=float, default=0,
-                    help="SIGHUP with a changed pool every N s (0: never)")
+    ap.add_argument(
+        "--reload-every",
+        type=float,
+        default=0,
+        help="SIGHUP with a changed pool every N s (0: never)",
+    )
     ap.add_argument("--exact-cache", action="store_true", help="enable the exact cache on chat")
     ap.add_argument("--markdown", action="store_true", help="also print the series as a table")
     ap.add_argument("--json", help="write the series and verdict to this file")
-    return asyncio.run(main_async(ap.parse_args()))
+    return run(ap.parse_args())
 
 
 if __name__ == "__main__":

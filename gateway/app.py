@@ -18,6 +18,7 @@ from gateway.protocols.passthrough import PassthroughAdapter
 from gateway.protocols.v2 import V2Adapter
 from gateway.routing import Route, Router
 from gateway.state import STATE, AppState
+from gateway.tracing import build_tracing
 
 
 def build_adapter(route: RouteSettings) -> Adapter:
@@ -37,6 +38,7 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     backends = build_backends(settings.backends)
     router = build_router(settings)
     pipeline = Pipeline(router, backends, metrics, settings.limits)
+    pipeline.tracing = build_tracing(settings.tracing)
     state = AppState(settings=settings, metrics=metrics, backends=backends, pipeline=pipeline)
 
     def pool_source() -> dict[str, dict[str, dict[str, int]]]:
@@ -57,6 +59,7 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
         yield
         for backend in state.backends.values():  # the current generation's (reloads swap them)
             await backend.aclose()
+        pipeline.tracing.shutdown()
 
     app.cleanup_ctx.append(lifecycle)
     admin.register(app)

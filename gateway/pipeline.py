@@ -39,6 +39,7 @@ from gateway.metrics import Metrics
 from gateway.protocols.base import Call
 from gateway.routing import Route, Router
 from gateway.runtime import Runtime
+from gateway.tracing import NoTracing, Tracing
 
 log = logging.getLogger("latentgate.pipeline")
 
@@ -77,6 +78,7 @@ class Pipeline:
         self._pinned: ContextVar[Runtime] = ContextVar("latentgate_runtime")
         self.metrics = metrics
         self.limits = limits
+        self.tracing: Tracing = NoTracing()  # build_app sets the OTel one when tracing is on
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -93,14 +95,19 @@ class Pipeline:
         runtime = self.runtime
         runtime.enter()
         pin = self._pinned.set(runtime)
+        span = self.tracing.start(request)
+        timing = Timing()
+        status = 500
         try:
-            return await self._handle(request)
+            resp = await self._handle(request, timing)
+            status = resp.status
+            return resp
         finally:
+            self.tracing.finish(span, timing, status)
             self._pinned.reset(pin)
             runtime.leave()
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        timing = Timing()
+    async def _handle(self, request: web.Request, timing: Timing) -> web.StreamResponse:
         self.in_flight += 1
         self.idle.clear()
         self.metrics.in_flight.inc()
@@ -167,6 +174,7 @@ class Pipeline:
 
     async def _send(self, route: Route, req: UpstreamRequest) -> UpstreamResponse:
         backend = self.backends[route.backend]
+        self.tracing.inject(req)
         try:
             return await backend.send(req)
         except UpstreamTimeout as exc:
