@@ -14,16 +14,16 @@ class _Frozen(BaseModel):
 class Timeouts(_Frozen):
     """Upstream timeouts in seconds; `total` bounds the whole exchange, body included."""
 
-    connect: float = Field(2.0, gt=0)
-    read: float = Field(60.0, gt=0)
-    total: float = Field(300.0, gt=0)
+    connect: float = Field(default=2.0, gt=0)
+    read: float = Field(default=60.0, gt=0)
+    total: float = Field(default=300.0, gt=0)
 
 
 class PoolLimits(_Frozen):
     """Connection pool bounds, per replica."""
 
-    max_connections: int = Field(256, ge=1)
-    keepalive_s: float = Field(60.0, gt=0)
+    max_connections: int = Field(default=256, ge=1)
+    keepalive_s: float = Field(default=60.0, gt=0)
 
 
 class BalancerSettings(_Frozen):
@@ -33,44 +33,44 @@ class BalancerSettings(_Frozen):
     policy: Literal["least_request", "round_robin", "weighted", "affinity"] = "least_request"
     weights: list[float] | None = None
     hash_header: str | None = None
-    hash_body_prefix: int = Field(512, ge=1)
+    hash_body_prefix: int = Field(default=512, ge=1)
     # Bounded load: no replica takes more than load_factor x the mean outstanding requests.
-    load_factor: float = Field(1.25, ge=1.0)
+    load_factor: float = Field(default=1.25, ge=1.0)
 
 
 class HealthCheckSettings(_Frozen):
     """Active checks: a cheap GET per replica (never a billed model call)."""
 
     path: str = "/health"
-    interval_s: float = Field(5.0, gt=0)
-    timeout_s: float = Field(1.0, gt=0)
-    unhealthy_threshold: int = Field(2, ge=1)
-    healthy_threshold: int = Field(1, ge=1)
+    interval_s: float = Field(default=5.0, gt=0)
+    timeout_s: float = Field(default=1.0, gt=0)
+    unhealthy_threshold: int = Field(default=2, ge=1)
+    healthy_threshold: int = Field(default=1, ge=1)
 
 
 class OutlierSettings(_Frozen):
     """Passive outlier detection (Envoy's): errors and latency eject a replica for a while."""
 
     enabled: bool = True
-    consecutive_errors: int = Field(5, ge=1)
-    base_ejection_s: float = Field(30.0, gt=0)
-    max_ejection_s: float = Field(300.0, gt=0)
-    max_ejection_percent: float = Field(10.0, ge=0, le=100)
-    interval_s: float = Field(1.0, gt=0)
+    consecutive_errors: int = Field(default=5, ge=1)
+    base_ejection_s: float = Field(default=30.0, gt=0)
+    max_ejection_s: float = Field(default=300.0, gt=0)
+    max_ejection_percent: float = Field(default=10.0, ge=0, le=100)
+    interval_s: float = Field(default=1.0, gt=0)
     # Latency outlier: EWMA above factor x the pool median and at least min_excess_ms above it.
-    latency_factor: float | None = Field(3.0, gt=1)
-    latency_min_excess_ms: float = Field(50.0, ge=0)
-    latency_min_samples: int = Field(20, ge=1)
-    slow_start_s: float = Field(10.0, ge=0)
+    latency_factor: float | None = Field(default=3.0, gt=1)
+    latency_min_excess_ms: float = Field(default=50.0, ge=0)
+    latency_min_samples: int = Field(default=20, ge=1)
+    slow_start_s: float = Field(default=10.0, ge=0)
 
 
 class BreakerSettings(_Frozen):
     """Circuit breaker per pool: beyond these limits requests get a fast 503 with Retry-After."""
 
-    max_connections: int = Field(1024, ge=1)
-    max_in_flight: int = Field(1024, ge=1)
-    max_pending: int = Field(1024, ge=0)
-    retry_after_s: float = Field(1.0, gt=0)
+    max_connections: int = Field(default=1024, ge=1)
+    max_in_flight: int = Field(default=1024, ge=1)
+    max_pending: int = Field(default=1024, ge=0)
+    retry_after_s: float = Field(default=1.0, gt=0)
 
 
 class RetryBudgetSettings(_Frozen):
@@ -78,27 +78,27 @@ class RetryBudgetSettings(_Frozen):
     (never fewer than `min_concurrency`), and over time at most `percent` of requests plus
     `min_per_s` a second."""
 
-    percent: float = Field(20.0, ge=0, le=100)
-    min_concurrency: int = Field(3, ge=0)
-    min_per_s: float = Field(1.0, ge=0)
-    reserve: float = Field(10.0, ge=0)
+    percent: float = Field(default=20.0, ge=0, le=100)
+    min_concurrency: int = Field(default=3, ge=0)
+    min_per_s: float = Field(default=1.0, ge=0)
+    reserve: float = Field(default=10.0, ge=0)
 
 
 class RetrySettings(_Frozen):
     """Route retry policy: only failures before any byte reached the client are retried."""
 
-    max: int = Field(2, ge=0)
+    max: int = Field(default=2, ge=0)
     on_status: list[int] = [502, 503, 504]
-    backoff_ms: float = Field(25.0, ge=0)
-    max_backoff_ms: float = Field(250.0, ge=0)
+    backoff_ms: float = Field(default=25.0, ge=0)
+    max_backoff_ms: float = Field(default=250.0, ge=0)
 
 
 class HedgeSettings(_Frozen):
     """Send a second copy to another replica when the first is slow: after a fixed delay, or
     after the pool's recent latency at a percentile (falling back to after_ms, then 50 ms)."""
 
-    after_ms: float | None = Field(None, gt=0)
-    after_percentile: float | None = Field(None, gt=0, lt=100)
+    after_ms: float | None = Field(default=None, gt=0)
+    after_percentile: float | None = Field(default=None, gt=0, lt=100)
 
     @model_validator(mode="after")
     def _one(self) -> HedgeSettings:
@@ -110,9 +110,9 @@ class HedgeSettings(_Frozen):
 class RouteTimeouts(_Frozen):
     """Per-route upstream timeouts in seconds; unset ones fall back to the backend's."""
 
-    connect: float | None = Field(None, gt=0)
-    first_byte: float | None = Field(None, gt=0)
-    total: float | None = Field(None, gt=0)
+    connect: float | None = Field(default=None, gt=0)
+    first_byte: float | None = Field(default=None, gt=0)
+    total: float | None = Field(default=None, gt=0)
 
 
 class RoutePolicy(_Frozen):

@@ -117,7 +117,9 @@ class Affinity:
         return first
 
 
-def build_balancer(settings: BalancerSettings, replicas: list[Replica], slow_start_s: float) -> Balancer:
+def build_balancer(
+    settings: BalancerSettings, replicas: list[Replica], slow_start_s: float
+) -> Balancer:
     if settings.policy == "round_robin":
         return RoundRobin()
     if settings.policy == "weighted":

@@ -81,11 +81,14 @@ class OutlierDetector:
         r.rejoin(now)
         r.decay_at = now + self._s.base_ejection_s
         self._metrics.ejected.labels(self._backend, r.url).set(0)
-        log.info("%s: %s back in rotation (slow start %.1fs)", self._backend, r.url, self._s.slow_start_s)
+        log.info(
+            "%s: %s back in rotation (slow start %.1fs)", self._backend, r.url, self._s.slow_start_s
+        )
 
     def _latency_outliers(self, now: float, factor: float) -> None:
         ready = [
-            r for r in self._replicas
+            r
+            for r in self._replicas
             if r.available(now) and r.samples >= self._s.latency_min_samples
         ]
         if len(ready) < 2:

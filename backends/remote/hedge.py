@@ -7,6 +7,7 @@ a finished loser's stream is closed, never returned to the pool dirty).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -90,9 +91,8 @@ async def race(
             if t is winner or (winner is None and t is fallback):
                 continue
             if not t.done():
-                try:
+                # The loser's error or its cancellation: nobody wants it.
+                with contextlib.suppress(BaseException):
                     await t
-                except BaseException:  # the loser's error or its cancellation: nobody wants it
-                    pass
             if t.done() and not t.cancelled() and t.exception() is None:
                 await discard(t.result())

@@ -82,13 +82,17 @@ class Pool:
         self.balancer = build_balancer(settings.balancer, self.replicas, slow_start)
         self.detector = OutlierDetector(name, self.replicas, settings.outlier, self.metrics)
         self.health = (
-            HealthChecker(name, self.replicas, settings.health_check, self.metrics, self._on_healthy)
+            HealthChecker(
+                name, self.replicas, settings.health_check, self.metrics, self._on_healthy
+            )
             if settings.health_check is not None
             else None
         )
         self.budget = RetryBudget(settings.retry_budget)
         self.breaker = Breaker(
-            name, settings.breaker, self._connections_in_use,
+            name,
+            settings.breaker,
+            self._connections_in_use,
             on_reject=lambda limit: self.metrics.breaker_rejections.labels(name, limit).inc(),
         )
         self.latencies = LatencyWindow()
@@ -175,7 +179,9 @@ class Pool:
 
         resp, hedge_won = await race(
             lambda: self._send_with_retries(request, policy, deadline, tried, key, True),
-            hedge, hedge_delay_s(policy.hedge, self.latencies), may_hedge,
+            hedge,
+            hedge_delay_s(policy.hedge, self.latencies),
+            may_hedge,
         )
         if hedge_won:
             self.metrics.hedges.labels(self.name, "won").inc()

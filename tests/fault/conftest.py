@@ -34,9 +34,19 @@ class Replica:
 
     def start(self) -> Replica:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.upstream", "--port", str(self.port),
-             "--name", self.name, *self.args],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "tests.support.upstream",
+                "--port",
+                str(self.port),
+                "--name",
+                self.name,
+                *self.args,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         wait_port("127.0.0.1", self.port, 30)
         return self
@@ -69,17 +79,26 @@ def replicas() -> Iterator[Replicas]:
         r.kill()
 
 
-def pool_config(urls: list[str], routes: list[dict[str, Any]] | None = None,
-                **backend: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {"kind": "remote", "replicas": urls,
-                            "timeouts": {"connect": 1, "read": 5, "total": 10}}
+def pool_config(
+    urls: list[str], routes: list[dict[str, Any]] | None = None, **backend: Any
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "kind": "remote",
+        "replicas": urls,
+        "timeouts": {"connect": 1, "read": 5, "total": 10},
+    }
     spec.update(backend)
     return {
         "admin": {"token": ADMIN_TOKEN},
         "backends": {"pool": spec},
-        "routes": routes or [
-            {"name": "chat", "match": {"path": "/v1/chat/completions", "methods": ["POST"]},
-             "protocol": "openai", "backend": "pool"},
+        "routes": routes
+        or [
+            {
+                "name": "chat",
+                "match": {"path": "/v1/chat/completions", "methods": ["POST"]},
+                "protocol": "openai",
+                "backend": "pool",
+            },
         ],
     }
 
@@ -95,13 +114,21 @@ class LoadResult:
         return xs[min(len(xs) - 1, int(q / 100 * len(xs)))]
 
 
-async def load(url: str, n: int, concurrency: int, *, path: str = "/v1/chat/completions",
-               body: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
-               on_progress: Any = None) -> LoadResult:
+async def load(
+    url: str,
+    n: int,
+    concurrency: int,
+    *,
+    path: str = "/v1/chat/completions",
+    body: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    on_progress: Any = None,
+) -> LoadResult:
     """n POSTs from `concurrency` workers; on_progress(done) runs after each response."""
     out = LoadResult()
     queue = iter(range(n))
     async with aiohttp.ClientSession() as s:
+
         async def worker() -> None:
             for _ in queue:
                 t = time.perf_counter()
@@ -112,14 +139,16 @@ async def load(url: str, n: int, concurrency: int, *, path: str = "/v1/chat/comp
                 out.latencies.append(time.perf_counter() - t)
                 if on_progress is not None:
                     on_progress(len(out.statuses))
+
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return out
 
 
 async def admin_backends(url: str) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as s, s.get(
-        url + "/admin/backends", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    ) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(url + "/admin/backends", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as r,
+    ):
         assert r.status == 200
         return dict(await r.json())
 

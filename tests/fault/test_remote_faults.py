@@ -33,10 +33,12 @@ async def test_killed_replica_no_failed_requests_and_ejected(
     replicas: Replicas, start_gateway: StartGateway
 ) -> None:
     reps = replicas.start((), (), ())
-    gw = start_gateway(pool_config(
-        [r.url for r in reps],
-        outlier={"consecutive_errors": 3, "base_ejection_s": 30, "max_ejection_percent": 34},
-    ))
+    gw = start_gateway(
+        pool_config(
+            [r.url for r in reps],
+            outlier={"consecutive_errors": 3, "base_ejection_s": 30, "max_ejection_percent": 34},
+        )
+    )
     victim = reps[1]
     killed_at: list[float] = []
 
@@ -62,14 +64,26 @@ async def test_hedging_keeps_p99_near_healthy_with_one_slow_replica(
     fast = replicas.start((), ())
     urls = [slow.url] + [r.url for r in fast]
     routes = [
-        {"name": "hedged", "match": {"path": "/v1/chat/completions"}, "protocol": "openai",
-         "backend": "pool", "upstream": {"hedge": {"after_ms": 40}}},
-        {"name": "plain", "match": {"path": "/v1/completions"}, "protocol": "openai",
-         "backend": "pool"},
+        {
+            "name": "hedged",
+            "match": {"path": "/v1/chat/completions"},
+            "protocol": "openai",
+            "backend": "pool",
+            "upstream": {"hedge": {"after_ms": 40}},
+        },
+        {
+            "name": "plain",
+            "match": {"path": "/v1/completions"},
+            "protocol": "openai",
+            "backend": "pool",
+        },
     ]
     # Latency ejection off: this test isolates hedging.
-    gw = start_gateway(pool_config(urls, routes, balancer={"policy": "round_robin"},
-                                   outlier={"latency_factor": None}))
+    gw = start_gateway(
+        pool_config(
+            urls, routes, balancer={"policy": "round_robin"}, outlier={"latency_factor": None}
+        )
+    )
     plain = await load(gw.url, 60, 3, path="/v1/completions", body={"model": "m", "prompt": "x"})
     hedged = await load(gw.url, 60, 3)
     assert set(plain.statuses) == set(hedged.statuses) == {200}
@@ -85,10 +99,13 @@ async def test_failing_replica_ejected_but_never_the_whole_pool(
 ) -> None:
     bad = replicas.start(("--fail-status", "500"))[0]
     good = replicas.start((), ())
-    gw = start_gateway(pool_config(
-        [bad.url] + [r.url for r in good], balancer={"policy": "round_robin"},
-        outlier={"consecutive_errors": 3, "max_ejection_percent": 10},
-    ))
+    gw = start_gateway(
+        pool_config(
+            [bad.url] + [r.url for r in good],
+            balancer={"policy": "round_robin"},
+            outlier={"consecutive_errors": 3, "max_ejection_percent": 10},
+        )
+    )
     result = await load(gw.url, 90, 2)
     # 500 is not retried: the client sees it, but only until the replica is ejected.
     assert Counter(result.statuses)[500] <= 3 + 2
@@ -96,12 +113,15 @@ async def test_failing_replica_ejected_but_never_the_whole_pool(
     assert _by_url(await admin_backends(gw.url))[bad.url]["ejected"] is True
 
     # Every replica failing: ejection stops short of the whole pool even at 100 %.
-    all_bad = replicas.start(("--fail-status", "500"), ("--fail-status", "500"),
-                             ("--fail-status", "500"))
-    gw2 = start_gateway(pool_config(
-        [r.url for r in all_bad],
-        outlier={"consecutive_errors": 2, "max_ejection_percent": 100},
-    ))
+    all_bad = replicas.start(
+        ("--fail-status", "500"), ("--fail-status", "500"), ("--fail-status", "500")
+    )
+    gw2 = start_gateway(
+        pool_config(
+            [r.url for r in all_bad],
+            outlier={"consecutive_errors": 2, "max_ejection_percent": 100},
+        )
+    )
     result = await load(gw2.url, 60, 2)
     assert set(result.statuses) == {500}
     states = (await admin_backends(gw2.url))["pool"]["replicas"]
@@ -112,10 +132,13 @@ async def test_total_outage_stays_within_retry_budget(
     replicas: Replicas, start_gateway: StartGateway
 ) -> None:
     reps = replicas.start(*[("--fail-status", "503")] * 3)
-    gw = start_gateway(pool_config(
-        [r.url for r in reps], outlier={"enabled": False},
-        retry_budget={"percent": 20, "min_concurrency": 3, "min_per_s": 1, "reserve": 10},
-    ))
+    gw = start_gateway(
+        pool_config(
+            [r.url for r in reps],
+            outlier={"enabled": False},
+            retry_budget={"percent": 20, "min_concurrency": 3, "min_per_s": 1, "reserve": 10},
+        )
+    )
     n = 200
     t = time.monotonic()
     result = await load(gw.url, n, 10)
@@ -136,12 +159,17 @@ async def test_stream_cut_midway_is_not_retried(
 ) -> None:
     reps = replicas.start((), ())
     gw = start_gateway(pool_config([r.url for r in reps]))
-    async with aiohttp.ClientSession() as s:
-        async with s.post(gw.url + "/v1/chat/completions", json={**CHAT, "stream": True},
-                          headers={"X-Test-Cut-Stream": "2"}) as r:
-            assert r.status == 200
-            with pytest.raises(aiohttp.ClientPayloadError):
-                await r.read()
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            gw.url + "/v1/chat/completions",
+            json={**CHAT, "stream": True},
+            headers={"X-Test-Cut-Stream": "2"},
+        ) as r,
+    ):
+        assert r.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await r.read()
     calls = [(await r.stats())["requests"].get("/v1/chat/completions", 0) for r in reps]
     assert sum(calls) == 1
 
@@ -150,10 +178,13 @@ async def test_affinity_same_key_same_replica_moves_when_ejected(
     replicas: Replicas, start_gateway: StartGateway
 ) -> None:
     reps = replicas.start((), (), ())
-    gw = start_gateway(pool_config(
-        [r.url for r in reps], balancer={"policy": "affinity", "hash_header": "X-Tenant"},
-        outlier={"consecutive_errors": 1, "max_ejection_percent": 34},
-    ))
+    gw = start_gateway(
+        pool_config(
+            [r.url for r in reps],
+            balancer={"policy": "affinity", "hash_header": "X-Tenant"},
+            outlier={"consecutive_errors": 1, "max_ejection_percent": 34},
+        )
+    )
     homes: dict[str, str] = {}
     for tenant in [f"t{i}" for i in range(12)]:
         res = await load(gw.url, 4, 1, headers={"X-Tenant": tenant})
@@ -177,16 +208,21 @@ async def test_breaker_answers_fast_503_with_retry_after(
     replicas: Replicas, start_gateway: StartGateway
 ) -> None:
     rep = replicas.start(("--delay", "0.5"))[0]
-    gw = start_gateway(pool_config(
-        [rep.url], breaker={"max_in_flight": 2, "max_pending": 1, "retry_after_s": 3},
-    ))
+    gw = start_gateway(
+        pool_config(
+            [rep.url],
+            breaker={"max_in_flight": 2, "max_pending": 1, "retry_after_s": 3},
+        )
+    )
     order: list[int] = []
     async with aiohttp.ClientSession() as s:
+
         async def one() -> tuple[int, str | None]:
             async with s.post(gw.url + "/v1/chat/completions", json=CHAT) as r:
                 await r.read()
                 order.append(r.status)
                 return r.status, r.headers.get("Retry-After")
+
         results = await asyncio.gather(*(one() for _ in range(6)))
     assert sorted(st for st, _ in results) == [200, 200, 200, 503, 503, 503]
     assert all(ra == "3" for st, ra in results if st == 503)
@@ -198,12 +234,22 @@ async def test_health_checks_and_deadline_header(
     replicas: Replicas, start_gateway: StartGateway
 ) -> None:
     reps = replicas.start((), ())
-    routes = [{"name": "echo", "match": {"prefix": "/"}, "backend": "pool",
-               "upstream": {"timeouts": {"total": 4}}}]
-    gw = start_gateway(pool_config(
-        [r.url for r in reps], routes, outlier={"enabled": False},
-        health_check={"path": "/v2/health/ready", "interval_s": 0.1, "unhealthy_threshold": 1},
-    ))
+    routes = [
+        {
+            "name": "echo",
+            "match": {"prefix": "/"},
+            "backend": "pool",
+            "upstream": {"timeouts": {"total": 4}},
+        }
+    ]
+    gw = start_gateway(
+        pool_config(
+            [r.url for r in reps],
+            routes,
+            outlier={"enabled": False},
+            health_check={"path": "/v2/health/ready", "interval_s": 0.1, "unhealthy_threshold": 1},
+        )
+    )
     async with aiohttp.ClientSession() as s, s.get(gw.url + "/anything") as r:
         echo = await r.json()
     deadline = {k.lower(): v for k, v in echo["headers"]}["x-latentgate-deadline-ms"]

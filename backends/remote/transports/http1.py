@@ -32,9 +32,13 @@ def map_errors(replica: str, phase: str) -> Iterator[None]:
     except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise UpstreamTimeout(f"{replica} timed out during {phase}", replica) from exc
     except aiohttp.ServerDisconnectedError as exc:
-        raise UpstreamProtocolError(f"{replica} closed the connection during {phase}", replica) from exc
+        raise UpstreamProtocolError(
+            f"{replica} closed the connection during {phase}", replica
+        ) from exc
     except aiohttp.ClientPayloadError as exc:
-        raise UpstreamProtocolError(f"{replica} sent a broken body during {phase}: {exc}", replica) from exc
+        raise UpstreamProtocolError(
+            f"{replica} sent a broken body during {phase}: {exc}", replica
+        ) from exc
     except aiohttp.ClientError as exc:
         raise UpstreamProtocolError(f"{replica} failed during {phase}: {exc}", replica) from exc
 
@@ -105,7 +109,9 @@ class Http1Transport:
         if request.deadline_s is not None:
             headers.append((DEADLINE_HEADER, str(max(0, int(request.deadline_s * 1000)))))
         timeout = None
-        short_deadline = request.deadline_s is not None and request.deadline_s < self._timeouts.total
+        short_deadline = (
+            request.deadline_s is not None and request.deadline_s < self._timeouts.total
+        )
         if short_deadline or connect_s is not None:
             timeout = aiohttp.ClientTimeout(
                 total=request.deadline_s if short_deadline else self._timeouts.total,
