@@ -79,7 +79,8 @@ class RetryBudgetSettings(_Frozen):
     `min_per_s` a second."""
 
     percent: float = Field(default=20.0, ge=0, le=100)
-    min_concurrency: int = Field(default=3, ge=0)
+    # Envoy's default is 3; a killed replica's in-flight requests all need a retry at once.
+    min_concurrency: int = Field(default=10, ge=0)
     min_per_s: float = Field(default=1.0, ge=0)
     reserve: float = Field(default=10.0, ge=0)
 

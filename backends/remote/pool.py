@@ -217,9 +217,15 @@ class Pool:
                     retry = retry and retryable_error(error)
                 elif resp is not None:
                     retry = retry and resp.status in retries.on_status
-                if retry and not self.budget.try_acquire():
-                    self.metrics.retries.labels(self.name, "budget_denied").inc()
-                    retry = False
+                if retry:
+                    # Back off first: the budget counts a retry only while it is in flight.
+                    pause = backoff_s(
+                        attempt + 1, retries.backoff_ms, retries.max_backoff_ms, self._rng
+                    )
+                    await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                    if not self.budget.try_acquire():
+                        self.metrics.retries.labels(self.name, "budget_denied").inc()
+                        retry = False
                 if not retry:
                     if error is not None:
                         raise error
@@ -230,8 +236,6 @@ class Pool:
                 self.metrics.retries.labels(self.name, "sent").inc()
                 if resp is not None:
                     await discard(resp)
-                pause = backoff_s(attempt, retries.backoff_ms, retries.max_backoff_ms, self._rng)
-                await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         finally:
             if holding:
                 self.budget.release()
