@@ -13,6 +13,8 @@ from cache.settings import CachePolicy
 from gateway.config import RouteSettings
 from gateway.protocols.base import Adapter
 
+_DEFAULT_UPSTREAM = RoutePolicy()  # frozen: safe to share
+
 
 class Match(Enum):
     NONE = 0
@@ -31,7 +33,7 @@ class Route:
     prefix: str | None
     methods: frozenset[str] | None
     model: str | None
-    upstream: RoutePolicy = RoutePolicy()
+    upstream: RoutePolicy = _DEFAULT_UPSTREAM
 
     @classmethod
     def from_settings(cls, s: RouteSettings, adapter: Adapter) -> Route:
