@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
 
-from backends import build_backends
+from backends import Backend, build_backends
+from backends.remote.metrics import RemoteMetrics
+from backends.settings import BackendSettings
 from gateway import admin, reload
 from gateway.config import RouteSettings, Settings
 from gateway.metrics import Metrics
@@ -35,7 +37,12 @@ def build_router(settings: Settings) -> Router:
 
 def build_app(settings: Settings, config_path: str | None = None) -> web.Application:
     metrics = Metrics()
-    backends = build_backends(settings.backends)
+    remote_metrics = RemoteMetrics(metrics.registry)  # one set per registry; reloads reuse it
+
+    def make_backends(specs: Mapping[str, BackendSettings]) -> dict[str, Backend]:
+        return build_backends(specs, metrics.registry, remote_metrics=remote_metrics)
+
+    backends = make_backends(settings.backends)
     router = build_router(settings)
     pipeline = Pipeline(router, backends, metrics, settings.limits)
     pipeline.tracing = build_tracing(settings.tracing)
@@ -56,6 +63,10 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     listener_roles.install(app, separate=settings.admin.listener is not None)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        for backend in backends.values():
+            start = getattr(backend, "start", None)  # pools start their health checks
+            if start is not None:
+                await start()
         yield
         for backend in state.backends.values():  # the current generation's (reloads swap them)
             await backend.aclose()
@@ -63,6 +74,6 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
 
     app.cleanup_ctx.append(lifecycle)
     admin.register(app)
-    reload.register(app, config_path, build_router)
+    reload.register(app, config_path, build_router, make_backends)
     app.router.add_route("*", "/{tail:.*}", pipeline.handle)
     return app

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from backends.settings import BackendSettings
+from backends.settings import BackendSettings, RoutePolicy
 from cache.settings import CachePolicy, CacheSettings
 
 
@@ -90,6 +90,7 @@ class RouteSettings(_Frozen):
     protocol: Literal["openai", "v2", "passthrough"] = "passthrough"
     backend: str
     cache: CachePolicy = CachePolicy()
+    upstream: RoutePolicy = RoutePolicy()
 
 
 class Settings(_Frozen):

@@ -17,7 +17,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import Counter, Gauge
 
-from backends import Backend, build_backends
+from backends import Backend
+from backends.settings import BackendSettings
 from gateway.admin import guarded
 from gateway.config import ConfigError, Settings, load_settings
 from gateway.routing import Router
@@ -30,6 +31,7 @@ log = logging.getLogger("latentgate.reload")
 _START_ONLY = ("listeners", "limits", "logging", "tracing", "cache")
 
 RouterFactory = Callable[[Settings], Router]
+BackendsFactory = Callable[[Mapping[str, BackendSettings]], dict[str, Backend]]
 
 
 @dataclass
@@ -57,11 +59,16 @@ class ReloadResult:
 
 class Reloader:
     def __init__(
-        self, state: AppState, config_path: str | None, build_router: RouterFactory
+        self,
+        state: AppState,
+        config_path: str | None,
+        build_router: RouterFactory,
+        build_backends: BackendsFactory,
     ) -> None:
         self.state = state
         self.config_path = config_path
         self.build_router = build_router
+        self.build_backends = build_backends
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
         registry = state.metrics.registry
@@ -129,8 +136,12 @@ class Reloader:
             if name in current.backends and old.backends.get(name) == spec
         }
         try:
-            fresh = build_backends({n: s for n, s in new.backends.items() if n not in reused})
+            fresh = self.build_backends({n: s for n, s in new.backends.items() if n not in reused})
             router = self.build_router(merged)
+            for backend in fresh.values():
+                start = getattr(backend, "start", None)  # pools start their health checks
+                if start is not None:
+                    await start()
         except Exception as exc:  # a backend that cannot be built must not take the gateway down
             self.reloads.labels("error").inc()
             log.exception(
@@ -230,9 +241,14 @@ async def admin_reload(request: web.Request) -> web.Response:
     return web.json_response(body, status=status)
 
 
-def register(app: web.Application, config_path: str | None, build_router: RouterFactory) -> None:
+def register(
+    app: web.Application,
+    config_path: str | None,
+    build_router: RouterFactory,
+    build_backends: BackendsFactory,
+) -> None:
     """Wire the reloader into an app built by build_app (before the catch-all route)."""
-    reloader = Reloader(app[STATE], config_path, build_router)
+    reloader = Reloader(app[STATE], config_path, build_router, build_backends)
     app[RELOADER] = reloader
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -7,7 +7,7 @@ aiohttp's exceptions are mapped to the BackendError tree at this boundary (`map_
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
@@ -32,11 +32,42 @@ def map_errors(replica: str, phase: str) -> Iterator[None]:
     except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise UpstreamTimeout(f"{replica} timed out during {phase}", replica) from exc
     except aiohttp.ServerDisconnectedError as exc:
-        raise UpstreamProtocolError(f"{replica} closed the connection during {phase}", replica) from exc
+        raise UpstreamProtocolError(
+            f"{replica} closed the connection during {phase}", replica
+        ) from exc
     except aiohttp.ClientPayloadError as exc:
-        raise UpstreamProtocolError(f"{replica} sent a broken body during {phase}: {exc}", replica) from exc
+        raise UpstreamProtocolError(
+            f"{replica} sent a broken body during {phase}: {exc}", replica
+        ) from exc
     except aiohttp.ClientError as exc:
         raise UpstreamProtocolError(f"{replica} failed during {phase}: {exc}", replica) from exc
+
+
+class _Body:
+    """A streamed response body. Closing it early (or never reading it) closes the connection
+    instead of returning it to the pool dirty; a body read to the end releases it for reuse."""
+
+    def __init__(self, resp: aiohttp.ClientResponse, replica: str) -> None:
+        self._resp = resp
+        self._replica = replica
+        self._it = resp.content.iter_any().__aiter__()
+
+    def __aiter__(self) -> _Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            with map_errors(self._replica, "stream"):
+                return await self._it.__anext__()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        if self._resp.content.at_eof():
+            self._resp.release()
+        else:
+            self._resp.close()
 
 
 class Http1Transport:
@@ -71,15 +102,20 @@ class Http1Transport:
             ),
         )
 
-    async def send(self, request: UpstreamRequest) -> UpstreamResponse:
+    async def send(
+        self, request: UpstreamRequest, *, connect_s: float | None = None
+    ) -> UpstreamResponse:
         headers = list(request.headers)
         if request.deadline_s is not None:
             headers.append((DEADLINE_HEADER, str(max(0, int(request.deadline_s * 1000)))))
         timeout = None
-        if request.deadline_s is not None and request.deadline_s < self._timeouts.total:
+        short_deadline = (
+            request.deadline_s is not None and request.deadline_s < self._timeouts.total
+        )
+        if short_deadline or connect_s is not None:
             timeout = aiohttp.ClientTimeout(
-                total=request.deadline_s,
-                sock_connect=self._timeouts.connect,
+                total=request.deadline_s if short_deadline else self._timeouts.total,
+                sock_connect=connect_s if connect_s is not None else self._timeouts.connect,
                 sock_read=self._timeouts.read,
             )
         with map_errors(self.url, "request"):
@@ -99,23 +135,13 @@ class Http1Transport:
             try:
                 with map_errors(self.url, "body"):
                     out.body = await resp.read()
-            finally:
-                resp.release()
+            except BaseException:
+                resp.close()  # cancelled or broken mid-body: never back to the pool dirty
+                raise
+            resp.release()
         else:
-            out.stream = self._iter_body(resp)
+            out.stream = _Body(resp, self.url)
         return out
-
-    async def _iter_body(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-        try:
-            with map_errors(self.url, "stream"):
-                async for chunk in resp.content.iter_any():
-                    yield chunk
-        finally:
-            # A stream abandoned mid-way must not return its connection to the pool dirty.
-            if resp.content.at_eof():
-                resp.release()
-            else:
-                resp.close()
 
     def pool_stats(self) -> dict[str, int]:
         conns = getattr(self._connector, "_conns", {})
