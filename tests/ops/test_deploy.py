@@ -42,12 +42,14 @@ def test_every_deploy_file_parses() -> None:
 def _pod() -> dict[str, Any]:
     docs = _load_all(DEPLOY / "k8s" / "pod.yaml")
     (pod,) = [d for d in docs if d.get("kind") == "Pod"]
+    assert isinstance(pod, dict)
     return pod
 
 
 def _sidecar(pod: dict[str, Any]) -> dict[str, Any]:
     every = pod["spec"].get("initContainers", []) + pod["spec"]["containers"]
     (gw,) = [c for c in every if c["name"] == "latentgate"]
+    assert isinstance(gw, dict)
     return gw
 
 
