@@ -18,6 +18,7 @@ import yaml
 
 from gateway.app import build_app
 from gateway.config import load_settings
+from gateway.state import STATE
 from tests.conftest import base_config
 from tests.ops.conftest import ADMIN_TOKEN, http, http_json
 from tests.support.servers import GatewayProcess, ServerThread
@@ -157,6 +158,13 @@ def test_in_flight_request_completes_across_a_reload(
     def slow() -> None:
         seen["upstream"] = _chat_upstream(gw.server.url, {"X-Test-Delay": "1.5"})
 
+    assert gw.server.app is not None
+    old_pool = gw.server.app[STATE].backends["upstream"]
+
+    def old_pool_closed() -> bool:
+        # Pool internals: every replica transport's aiohttp session.
+        return all(tr._session.closed for tr in old_pool.transports)  # type: ignore[attr-defined]
+
     t = threading.Thread(target=slow)
     t.start()
     time.sleep(0.5)  # the slow request is now waiting on the old generation's upstream
@@ -166,8 +174,13 @@ def test_in_flight_request_completes_across_a_reload(
     status, body = gw.reload()
     assert status == 200 and "upstream" in body["backends_replaced"]
     assert _chat_upstream(gw.server.url) == "second"  # new requests: new generation at once
+    assert not old_pool_closed()  # still serving the request that started on it
     t.join(20)
     assert seen.get("upstream") == "up"  # the old request finished on the old backend
+    deadline = time.monotonic() + 5
+    while not old_pool_closed() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert old_pool_closed()  # and was closed once drained
 
 
 def test_sighup_reloads_a_running_process(
@@ -195,3 +208,24 @@ def test_sighup_reloads_a_running_process(
     assert gw.proc.poll() is None
     assert _chat_upstream(gw.url) == "second"
     assert "reload rejected" in gw.log()
+
+
+def test_start_only_sections_are_reported_not_applied(
+    upstream: ServerThread, in_process: Callable[..., InProcess]
+) -> None:
+    cfg = base_config(upstream.url, admin={"token": ADMIN_TOKEN})
+    gw = in_process(cfg)
+    changed = base_config(
+        upstream.url, admin={"token": "rotated-token-123456"}, limits={"max_body_bytes": 1024}
+    )
+    gw.write(changed)
+    status, body = gw.reload()
+    assert status == 200 and body["restart_required"] == ["limits"]
+    # The admin token is swapped (rotation without a restart); the limits are not.
+    assert gw.reload(token=ADMIN_TOKEN)[0] == 401
+    status, cfg_now = http_json(
+        "GET",
+        gw.server.url + "/admin/config",
+        headers={"Authorization": "Bearer rotated-token-123456"},
+    )
+    assert status == 200 and cfg_now["limits"]["max_body_bytes"] == 16 << 20
