@@ -95,3 +95,22 @@ def test_install_script_rejects_unknown_targets() -> None:
         timeout=30,
     )
     assert proc.returncode == 2 and "usage" in proc.stderr
+
+
+@pytest.mark.slow
+def test_model_stage_export_runs_as_the_image_runs_it(tmp_path: Path) -> None:
+    """The `models` stage's command, run here: ONNX + tokenizer out, checked against
+    sentence-transformers by the script itself (cosine ≥ 0.9999)."""
+    out = tmp_path / "minilm"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "export_minilm.py"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    cosine = re.search(r"cosine to sentence-transformers: ([\d.]+)", proc.stdout)
+    assert cosine is not None and float(cosine.group(1)) >= 0.9999
+    assert (out / "model.onnx").stat().st_size > 10_000_000
+    assert (out / "tokenizer.json").exists()
