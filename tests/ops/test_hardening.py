@@ -197,3 +197,30 @@ def test_redaction_filter_masks_messages_args_and_tracebacks() -> None:
     assert redact("nothing secret here http://127.0.0.1:8000/v1") == (
         "nothing secret here http://127.0.0.1:8000/v1"
     )
+
+
+def test_slow_headers_on_a_reused_connection_are_cut_by_the_idle_timeout(
+    upstream: ServerThread,
+    gateway_process: Callable[..., GatewayProcess],
+) -> None:
+    """After a first request, a trickled second one is bounded by limits.client_idle_timeout_s."""
+    gw = gateway_process(base_config(upstream.url, limits={"client_idle_timeout_s": 1.5}))
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.settimeout(5)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        started = time.monotonic()
+        closed_after = None
+        for byte in b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 300:
+            try:
+                s.sendall(bytes([byte]))
+                s.settimeout(0.05)
+                if s.recv(4096) == b"":
+                    closed_after = time.monotonic() - started
+                    break
+            except TimeoutError:
+                continue
+            except OSError:
+                closed_after = time.monotonic() - started
+                break
+    assert closed_after is not None and closed_after < 6
