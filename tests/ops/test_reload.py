@@ -229,3 +229,24 @@ def test_start_only_sections_are_reported_not_applied(
         headers={"Authorization": "Bearer rotated-token-123456"},
     )
     assert status == 200 and cfg_now["limits"]["max_body_bytes"] == 16 << 20
+
+
+def test_sighup_reaches_every_worker(
+    upstream: ServerThread,
+    second_upstream: ServerThread,
+    gateway_process: Callable[..., GatewayProcess],
+) -> None:
+    gw = gateway_process(
+        _two_backend_config(upstream.url, second_upstream.url, "upstream"), workers=2
+    )
+    cfg = yaml.safe_load(Path(gw.config_path).read_text())
+    for route in cfg["routes"]:
+        if route["name"] == "chat":
+            route["backend"] = "second"
+    Path(gw.config_path).write_text(yaml.safe_dump(cfg))
+    assert gw.proc is not None
+    gw.proc.send_signal(signal.SIGHUP)  # to the parent, which forwards it
+    time.sleep(1.0)
+    # New connections spread over both workers (SO_REUSEPORT): every answer is the new route's.
+    assert {_chat_upstream(gw.url) for _ in range(30)} == {"second"}
+    assert gw.stop() == 0
