@@ -9,8 +9,6 @@ import signal
 import socket
 import sys
 
-from aiohttp import web
-
 from gateway.app import build_app
 from gateway.config import Settings
 from gateway.connections import ConnectionGuard, GuardedAppRunner
@@ -32,7 +30,9 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 
 async def serve(
-    settings: Settings, unix_socks: dict[str, socket.socket] | None = None, reuse_port: bool = False,
+    settings: Settings,
+    unix_socks: dict[str, socket.socket] | None = None,
+    reuse_port: bool = False,
     config_path: str | None = None,
 ) -> None:
     app = build_app(settings, config_path)
@@ -98,7 +98,9 @@ def run(settings: Settings, workers: int = 1, config_path: str | None = None) ->
             code = 0
             try:
                 with asyncio.Runner(loop_factory=_new_loop) as runner:
-                    runner.run(serve(settings, unix_socks, reuse_port=True, config_path=config_path))
+                    runner.run(
+                        serve(settings, unix_socks, reuse_port=True, config_path=config_path)
+                    )
             except BaseException:
                 log.exception("worker failed")
                 code = 1
