@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 import aiohttp
+from yarl import URL
 
 from backends.base import UpstreamRequest, UpstreamResponse
 from backends.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
@@ -64,6 +65,9 @@ class Http1Transport:
         self._connector = connector
         self._session = aiohttp.ClientSession(
             connector=connector,
+            # One session serves every downstream client: a cookie jar would hand one user's
+            # upstream cookies to the next. Cookies pass through as plain headers instead.
+            cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
             skip_auto_headers=_SKIP_AUTO,
             timeout=aiohttp.ClientTimeout(
@@ -72,20 +76,21 @@ class Http1Transport:
         )
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
-        headers = list(request.headers)
-        if request.deadline_s is not None:
-            headers.append((DEADLINE_HEADER, str(max(0, int(request.deadline_s * 1000)))))
+        headers = request.headers
         timeout = None
-        if request.deadline_s is not None and request.deadline_s < self._timeouts.total:
-            timeout = aiohttp.ClientTimeout(
-                total=request.deadline_s,
-                sock_connect=self._timeouts.connect,
-                sock_read=self._timeouts.read,
-            )
+        if request.deadline_s is not None:
+            headers = [*headers, (DEADLINE_HEADER, str(max(0, int(request.deadline_s * 1000))))]
+            if request.deadline_s < self._timeouts.total:
+                timeout = aiohttp.ClientTimeout(
+                    total=request.deadline_s,
+                    sock_connect=self._timeouts.connect,
+                    sock_read=self._timeouts.read,
+                )
         with map_errors(self.url, "request"):
             resp = await self._session.request(
                 request.method,
-                self._base + request.path_qs,
+                # The client's path and query go upstream byte for byte: no re-quoting.
+                URL(self._base + request.path_qs, encoded=True),
                 headers=headers,
                 data=request.body,
                 allow_redirects=False,
