@@ -17,7 +17,9 @@ async def test_upstream_cookies_are_not_kept_for_other_clients(
     # A hostname, not an IP: aiohttp's default cookie jar would store cookies for it.
     gw = start_gateway(base_config(f"http://localhost:{upstream.port}"))
     async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as s:
-        async with s.get(gw.url + "/login", headers={"X-Test-Set-Cookie": "sid=alice; Path=/"}) as r:
+        async with s.get(
+            gw.url + "/login", headers={"X-Test-Set-Cookie": "sid=alice; Path=/"}
+        ) as r:
             assert r.status == 200
             assert r.headers["Set-Cookie"] == "sid=alice; Path=/"  # passed through to its client
         async with s.get(gw.url + "/whoami") as r:
