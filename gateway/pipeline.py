@@ -11,7 +11,6 @@ import time
 from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
-from multidict import CIMultiDict
 
 from backends import (
     Backend,
@@ -76,12 +75,13 @@ class Pipeline:
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
+        # Read at scrape time: no lock-taking gauge update on every request.
+        metrics.in_flight.set_function(lambda: self.in_flight)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         timing = Timing()
         self.in_flight += 1
         self.idle.clear()
-        self.metrics.in_flight.inc()
         route_name, backend_name, status = "-", "-", 500
         protocol = "passthrough"
         try:
@@ -100,7 +100,6 @@ class Pipeline:
             return self._error(protocol, err, timing)
         finally:
             self.metrics.observe_request(route_name, backend_name, status, time.perf_counter() - timing.start)
-            self.metrics.in_flight.dec()
             self.in_flight -= 1
             if self.in_flight == 0:
                 self.idle.set()
@@ -159,6 +158,14 @@ class Pipeline:
             ) from None
 
     async def _read_body(self, request: web.Request) -> bytes:
+        if request.content.is_eof():
+            # The whole body came with the headers (the usual small POST): nothing to wait for.
+            try:
+                return await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                raise PayloadTooLarge(
+                    f"request body exceeds {self.limits.max_body_bytes} bytes"
+                ) from None
         try:
             async with asyncio.timeout(self.limits.body_read_timeout_s):
                 return await request.read()
@@ -176,12 +183,12 @@ class Pipeline:
             yield chunk
 
     async def _respond(self, request: web.Request, up: UpstreamResponse, timing: Timing) -> web.StreamResponse:
-        headers = CIMultiDict(downstream_headers(up.headers))
+        headers = downstream_headers(up.headers)
         if up.body is not None or up.stream is None:
-            headers["Server-Timing"] = timing.header()
+            headers.append(("Server-Timing", timing.header()))
             return web.Response(status=up.status, reason=up.reason, headers=headers, body=up.body)
         length = up.header("Content-Length")
-        headers["Server-Timing"] = timing.header()
+        headers.append(("Server-Timing", timing.header()))
         resp = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
         if length is not None and length.isdigit():
             resp.content_length = int(length)
