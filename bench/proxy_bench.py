@@ -95,7 +95,7 @@ def measure(
     # Warm up: first requests pay for imports, pools and JITs in some peers.
     for _ in range(20 if slow else 5):
         peers.post_once(target.port, BODY, peers.MASTER_KEY)
-    wrk(target.port, 4, 3 if slow else 1)
+    wrk(target.port, 4, 10 if slow else 1)
     res = {"c1": wrk(target.port, 1, args.duration)}
     cpu0 = target.cpu_seconds()
     res["c32"] = wrk(target.port, 32, args.duration)
