@@ -11,6 +11,7 @@ import argparse
 import datetime
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -167,6 +168,9 @@ def main() -> int:
         ),
     )
     args = ap.parse_args()
+    # SIGTERM (and SIGINT, which background shells ignore) unwinds through `finally`: no peer
+    # process is left running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = Path(tempfile.mkdtemp(prefix="lg-bench-"))
     cache = Path(args.cache_dir)
     starters: list[tuple[str, Callable[[int], peers.Target], bool]] = [
