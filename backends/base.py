@@ -6,6 +6,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from backends.settings import RoutePolicy
+
 Headers = list[tuple[str, str]]
 
 
@@ -19,6 +21,8 @@ class UpstreamRequest:
     content_length: int | None = None
     # Seconds left in the client's deadline; sent upstream so replicas can shed late work.
     deadline_s: float | None = None
+    # The route's retry, hedge and timeout policy; local engines ignore it.
+    policy: RoutePolicy | None = None
 
 
 @dataclass(slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Frozen(BaseModel):
@@ -14,16 +14,119 @@ class _Frozen(BaseModel):
 class Timeouts(_Frozen):
     """Upstream timeouts in seconds; `total` bounds the whole exchange, body included."""
 
-    connect: float = Field(2.0, gt=0)
-    read: float = Field(60.0, gt=0)
-    total: float = Field(300.0, gt=0)
+    connect: float = Field(default=2.0, gt=0)
+    read: float = Field(default=60.0, gt=0)
+    total: float = Field(default=300.0, gt=0)
 
 
 class PoolLimits(_Frozen):
     """Connection pool bounds, per replica."""
 
-    max_connections: int = Field(256, ge=1)
-    keepalive_s: float = Field(60.0, gt=0)
+    max_connections: int = Field(default=256, ge=1)
+    keepalive_s: float = Field(default=60.0, gt=0)
+
+
+class BalancerSettings(_Frozen):
+    """How a pool picks a replica. `affinity` hashes `hash_header` (e.g. X-Tenant) or, without
+    one, the first `hash_body_prefix` bytes of the body (the conversation prefix) onto a ring."""
+
+    policy: Literal["least_request", "round_robin", "weighted", "affinity"] = "least_request"
+    weights: list[float] | None = None
+    hash_header: str | None = None
+    hash_body_prefix: int = Field(default=512, ge=1)
+    # Bounded load: no replica takes more than load_factor x the mean outstanding requests.
+    load_factor: float = Field(default=1.25, ge=1.0)
+
+
+class HealthCheckSettings(_Frozen):
+    """Active checks: a cheap GET per replica (never a billed model call)."""
+
+    path: str = "/health"
+    interval_s: float = Field(default=5.0, gt=0)
+    timeout_s: float = Field(default=1.0, gt=0)
+    unhealthy_threshold: int = Field(default=2, ge=1)
+    healthy_threshold: int = Field(default=1, ge=1)
+
+
+class OutlierSettings(_Frozen):
+    """Passive outlier detection (Envoy's): errors and latency eject a replica for a while."""
+
+    enabled: bool = True
+    consecutive_errors: int = Field(default=5, ge=1)
+    base_ejection_s: float = Field(default=30.0, gt=0)
+    max_ejection_s: float = Field(default=300.0, gt=0)
+    max_ejection_percent: float = Field(default=10.0, ge=0, le=100)
+    interval_s: float = Field(default=1.0, gt=0)
+    # Latency outlier: EWMA above factor x the pool median and at least min_excess_ms above it.
+    latency_factor: float | None = Field(default=3.0, gt=1)
+    latency_min_excess_ms: float = Field(default=50.0, ge=0)
+    latency_min_samples: int = Field(default=20, ge=1)
+    slow_start_s: float = Field(default=10.0, ge=0)
+
+
+class BreakerSettings(_Frozen):
+    """Circuit breaker per pool: beyond these limits requests get a fast 503 with Retry-After."""
+
+    max_connections: int = Field(default=1024, ge=1)
+    max_in_flight: int = Field(default=1024, ge=1)
+    max_pending: int = Field(default=1024, ge=0)
+    retry_after_s: float = Field(default=1.0, gt=0)
+
+
+class RetryBudgetSettings(_Frozen):
+    """Retries and hedges share one budget: at most `percent` of active requests in flight
+    (never fewer than `min_concurrency`), and over time at most `percent` of requests plus
+    `min_per_s` a second."""
+
+    percent: float = Field(default=20.0, ge=0, le=100)
+    # Envoy's default is 3; a killed replica's in-flight requests all need a retry at once.
+    min_concurrency: int = Field(default=10, ge=0)
+    min_per_s: float = Field(default=1.0, ge=0)
+    reserve: float = Field(default=10.0, ge=0)
+
+
+class RetrySettings(_Frozen):
+    """Route retry policy: only failures before any byte reached the client are retried."""
+
+    max: int = Field(default=2, ge=0)
+    on_status: list[int] = [502, 503, 504]
+    backoff_ms: float = Field(default=25.0, ge=0)
+    max_backoff_ms: float = Field(default=250.0, ge=0)
+
+
+class HedgeSettings(_Frozen):
+    """Send a second copy to another replica when the first is slow: after a fixed delay, or
+    after the pool's recent latency at a percentile (falling back to after_ms, then 50 ms)."""
+
+    after_ms: float | None = Field(default=None, gt=0)
+    after_percentile: float | None = Field(default=None, gt=0, lt=100)
+
+    @model_validator(mode="after")
+    def _one(self) -> HedgeSettings:
+        if self.after_ms is None and self.after_percentile is None:
+            raise ValueError("hedge needs after_ms or after_percentile")
+        return self
+
+
+class RouteTimeouts(_Frozen):
+    """Per-route upstream timeouts in seconds; unset ones fall back to the backend's."""
+
+    connect: float | None = Field(default=None, gt=0)
+    first_byte: float | None = Field(default=None, gt=0)
+    total: float | None = Field(default=None, gt=0)
+
+
+class RoutePolicy(_Frozen):
+    """Route policy for upstream calls (Envoy's route, not cluster, settings).
+
+    idempotent: None means inference calls (openai, v2 routes) are, and passthrough routes
+    follow the HTTP method. Only idempotent requests are retried or hedged.
+    """
+
+    idempotent: bool | None = None
+    retries: RetrySettings = RetrySettings()
+    hedge: HedgeSettings | None = None
+    timeouts: RouteTimeouts = RouteTimeouts()
 
 
 class RemoteBackendSettings(_Frozen):
@@ -33,6 +136,11 @@ class RemoteBackendSettings(_Frozen):
     replicas: list[str] = Field(min_length=1)
     pool: PoolLimits = PoolLimits()
     timeouts: Timeouts = Timeouts()
+    balancer: BalancerSettings = BalancerSettings()
+    health_check: HealthCheckSettings | None = None
+    outlier: OutlierSettings = OutlierSettings()
+    breaker: BreakerSettings = BreakerSettings()
+    retry_budget: RetryBudgetSettings = RetryBudgetSettings()
 
     @field_validator("replicas")
     @classmethod
@@ -45,6 +153,13 @@ class RemoteBackendSettings(_Frozen):
             if url.startswith("unix:") and len(url) <= len("unix:"):
                 raise ValueError(f"replica {url!r} names no socket path")
         return value
+
+    @model_validator(mode="after")
+    def _weights(self) -> RemoteBackendSettings:
+        w = self.balancer.weights
+        if w is not None and (len(w) != len(self.replicas) or min(w) <= 0):
+            raise ValueError("balancer.weights needs one positive weight per replica")
+        return self
 
 
 BackendSettings = Annotated[RemoteBackendSettings, Field(discriminator="kind")]

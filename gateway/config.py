@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from backends.settings import BackendSettings
+from backends.settings import BackendSettings, RoutePolicy
 from cache.settings import CachePolicy, CacheSettings
 
 
@@ -78,6 +78,7 @@ class RouteSettings(_Frozen):
     protocol: Literal["openai", "v2", "passthrough"] = "passthrough"
     backend: str
     cache: CachePolicy = CachePolicy()
+    upstream: RoutePolicy = RoutePolicy()
 
 
 class Settings(_Frozen):

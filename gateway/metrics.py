@@ -50,7 +50,7 @@ class Metrics:
         self.upstream_errors = Counter(
             "latentgate_upstream_errors", "Upstream failures by kind", ["backend", "kind"], registry=r,
         )
-        self._children: dict[tuple[str, ...], object] = {}
+        self._children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
 
     def add_pool_source(self, source: Callable[[], dict[str, dict[str, dict[str, int]]]]) -> None:
         self.registry.register(_PoolCollector(source))
@@ -61,9 +61,8 @@ class Metrics:
         if child is None:
             child = (self.requests.labels(*key), self.latency.labels(route, backend))
             self._children[key] = child
-        counter, hist = child  # type: ignore[misc]
-        counter.inc()
-        hist.observe(seconds)
+        child[0].inc()
+        child[1].observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

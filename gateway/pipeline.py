@@ -137,6 +137,7 @@ class Pipeline:
                 keep_length=not isinstance(body, bytes),
             ),
             body=body if (isinstance(body, bytes) and body) or not isinstance(body, bytes) else None,
+            policy=route.upstream,
         )
         upstream = await self._send(route, up_req)
         t = timing.add("upstream", t)

@@ -8,9 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from backends.settings import RoutePolicy
 from cache.settings import CachePolicy
 from gateway.config import RouteSettings
 from gateway.protocols.base import Adapter
+
+_DEFAULT_UPSTREAM = RoutePolicy()  # frozen: safe to share
 
 
 class Match(Enum):
@@ -30,6 +33,7 @@ class Route:
     prefix: str | None
     methods: frozenset[str] | None
     model: str | None
+    upstream: RoutePolicy = _DEFAULT_UPSTREAM
 
     @classmethod
     def from_settings(cls, s: RouteSettings, adapter: Adapter) -> Route:
@@ -38,6 +42,7 @@ class Route:
             path=s.match.path, prefix=s.match.prefix,
             methods=frozenset(m.upper() for m in s.match.methods) if s.match.methods else None,
             model=s.match.model,
+            upstream=_upstream_policy(s),
         )
 
     def matches(self, method: str, path: str) -> Match:
@@ -51,6 +56,13 @@ class Route:
         if self.methods is not None and method not in self.methods:
             return Match.PARTIAL
         return Match.FULL
+
+
+def _upstream_policy(s: RouteSettings) -> RoutePolicy:
+    """Inference calls (openai, v2 routes) are idempotent unless the route says otherwise."""
+    if s.upstream.idempotent is None and s.protocol != "passthrough":
+        return s.upstream.model_copy(update={"idempotent": True})
+    return s.upstream
 
 
 class Router:

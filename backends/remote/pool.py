@@ -1,39 +1,333 @@
 """Pool: the replicas of one backend (Envoy's cluster) and the policy for sending to them.
 
-The foundation picks replicas round-robin; balancing, health, retries and hedging layer on here.
+send = breaker → hedge → retries → balancer.pick → one attempt on a replica's transport.
+Route policy (retries, hedge, timeouts, idempotent) rides on the request; health, outlier
+ejection, the breaker and the retry budget are pool state.
 """
 
 from __future__ import annotations
 
-import itertools
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Callable
 
 from backends.base import UpstreamRequest, UpstreamResponse
+from backends.errors import BackendError, UpstreamTimeout
+from backends.remote.balancer import build_balancer
+from backends.remote.breaker import Breaker
+from backends.remote.health import HealthChecker, OutlierDetector
+from backends.remote.hedge import LatencyWindow, discard, hedge_delay_s, race
+from backends.remote.metrics import RemoteMetrics
+from backends.remote.replica import Replica
+from backends.remote.retry import IDEMPOTENT_METHODS, RetryBudget, backoff_s, retryable_error
 from backends.remote.transports.http1 import Http1Transport
-from backends.settings import RemoteBackendSettings
+from backends.settings import RemoteBackendSettings, RoutePolicy
+
+log = logging.getLogger("latentgate.backends.pool")
+_DEFAULT_POLICY = RoutePolicy()
+
+
+class _TrackedBody:
+    """Wraps a streamed body so the pool's accounting ends when the stream does (or is closed)."""
+
+    def __init__(self, inner: AsyncIterator[bytes], on_end: list[Callable[[], None]]) -> None:
+        self._inner = inner
+        self._on_end = on_end
+        self._closed = False
+
+    def __aiter__(self) -> _TrackedBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self._inner.__anext__()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._inner.aclose()  # type: ignore[attr-defined]
+        finally:
+            for cb in self._on_end:
+                cb()
 
 
 class Pool:
-    def __init__(self, name: str, settings: RemoteBackendSettings) -> None:
+    def __init__(
+        self,
+        name: str,
+        settings: RemoteBackendSettings,
+        metrics: RemoteMetrics | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         self.name = name
         self.settings = settings
-        self.transports = [Http1Transport(u, settings.pool, settings.timeouts) for u in settings.replicas]
-        self._next = itertools.cycle(range(len(self.transports)))
+        self.metrics = metrics or RemoteMetrics()
+        self._rng = rng or random.Random()
+        weights = settings.balancer.weights or [1.0] * len(settings.replicas)
+        self.replicas = [
+            Replica(u, Http1Transport(u, settings.pool, settings.timeouts), weight=w)
+            for u, w in zip(settings.replicas, weights, strict=True)
+        ]
+        self.transports = [r.transport for r in self.replicas]
+        slow_start = settings.outlier.slow_start_s
+        self.balancer = build_balancer(settings.balancer, self.replicas, slow_start)
+        self.detector = OutlierDetector(name, self.replicas, settings.outlier, self.metrics)
+        self.health = (
+            HealthChecker(
+                name, self.replicas, settings.health_check, self.metrics, self._on_healthy
+            )
+            if settings.health_check is not None
+            else None
+        )
+        self.budget = RetryBudget(settings.retry_budget)
+        self.breaker = Breaker(
+            name,
+            settings.breaker,
+            self._connections_in_use,
+            on_reject=lambda limit: self.metrics.breaker_rejections.labels(name, limit).inc(),
+        )
+        self.latencies = LatencyWindow()
+        self._tasks: list[asyncio.Task[None]] = []
+        for r in self.replicas:
+            self.metrics.healthy.labels(name, r.url).set(1)
+            self.metrics.ejected.labels(name, r.url).set(0)
 
+    # lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start background checks (the app's cleanup_ctx calls this; aclose stops them)."""
+        if self._tasks:
+            return
+        self._tasks.append(asyncio.create_task(self._sweep_loop(), name=f"{self.name}-outlier"))
+        if self.health is not None:
+            self._tasks.append(asyncio.create_task(self.health.run(), name=f"{self.name}-health"))
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.outlier.interval_s)
+            self.detector.sweep()
+
+    async def aclose(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+        for tr in self.transports:
+            await tr.aclose()
+
+    # send --------------------------------------------------------------------------------------
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
-        return await self.transports[next(self._next)].send(request)
+        policy = request.policy or _DEFAULT_POLICY
+        await self.breaker.acquire()
+        self.budget.request_started()
+        on_end = [self.breaker.release, self.budget.request_finished]
+        handed_off = False
+        try:
+            total = policy.timeouts.total or self.settings.timeouts.total
+            if request.deadline_s is not None:
+                total = min(total, request.deadline_s)
+            start = time.monotonic()
+            resp = await self._send_hedged(request, policy, start + total)
+            self.latencies.add(time.monotonic() - start)
+            if resp.stream is not None:
+                resp.stream = _TrackedBody(resp.stream, on_end)
+                handed_off = True
+            return resp
+        finally:
+            if not handed_off:
+                for cb in on_end:
+                    cb()
 
+    def _replayable(self, request: UpstreamRequest, policy: RoutePolicy) -> bool:
+        """Only idempotent requests with a body we still hold may be sent twice."""
+        idempotent = policy.idempotent
+        if idempotent is None:
+            idempotent = request.method.upper() in IDEMPOTENT_METHODS
+        return idempotent and (request.body is None or isinstance(request.body, bytes))
+
+    async def _send_hedged(
+        self, request: UpstreamRequest, policy: RoutePolicy, deadline: float
+    ) -> UpstreamResponse:
+        replayable = self._replayable(request, policy)
+        tried: set[int] = set()
+        key = self._affinity_key(request)
+        if policy.hedge is None or not replayable or len(self.replicas) < 2:
+            return await self._send_with_retries(request, policy, deadline, tried, key, replayable)
+
+        def may_hedge() -> bool:
+            if self.budget.try_acquire():
+                self.metrics.hedges.labels(self.name, "sent").inc()
+                return True
+            self.metrics.hedges.labels(self.name, "budget_denied").inc()
+            return False
+
+        async def hedge() -> UpstreamResponse:
+            try:
+                return await self._send_with_retries(request, policy, deadline, tried, key, True)
+            finally:
+                self.budget.release()
+
+        resp, hedge_won = await race(
+            lambda: self._send_with_retries(request, policy, deadline, tried, key, True),
+            hedge,
+            hedge_delay_s(policy.hedge, self.latencies),
+            may_hedge,
+        )
+        if hedge_won:
+            self.metrics.hedges.labels(self.name, "won").inc()
+        return resp
+
+    async def _send_with_retries(
+        self,
+        request: UpstreamRequest,
+        policy: RoutePolicy,
+        deadline: float,
+        tried: set[int],
+        key: bytes | None,
+        replayable: bool,
+    ) -> UpstreamResponse:
+        retries = policy.retries
+        attempt = 0
+        holding = False
+        try:
+            while True:
+                replica = self._pick(tried, key)
+                tried.add(id(replica))
+                error: BackendError | None = None
+                resp: UpstreamResponse | None = None
+                try:
+                    resp = await self._attempt(replica, request, policy, deadline)
+                except BackendError as exc:
+                    error = exc
+                if holding:
+                    self.budget.release()
+                    holding = False
+                retry = replayable and attempt < retries.max and deadline > time.monotonic()
+                if error is not None:
+                    retry = retry and retryable_error(error)
+                elif resp is not None:
+                    retry = retry and resp.status in retries.on_status
+                if retry:
+                    # Back off first: the budget counts a retry only while it is in flight.
+                    pause = backoff_s(
+                        attempt + 1, retries.backoff_ms, retries.max_backoff_ms, self._rng
+                    )
+                    await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                    if not self.budget.try_acquire():
+                        self.metrics.retries.labels(self.name, "budget_denied").inc()
+                        retry = False
+                if not retry:
+                    if error is not None:
+                        raise error
+                    assert resp is not None
+                    return resp
+                holding = True
+                attempt += 1
+                self.metrics.retries.labels(self.name, "sent").inc()
+                if resp is not None:
+                    await discard(resp)
+        finally:
+            if holding:
+                self.budget.release()
+
+    def _pick(self, tried: set[int], key: bytes | None) -> Replica:
+        now = time.monotonic()
+        for r in self.replicas:
+            if r.ejected_until and r.ejected_until <= now:
+                self.detector.rejoin(r, now)
+        available = [r for r in self.replicas if r.available(now)]
+        fresh = [r for r in available if id(r) not in tried]
+        # Panic mode (Envoy's): with nothing healthy left, spread over every replica.
+        candidates = fresh or available or [r for r in self.replicas if not r.ejected(now)]
+        replica = self.balancer.pick(candidates or self.replicas, key, now)
+        self.metrics.picks.labels(self.name, replica.url).inc()
+        return replica
+
+    def _affinity_key(self, request: UpstreamRequest) -> bytes | None:
+        b = self.settings.balancer
+        if b.policy != "affinity":
+            return None
+        if b.hash_header is not None:
+            lname = b.hash_header.lower()
+            for k, v in request.headers:
+                if k.lower() == lname:
+                    return v.encode()
+            return None
+        if isinstance(request.body, bytes) and request.body:
+            return request.body[: b.hash_body_prefix]
+        return request.path_qs.encode()
+
+    async def _attempt(
+        self, r: Replica, request: UpstreamRequest, policy: RoutePolicy, deadline: float
+    ) -> UpstreamResponse:
+        start = time.monotonic()
+        remaining = deadline - start
+        if remaining <= 0:
+            raise UpstreamTimeout(f"{self.name}: the deadline passed before an attempt", r.url)
+        first_byte = policy.timeouts.first_byte or remaining
+        req = dataclasses.replace(request, deadline_s=remaining)
+        r.outstanding += 1
+        try:
+            async with asyncio.timeout(min(first_byte, remaining)):
+                resp = await r.transport.send(req, connect_s=policy.timeouts.connect)
+        except TimeoutError as exc:
+            r.outstanding -= 1
+            self.detector.on_result(r, True, time.monotonic() - start)
+            raise UpstreamTimeout(f"{r.url} sent no response in time", r.url) from exc
+        except BackendError:
+            r.outstanding -= 1
+            self.detector.on_result(r, True, None)
+            raise
+        except BaseException:
+            r.outstanding -= 1
+            # A cancelled hedge loser: its elapsed time is a lower bound on its latency.
+            self.detector.on_result(r, False, time.monotonic() - start)
+            raise
+        self.detector.on_result(r, resp.status >= 500, time.monotonic() - start)
+        if resp.stream is None:
+            r.outstanding -= 1
+        else:  # outstanding until the body ends
+            resp.stream = _TrackedBody(resp.stream, [r.stream_done])
+        return resp
+
+    def _on_healthy(self, r: Replica) -> None:
+        r.samples = 0
+        r.slow_start_from = time.monotonic()
+
+    def _connections_in_use(self) -> int:
+        return sum(t.pool_stats()["in_use"] for t in self.transports)
+
+    # introspection -----------------------------------------------------------------------------
     def ready(self) -> bool:
-        return True
+        """Ready while any replica passes its health check (all do without active checks)."""
+        return any(r.healthy for r in self.replicas)
 
     def describe(self) -> dict[str, object]:
+        now = time.monotonic()
         return {
             "kind": "remote",
-            "replicas": [{"url": t.url, "pool": t.pool_stats()} for t in self.transports],
+            "balancer": self.settings.balancer.policy,
+            "breaker": {
+                "in_flight": self.breaker.in_flight,
+                "pending": self.breaker.pending,
+                "rejected": dict(self.breaker.rejected),
+            },
+            "retry_budget": {
+                "active": self.budget.active,
+                "extra_in_flight": self.budget.extra_in_flight,
+            },
+            "replicas": [r.describe(now) for r in self.replicas],
         }
 
     def pool_stats(self) -> dict[str, dict[str, int]]:
         return {t.url: t.pool_stats() for t in self.transports}
-
-    async def aclose(self) -> None:
-        for t in self.transports:
-            await t.aclose()

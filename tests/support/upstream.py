@@ -9,6 +9,8 @@ Behaviour on demand through request headers:
   X-Test-Cache-Control: v add Cache-Control: v
 It counts TCP/unix connections and requests per path (GET /_test/stats, POST /_test/reset).
 Run standalone: python -m tests.support.upstream --port 8000 [--uds PATH] [--name NAME]
+  [--delay S] [--fail-status N]: this process delays / fails every model call (fault injection
+  for one replica of a pool; health endpoints stay fast and 200).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 from aiohttp import web
 
 NAME = web.AppKey("name", str)
+FAULTS = web.AppKey("faults", dict)
 STATS = web.AppKey("stats", dict)
 
 _DT = {"FP32": "<f4", "FP64": "<f8", "INT32": "<i4", "INT64": "<i8", "FP16": "<f2", "UINT8": "<u1"}
@@ -39,10 +42,11 @@ async def _common(request: web.Request) -> web.StreamResponse | None:
     st["connections"].add(id(request.protocol))
     st["requests"][request.path] += 1
     st["in_flight"] += 1
-    delay = request.headers.get("X-Test-Delay")
+    faults = request.app.get(FAULTS) or {}
+    delay = request.headers.get("X-Test-Delay") or faults.get("delay")
     if delay:
         await asyncio.sleep(float(delay))
-    status = request.headers.get("X-Test-Status")
+    status = request.headers.get("X-Test-Status") or faults.get("fail_status")
     if status:
         body = {"error": {"message": f"injected {status}", "type": "test_error", "param": None, "code": int(status)}}
         return web.json_response(body, status=int(status), headers={"X-Upstream": request.app[NAME]})
@@ -256,9 +260,12 @@ def _fresh_stats() -> dict[str, Any]:
     return {"connections": set(), "requests": Counter(), "in_flight": 0}
 
 
-def build_upstream(name: str = "up") -> web.Application:
+def build_upstream(
+    name: str = "up", delay: float | None = None, fail_status: int | None = None
+) -> web.Application:
     app = web.Application(client_max_size=64 << 20)
     app[NAME] = name
+    app[FAULTS] = {"delay": delay, "fail_status": fail_status}
     app[STATS] = _fresh_stats()
     r = app.router
     r.add_get("/_test/stats", test_stats)
@@ -285,13 +292,15 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--uds")
     ap.add_argument("--name", default="up")
+    ap.add_argument("--delay", type=float, help="seconds to sleep before every model call")
+    ap.add_argument("--fail-status", type=int, help="answer every model call with this status")
     args = ap.parse_args()
     try:
         import uvloop
         uvloop.install()
     except ImportError:
         pass
-    app = build_upstream(args.name)
+    app = build_upstream(args.name, args.delay, args.fail_status)
     if args.uds:
         web.run_app(app, path=args.uds, print=None, access_log=None)
     else:

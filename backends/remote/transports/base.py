@@ -10,7 +10,9 @@ from backends.base import UpstreamRequest, UpstreamResponse
 class Transport(Protocol):
     url: str
 
-    async def send(self, request: UpstreamRequest) -> UpstreamResponse: ...
+    async def send(
+        self, request: UpstreamRequest, *, connect_s: float | None = None
+    ) -> UpstreamResponse: ...
 
     def pool_stats(self) -> dict[str, int]: ...
 

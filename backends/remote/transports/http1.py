@@ -7,7 +7,7 @@ aiohttp's exceptions are mapped to the BackendError tree at this boundary (`map_
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
@@ -53,6 +53,33 @@ def map_errors(replica: str, phase: str) -> Iterator[None]:
         raise translate(exc, replica, phase) from exc
 
 
+class _Body:
+    """A streamed response body. Closing it early (or never reading it) closes the connection
+    instead of returning it to the pool dirty; a body read to the end releases it for reuse."""
+
+    def __init__(self, resp: aiohttp.ClientResponse, replica: str) -> None:
+        self._resp = resp
+        self._replica = replica
+        self._it = resp.content.iter_any().__aiter__()
+
+    def __aiter__(self) -> _Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            with map_errors(self._replica, "stream"):
+                return await self._it.__anext__()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        if self._resp.content.at_eof():
+            self._resp.release()
+        else:
+            self._resp.close()
+
+
 class Http1Transport:
     """Pooled HTTP/1.1 to one replica: `http(s)://host:port` or `unix:/path/to.sock`."""
 
@@ -88,17 +115,22 @@ class Http1Transport:
             ),
         )
 
-    async def send(self, request: UpstreamRequest) -> UpstreamResponse:
+    async def send(
+        self, request: UpstreamRequest, *, connect_s: float | None = None
+    ) -> UpstreamResponse:
         headers = request.headers
-        timeout = None
         if request.deadline_s is not None:
             headers = [*headers, (DEADLINE_HEADER, str(max(0, int(request.deadline_s * 1000))))]
-            if request.deadline_s < self._timeouts.total:
-                timeout = aiohttp.ClientTimeout(
-                    total=request.deadline_s,
-                    sock_connect=self._timeouts.connect,
-                    sock_read=self._timeouts.read,
-                )
+        timeout = None
+        short_deadline = (
+            request.deadline_s is not None and request.deadline_s < self._timeouts.total
+        )
+        if short_deadline or connect_s is not None:
+            timeout = aiohttp.ClientTimeout(
+                total=request.deadline_s if short_deadline else self._timeouts.total,
+                sock_connect=connect_s if connect_s is not None else self._timeouts.connect,
+                sock_read=self._timeouts.read,
+            )
         try:
             resp = await self._session.request(
                 request.method,
@@ -118,25 +150,15 @@ class Http1Transport:
         if length is not None and length <= _BUFFER_LIMIT and "text/event-stream" not in ctype:
             try:
                 out.body = await resp.read()
-            except _MAPPED as exc:
-                raise translate(exc, self.url, "body") from exc
-            finally:
-                resp.release()
+            except BaseException as exc:
+                resp.close()  # cancelled or broken mid-body: never back to the pool dirty
+                if isinstance(exc, _MAPPED):
+                    raise translate(exc, self.url, "body") from exc
+                raise
+            resp.release()
         else:
-            out.stream = self._iter_body(resp)
+            out.stream = _Body(resp, self.url)
         return out
-
-    async def _iter_body(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-        try:
-            with map_errors(self.url, "stream"):
-                async for chunk in resp.content.iter_any():
-                    yield chunk
-        finally:
-            # A stream abandoned mid-way must not return its connection to the pool dirty.
-            if resp.content.at_eof():
-                resp.release()
-            else:
-                resp.close()
 
     def pool_stats(self) -> dict[str, int]:
         conns = getattr(self._connector, "_conns", {})

@@ -1,0 +1,77 @@
+"""Pool and route policy settings: defaults that users rely on and errors that name the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.config import ConfigError, Settings, parse_settings
+from gateway.routing import Route
+
+BASE = """
+backends:
+  pool:
+    kind: remote
+    replicas: [http://127.0.0.1:1, http://127.0.0.1:2]
+{backend_extra}
+routes:
+  - name: chat
+    match: {{path: /v1/chat/completions}}
+    protocol: openai
+    backend: pool
+{route_extra}
+  - name: rest
+    match: {{prefix: /}}
+    backend: pool
+"""
+
+
+def _settings(backend_extra: str = "", route_extra: str = "") -> Settings:
+    return parse_settings(BASE.format(backend_extra=backend_extra, route_extra=route_extra))
+
+
+def test_defaults_inference_routes_idempotent_passthrough_by_method() -> None:
+    s = _settings()
+    pool = s.backends["pool"]
+    assert pool.balancer.policy == "least_request" and pool.health_check is None
+    assert pool.outlier.max_ejection_percent == 10 and pool.retry_budget.percent == 20
+    chat, rest = (Route.from_settings(r, None) for r in s.routes)  # type: ignore[arg-type]
+    assert chat.upstream.idempotent is True and chat.upstream.retries.max == 2
+    assert rest.upstream.idempotent is None  # the pool decides by HTTP method
+
+
+@pytest.mark.parametrize(
+    ("backend_extra", "route_extra", "where", "says"),
+    [
+        (
+            "",
+            "    upstream: {hedge: {}}",
+            "routes.0.upstream.hedge",
+            "after_ms or after_percentile",
+        ),
+        (
+            "    balancer: {policy: weighted, weights: [1]}",
+            "",
+            "backends.pool",
+            "one positive weight",
+        ),
+        (
+            "    outlier: {max_ejection_percent: 150}",
+            "",
+            "backends.pool.outlier.max_ejection_percent",
+            "less than or equal to 100",
+        ),
+        (
+            "",
+            "    upstream: {retries: {tries: 3}}",
+            "routes.0.upstream.retries.tries",
+            "unknown key",
+        ),
+    ],
+)
+def test_bad_policy_names_the_key(
+    backend_extra: str, route_extra: str, where: str, says: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        _settings(backend_extra, route_extra)
+    issue = info.value.issues[0]
+    assert issue.path == where and says in issue.message, issue
