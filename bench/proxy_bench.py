@@ -82,6 +82,8 @@ def openloop(port: int, rate: float, seconds: float) -> dict[str, float]:
             BODY,
             "--auth",
             peers.MASTER_KEY,
+            "--connections",
+            "64",
         ],
         capture_output=True,
         text=True,
@@ -131,13 +133,16 @@ def table(results: dict[str, dict[str, dict[str, float]]], rate: float) -> str:
     for name, r in results.items():
         c1, c32, op = r["c1"], r["c32"], r["open"]
         ratio = f"{c32['rps'] / floor['c32']['rps']:.2f}×" if floor else "-"
-        saturated = op["achieved_rps"] < 0.95 * rate or op["late"] > 0.01 * rate
-        added = (
-            "saturated: {:.0f} req/s done, {} late".format(op["achieved_rps"], op["late"])
-            if saturated
-            else f"{fmt_ms(op['p50_ms'] - direct['p50_ms'])} / "
-            f"{fmt_ms(op['p99_ms'] - direct['p99_ms'])}"
-        )
+        # `late`: requests that fell due while every generator connection was still busy
+        # (a stall of tens of ms); they are not sent, so they are counted here, not hidden.
+        late = f" ({op['late']:.0f} late)" if op["late"] else ""
+        if op["achieved_rps"] < 0.95 * rate:
+            added = f"saturated: {op['achieved_rps']:.0f} req/s done{late}"
+        else:
+            added = (
+                f"{fmt_ms(op['p50_ms'] - direct['p50_ms'])} / "
+                f"{fmt_ms(op['p99_ms'] - direct['p99_ms'])}{late}"
+            )
         if r is next(iter(results.values())):
             added = "(baseline)"
         errs = c1["errors"] + c32["errors"] + op["errors"]
@@ -167,7 +172,12 @@ def main() -> int:
             "LATENTGATE_BENCH_CACHE", str(Path.home() / ".cache" / "latentgate-bench")
         ),
     )
+    ap.add_argument("--render", metavar="JSON", help="print the table of a saved results file")
     args = ap.parse_args()
+    if args.render:
+        saved = json.loads(Path(args.render).read_text())
+        print(table(saved["medians"], saved["args"]["rate"]))
+        return 0
     # SIGTERM (and SIGINT, which background shells ignore) unwinds through `finally`: no peer
     # process is left running.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
