@@ -1,13 +1,14 @@
 """BackendError tree. Everything above backends/ sees only these, never aiohttp's exceptions.
 
-    BackendError
-    ├── UpstreamError                      a remote replica failed us
-    │   ├── UpstreamConnectError (ConnectionError)   nothing reached the replica: safe to retry
-    │   ├── UpstreamTimeout (TimeoutError)           connect, first byte or total deadline passed
-    │   └── UpstreamProtocolError                    the replica broke HTTP or the stream mid-way
-    ├── Overloaded                         circuit breaker / admission refused (fast 503)
-    └── EngineError                        a local engine failed
-        └── BadInput (ValueError)          the request does not fit the model: a 400
+BackendError
+├── UpstreamError                      a remote replica failed us
+│   ├── UpstreamConnectError (ConnectionError)   nothing reached the replica: safe to retry
+│   ├── UpstreamTimeout (TimeoutError)           connect, first byte or total deadline passed
+│   └── UpstreamProtocolError                    the replica broke HTTP or the stream mid-way
+├── Overloaded                         circuit breaker / admission refused (fast 503)
+└── EngineError                        a local engine failed
+    ├── BadInput (ValueError)          the request does not fit the model: a 400
+    └── ModelNotFound (LookupError)    no such model or endpoint on a local engine: a 404
 """
 
 from __future__ import annotations
@@ -46,4 +47,8 @@ class EngineError(BackendError):
 
 
 class BadInput(EngineError, ValueError):
+    pass
+
+
+class ModelNotFound(EngineError, LookupError):
     pass

@@ -29,7 +29,7 @@ def build_adapter(route: RouteSettings) -> Adapter:
 
 def build_app(settings: Settings) -> web.Application:
     metrics = Metrics()
-    backends = build_backends(settings.backends)
+    backends = build_backends(settings.backends, metrics.registry)
     router = Router([Route.from_settings(r, build_adapter(r)) for r in settings.routes])
     pipeline = Pipeline(router, backends, metrics, settings.limits)
     state = AppState(settings=settings, metrics=metrics, backends=backends, pipeline=pipeline)
@@ -48,6 +48,10 @@ def build_app(settings: Settings) -> web.Application:
     app[STATE] = state
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        for backend in backends.values():
+            start = getattr(backend, "start", None)  # local engines load and warm up here
+            if start is not None:
+                await start()
         yield
         for backend in backends.values():
             await backend.aclose()

@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 
 from backends.local.text_encoder import TextEncoder, load_text_encoder
+from gateway.app import build_app
+from gateway.config import Settings
+from tests.support.servers import ServerThread
 
 STSB = Path("/work/shared/data/stsb/sts-dev.csv")
 SENTENCES = [
@@ -51,3 +54,76 @@ def reference() -> Any:
 
 def st_encode(reference: Any, texts: list[str]) -> np.ndarray:
     return np.asarray(reference.encode(texts, normalize_embeddings=True), np.float32)
+
+
+def local_config(**backend: Any) -> dict[str, Any]:
+    """A gateway with the builtin MiniLM as a local backend; everything else goes upstream."""
+    minilm = {
+        "kind": "onnxruntime", "model": "builtin:all-MiniLM-L6-v2",
+        "providers": ["CPUExecutionProvider"], "artifacts_dir": artifacts_dir(),
+        "preprocess": {"kind": "text", "max_tokens": 256, "truncate": False},
+        "batching": {"max_batch": 32, "max_delay_ms": 2},
+    }  # fmt: skip
+    minilm.update(backend)
+    return {
+        "backends": {
+            "minilm": minilm,
+            "upstream": {"kind": "remote", "replicas": ["http://127.0.0.1:9"]},
+        },
+        "routes": [
+            {"name": "local-embeddings", "protocol": "openai", "backend": "minilm",
+             "match": {"path": "/v1/embeddings", "methods": ["POST"],
+                       "model": "all-MiniLM-L6-v2"}},
+            {"name": "embeddings", "match": {"path": "/v1/embeddings"}, "protocol": "openai",
+             "backend": "upstream"},
+            {"name": "local-v2", "match": {"prefix": "/v2/"}, "protocol": "v2",
+             "backend": "minilm"},
+            {"name": "default", "match": {"prefix": "/"}, "backend": "upstream"},
+        ],
+    }  # fmt: skip
+
+
+def wait_ready(url: str, timeout: float = 120.0) -> dict[str, Any]:
+    import json
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=5) as resp:
+                return dict(json.loads(resp.read()))
+        except urllib.error.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def local_gateway() -> Iterator[ServerThread]:
+    settings = Settings.model_validate(local_config())
+    server = ServerThread(lambda: build_app(settings)).start()
+    wait_ready(server.url)
+    yield server
+    server.stop()
+
+
+def http(method: str, url: str, body: Any = None) -> tuple[int, Any]:
+    """A plain HTTP call (urllib): status and the JSON (or text) body, errors included."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        status, raw = err.code, err.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode()
