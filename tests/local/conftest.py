@@ -94,9 +94,11 @@ def wait_ready(url: str, timeout: float = 120.0) -> dict[str, Any]:
         try:
             with urllib.request.urlopen(f"{url}/readyz", timeout=5) as resp:
                 return dict(json.loads(resp.read()))
-        except urllib.error.HTTPError:
-            if time.monotonic() > deadline:
-                raise
+        except urllib.error.HTTPError as err:
+            doc = json.loads(err.read())
+            failed = {n: b["error"] for n, b in doc["backends"].items() if b.get("error")}
+            if failed or time.monotonic() > deadline:
+                raise RuntimeError(f"gateway not ready: {failed or doc}") from None
             time.sleep(0.1)
 
 
