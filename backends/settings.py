@@ -102,6 +102,8 @@ class OnnxBackendSettings(_LocalBackend):
     # `auto` (TensorRT > CUDA > CPU, whichever load) or an explicit ordered list.
     providers: Literal["auto"] | list[str] = "auto"
     session: SessionOptions = SessionOptions()
+    # fp16/int8 need an artifact promoted by `latentgate build` (it checks accuracy first).
+    precision: Literal["fp32", "fp16", "int8"] = "fp32"
 
 
 class TensorRTBackendSettings(_LocalBackend):

@@ -68,8 +68,13 @@ def builtin_dir(name: str) -> Path:
     return Path(spec.origin).parent / sub
 
 
-def resolve(model: str, artifacts_dir: str | None, tokenizer: str | None = None) -> ModelArtifact:
-    """Locate (and export on first use) the ONNX artifact for `model`."""
+def resolve(
+    model: str, artifacts_dir: str | None, tokenizer: str | None = None, precision: str = "fp32"
+) -> ModelArtifact:
+    """Locate (and export on first use) the ONNX artifact for `model`.
+
+    Lower precisions are served only once `latentgate build` has promoted them.
+    """
     if model.startswith(BUILTIN_PREFIX):
         name = model.removeprefix(BUILTIN_PREFIX)
         src = builtin_dir(name)
@@ -79,6 +84,13 @@ def resolve(model: str, artifacts_dir: str | None, tokenizer: str | None = None)
         onnx_path = out / "model.fp32.onnx"
         if not onnx_path.exists():
             export(src, onnx_path)
+        if precision != "fp32":
+            onnx_path = out / f"model.{precision}.onnx"
+            if not onnx_path.exists():
+                raise EngineError(
+                    f"no promoted {precision} artifact for {model}: run `latentgate build {model} "
+                    f"--precision {precision}` (it promotes only within the accuracy bound)"
+                )
         return ModelArtifact(
             name, onnx_path, src / "tokenizer.json", digest, BUILTINS[name][2], src
         )

@@ -91,7 +91,7 @@ class LocalBackend:
         if isinstance(s, TensorRTBackendSettings):
             kw = {"engine": "tensorrt", "precision": s.precision}
         else:
-            kw = {"providers": s.providers, "session": s.session}
+            kw = {"providers": s.providers, "session": s.session, "precision": s.precision}
         if s.task == "embed":
             self.encoder = load_text_encoder(
                 s.model, artifacts_dir=s.artifacts_dir,
@@ -106,7 +106,7 @@ class LocalBackend:
 
         if isinstance(s, TensorRTBackendSettings):
             raise EngineError("kind tensorrt serves embedders only (task: embed) for now")
-        art = resolve(s.model, s.artifacts_dir)
+        art = resolve(s.model, s.artifacts_dir, precision=s.precision)
         engine = OrtEngine(
             str(art.onnx_path), self.model_name, s.providers, s.session, self.metrics
         )

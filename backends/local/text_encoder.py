@@ -135,11 +135,12 @@ def load_text_encoder(
     registry: CollectorRegistry | None = None,
     metrics: LocalMetrics | None = None,
     engine: str = "onnxruntime",
-    precision: str = "fp16",
+    precision: str = "fp32",
     warmup: bool = True,
 ) -> TextEncoder:
     """Build a warm TextEncoder. `engine="tensorrt"` raises EngineError where tensorrt is absent."""
-    art = resolve(model, artifacts_dir, tokenizer)
+    # TensorRT lowers precision itself from the FP32 graph; ORT serves a promoted artifact.
+    art = resolve(model, artifacts_dir, tokenizer, "fp32" if engine == "tensorrt" else precision)
     if art.tokenizer_path is None:
         raise EngineError(f"model {model} needs a tokenizer.json (preprocess.tokenizer)")
     limit = max_tokens or art.max_tokens or 512

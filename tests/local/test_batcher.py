@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -27,8 +28,11 @@ class Recorder:
         return [f"{text}:{n}" for text, n in items]
 
 
-def _batcher(rec: Recorder, registry: CollectorRegistry | None = None, **kw: object) -> Batcher:
-    return Batcher("m", rec, BatcherSettings(**kw), length=lambda it: it[1], registry=registry)
+def _batcher(
+    rec: Recorder, registry: CollectorRegistry | None = None, **kw: Any
+) -> Batcher[tuple[str, int], str]:
+    settings = BatcherSettings.model_validate(kw)
+    return Batcher("m", rec, settings, length=lambda it: it[1], registry=registry)
 
 
 async def test_results_come_back_in_order_under_concurrency() -> None:

@@ -57,3 +57,11 @@ def test_top1_agreement_counts_unchanged_classes() -> None:
     ref = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]])
     new = np.array([[0.8, 0.2], [0.3, 0.7], [0.4, 0.6]])
     assert top1_agreement(ref, new) == pytest.approx(2 / 3)
+
+
+def test_serving_an_unpromoted_precision_is_refused_by_name(encoder: object) -> None:
+    from backends.errors import EngineError
+    from backends.local.text_encoder import load_text_encoder
+
+    with pytest.raises(EngineError, match=r"no promoted int8 artifact .* run `latentgate build"):
+        load_text_encoder(precision="int8", artifacts_dir=artifacts_dir(), warmup=False)
