@@ -23,6 +23,12 @@ def choose_providers(wanted: str | list[str]) -> list[str]:
     missing = [p for p in asked if p not in have]
     if missing and wanted != "auto":
         log.warning("onnxruntime has no %s here (it has %s)", ", ".join(missing), ", ".join(have))
+    elif missing and picked and picked[0] == "CPUExecutionProvider":
+        # Visible fallback: say what `auto` could not use (onnxruntime-gpu brings CUDA/TensorRT).
+        log.info(
+            "providers auto: no %s in this onnxruntime build; falling back to the CPU",
+            " or ".join(missing),
+        )
     if "CPUExecutionProvider" not in picked:
         picked.append("CPUExecutionProvider")  # ORT's own last resort; keep it explicit
     return picked
