@@ -100,8 +100,8 @@ class Batcher(Generic[T, R]):
         loop = asyncio.get_running_loop()
         if not self.settings.enabled:
             return await self._run_direct(loop, list(items))
-        if self._task is None:
-            self._task = loop.create_task(self._loop(), name=f"batcher-{self.name}")
+        if self._task is None or self._task.get_loop() is not loop or self._task.done():
+            self._bind(loop)
         pending = []
         now = time.perf_counter()
         for item in items:
@@ -118,6 +118,14 @@ class Batcher(Generic[T, R]):
             for p in pending:
                 p.future.cancel()
             raise
+
+    def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """(Re)start the gathering task on this loop: a long-lived encoder may outlive a loop."""
+        for q in self._queues:  # items of a finished loop can never be answered
+            q.clear()
+        self._queued = 0
+        self._wakeup = asyncio.Event()
+        self._task = loop.create_task(self._loop(), name=f"batcher-{self.name}")
 
     async def _run_direct(self, loop: asyncio.AbstractEventLoop, items: list[T]) -> list[R]:
         t0 = time.perf_counter()
@@ -206,11 +214,12 @@ class Batcher(Generic[T, R]):
 
     async def aclose(self) -> None:
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        if task is not None and not task.get_loop().is_closed():
+            task.cancel()
+            if task.get_loop() is asyncio.get_running_loop():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for q in self._queues:
             while q:
                 p = q.popleft()

@@ -133,3 +133,12 @@ async def test_closed_batcher_refuses_new_work() -> None:
     await b.aclose()
     with pytest.raises(EngineError, match="shut down"):
         await b.submit([("x", 1)])
+
+
+def test_one_batcher_serves_successive_event_loops() -> None:
+    """A long-lived encoder (e.g. a session fixture) is used from several loops in turn."""
+    rec = Recorder()
+    b = _batcher(rec, max_delay_ms=1)
+    assert asyncio.run(b.submit([("first", 1)])) == ["first:1"]
+    assert asyncio.run(b.submit([("second", 1)])) == ["second:1"]
+    asyncio.run(b.aclose())
