@@ -88,7 +88,7 @@ class _LocalBackend(_Frozen):
     model: str
     # The name clients use: OpenAI `model` and the v2 `/v2/models/{name}`; default: from `model`.
     served_name: str | None = None
-    task: Literal["embed", "classify", "tensor"] = "embed"
+    task: Literal["embed", "tensor"] = "embed"  # tensor: v2 tensors in and out (any ONNX graph)
     preprocess: PreprocessSettings | None = None
     batching: BatcherSettings = BatcherSettings()
     artifacts_dir: str | None = None  # default: $LATENTGATE_ARTIFACTS or ~/.cache/latentgate
@@ -111,10 +111,9 @@ class TensorRTBackendSettings(_LocalBackend):
 
     kind: Literal["tensorrt"] = "tensorrt"
     precision: Literal["fp32", "fp16", "int8"] = "fp16"
-    calibration: str | None = None  # a text file, one calibration input per line (INT8)
-    max_batch: int = Field(default=64, ge=1)
-    max_tokens: int = Field(default=256, ge=1)
-    workspace_mib: int = Field(default=1024, ge=64)
+    # INT8: a text file (one input per line) or STS-B style .csv; the profile's maximum shape is
+    # (batching.max_batch, preprocess.max_tokens).
+    calibration: str | None = None
 
 
 BackendSettings = Annotated[

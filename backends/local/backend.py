@@ -89,7 +89,7 @@ class LocalBackend:
         text = s.preprocess if s.preprocess is not None and s.preprocess.kind == "text" else None
         kw: dict[str, Any] = {}
         if isinstance(s, TensorRTBackendSettings):
-            kw = {"engine": "tensorrt", "precision": s.precision}
+            kw = {"engine": "tensorrt", "precision": s.precision, "calibration": s.calibration}
         else:
             kw = {"providers": s.providers, "session": s.session, "precision": s.precision}
         if s.task == "embed":

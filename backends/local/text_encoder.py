@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -122,6 +123,24 @@ def _gpu_preprocessor() -> Any:
     return GpuPreprocessor()
 
 
+def _calibration_batches(
+    tokenizer: Path, path: str | None, max_tokens: int, batch: int
+) -> Callable[[], Iterator[dict[str, NDArray[np.int64]]]] | None:
+    """INT8 calibration feeds: full batches of the file's texts (TensorRT wants a fixed size)."""
+    if path is None:
+        return None
+    from backends.local.build import read_sentences
+
+    texts = read_sentences(path, limit=max(batch, 512))
+    pre = TextPreprocessor.from_file(str(tokenizer), max_tokens, True)
+
+    def batches() -> Iterator[dict[str, NDArray[np.int64]]]:
+        for i in range(0, len(texts) - batch + 1, batch):
+            yield pad_tokens(pre.tokenize(texts[i : i + batch]))
+
+    return batches
+
+
 def load_text_encoder(
     model: str = DEFAULT_MODEL,
     providers: str | list[str] = "auto",
@@ -136,6 +155,7 @@ def load_text_encoder(
     metrics: LocalMetrics | None = None,
     engine: str = "onnxruntime",
     precision: str = "fp32",
+    calibration: str | None = None,
     warmup: bool = True,
 ) -> TextEncoder:
     """Build a warm TextEncoder. `engine="tensorrt"` raises EngineError where tensorrt is absent."""
@@ -150,11 +170,14 @@ def load_text_encoder(
     if engine == "tensorrt":
         from backends.local.tensorrt import TrtEngine
 
+        max_batch = (batching or BatcherSettings()).max_batch
+        calib = _calibration_batches(art.tokenizer_path, calibration, limit, max_batch)
         eng = TrtEngine.from_onnx(
             art,
             precision=precision,
             max_tokens=limit,
-            max_batch=(batching or BatcherSettings()).max_batch,
+            max_batch=max_batch,
+            calibration=calib,
             artifacts_dir=artifacts_dir,
             metrics=metrics,
         )
