@@ -28,5 +28,5 @@ def test_bad_batching_settings_name_path_and_line() -> None:
 def test_defaults_batch_and_pick_providers_automatically() -> None:
     settings = parse_settings(CONFIG.replace("max_batch: 0, max_delay_msec: 2", "max_batch: 8"))
     spec = settings.backends["minilm"]
-    assert spec.kind == "onnxruntime" and spec.providers == "auto"  # type: ignore[union-attr]
-    assert spec.batching.max_batch == 8 and spec.batching.enabled  # type: ignore[union-attr]
+    assert spec.kind == "onnxruntime" and spec.providers == "auto"
+    assert spec.batching.max_batch == 8 and spec.batching.enabled
