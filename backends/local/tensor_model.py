@@ -38,6 +38,12 @@ class TensorModel:
         self.inputs = (
             [TensorSpec(engine.inputs[0].name, "BYTES", (-1,))] if image else list(engine.inputs)
         )
+        self._gpu: Any = None
+        if image is not None and engine.device == "cuda":
+            from backends.preprocess.gpu import GpuPreprocessor, cuda_available
+
+            # Decode on the host, resize and normalise on the device the engine reads from.
+            self._gpu = GpuPreprocessor() if cuda_available() else None
         self._batcher: Batcher[Feeds, Feeds] = Batcher(
             name, self._run_batch, batching, metrics=metrics
         )
@@ -65,7 +71,9 @@ class TensorModel:
                     f"input '{spec.name}' has shape {shape}; the model takes {list(spec.shape)} "
                     "(-1: any size)"
                 )
-            if self.image is not None:
+            if self.image is not None and self._gpu is not None:
+                feeds[spec.name] = self._gpu.images_to_nchw(value, self.image)
+            elif self.image is not None:
                 feeds[spec.name] = images_to_nchw(value, self.image)
             else:
                 feeds[spec.name] = np.asarray(value, spec.numpy_dtype())
@@ -94,7 +102,7 @@ class TensorModel:
             groups.setdefault(key, []).append(i)
         for idx in groups.values():
             names = batch[idx[0]].keys()
-            joined = {n: np.concatenate([batch[i][n] for i in idx]) for n in names}
+            joined = {n: _concat([batch[i][n] for i in idx]) for n in names}
             result = self.engine.run(joined)
             start = 0
             for i in idx:
@@ -106,3 +114,12 @@ class TensorModel:
     async def aclose(self) -> None:
         await self._batcher.aclose()
         self.engine.close()
+
+
+def _concat(parts: list[Any]) -> Any:
+    """numpy arrays on the host; torch CUDA tensors (GPU preprocessing) stay on the device."""
+    if getattr(parts[0], "is_cuda", False):
+        import torch
+
+        return torch.cat(parts)
+    return np.concatenate(parts)
