@@ -193,6 +193,11 @@ class Batcher(Generic[T, R]):
             results = await loop.run_in_executor(self._pool, self._run, [p.item for p in batch])
             if len(results) != len(batch):
                 raise EngineError(f"engine {self.name} returned {len(results)} for {len(batch)}")
+        except asyncio.CancelledError:
+            for p in batch:  # shutting down mid-batch: nobody may be left waiting
+                if not p.future.done():
+                    p.future.set_exception(EngineError(f"engine {self.name} is shutting down"))
+            raise
         except Exception as exc:
             for p in batch:
                 if not p.future.done():

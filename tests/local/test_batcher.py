@@ -142,3 +142,12 @@ def test_one_batcher_serves_successive_event_loops() -> None:
     assert asyncio.run(b.submit([("first", 1)])) == ["first:1"]
     assert asyncio.run(b.submit([("second", 1)])) == ["second:1"]
     asyncio.run(b.aclose())
+
+
+async def test_close_during_a_batch_fails_its_callers_instead_of_hanging() -> None:
+    b = _batcher(Recorder(delay_s=0.2), max_delay_ms=0)
+    job = asyncio.ensure_future(b.submit([("slow", 1)]))
+    await asyncio.sleep(0.05)  # the batch is running in the worker thread
+    await b.aclose()
+    with pytest.raises(EngineError, match="shutting down"):
+        await asyncio.wait_for(job, 2)
