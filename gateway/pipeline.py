@@ -15,6 +15,9 @@ from multidict import CIMultiDict
 
 from backends import (
     Backend,
+    BadInput,
+    EngineError,
+    ModelNotFound,
     Overloaded,
     UpstreamError,
     UpstreamRequest,
@@ -24,6 +27,7 @@ from backends import (
 from gateway.config import LimitSettings
 from gateway.errors import (
     BadGateway,
+    BadRequest,
     GatewayError,
     GatewayTimeout,
     MethodNotAllowed,
@@ -158,6 +162,13 @@ class Pipeline:
             raise ServiceUnavailable(
                 str(exc), headers={"Retry-After": str(max(1, round(exc.retry_after_s)))}
             ) from None
+        except BadInput as exc:
+            raise BadRequest(str(exc)) from None
+        except ModelNotFound as exc:
+            raise NotFound(str(exc)) from None
+        except EngineError as exc:
+            self.metrics.upstream_errors.labels(route.backend, type(exc).__name__).inc()
+            raise GatewayError(f"local engine {route.backend} failed: {exc}") from None
 
     async def _read_body(self, request: web.Request) -> bytes:
         try:
