@@ -12,12 +12,34 @@ from backends.remote.pool import Pool
 from backends.settings import BackendSettings, RemoteBackendSettings
 
 
+def preflight(settings: Mapping[str, BackendSettings]) -> list[str]:
+    """Problems that would stop a backend from starting (e.g. tensorrt absent), one line each."""
+    from backends.local.backend import preflight as local_preflight
+
+    problems = []
+    for name, spec in settings.items():
+        if not isinstance(spec, RemoteBackendSettings):
+            problem = local_preflight(name, spec)
+            if problem is not None:
+                problems.append(problem)
+    return problems
+
+
 def build_backends(
     settings: Mapping[str, BackendSettings], registry: CollectorRegistry | None = None
 ) -> dict[str, Backend]:
+    """Raises EngineError (with preflight's message) when a local backend cannot start here."""
     out: dict[str, Backend] = {}
     remote_metrics = RemoteMetrics(registry)
+    local_metrics = None
     for name, spec in settings.items():
         if isinstance(spec, RemoteBackendSettings):
             out[name] = Pool(name, spec, remote_metrics)
+            continue
+        from backends.local.backend import LocalBackend
+        from backends.local.metrics import LocalMetrics
+
+        if local_metrics is None:
+            local_metrics = LocalMetrics(registry if registry is not None else CollectorRegistry())
+        out[name] = LocalBackend(name, spec, local_metrics)
     return out

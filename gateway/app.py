@@ -49,7 +49,7 @@ def build_app(settings: Settings) -> web.Application:
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         for backend in backends.values():
-            start = getattr(backend, "start", None)  # pools start their health checks
+            start = getattr(backend, "start", None)  # pools start health checks; local engines warm up
             if start is not None:
                 await start()
         yield

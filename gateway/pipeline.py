@@ -14,6 +14,9 @@ from aiohttp import web
 
 from backends import (
     Backend,
+    BadInput,
+    EngineError,
+    ModelNotFound,
     Overloaded,
     UpstreamError,
     UpstreamRequest,
@@ -23,6 +26,7 @@ from backends import (
 from gateway.config import LimitSettings
 from gateway.errors import (
     BadGateway,
+    BadRequest,
     GatewayError,
     GatewayTimeout,
     MethodNotAllowed,
@@ -157,6 +161,13 @@ class Pipeline:
             raise ServiceUnavailable(
                 str(exc), headers={"Retry-After": str(max(1, round(exc.retry_after_s)))}
             ) from None
+        except BadInput as exc:
+            raise BadRequest(str(exc)) from None
+        except ModelNotFound as exc:
+            raise NotFound(str(exc)) from None
+        except EngineError as exc:
+            self.metrics.upstream_errors.labels(route.backend, type(exc).__name__).inc()
+            raise GatewayError(f"local engine {route.backend} failed: {exc}") from None
 
     async def _read_body(self, request: web.Request) -> bytes:
         if request.content.is_eof():
