@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gateway.config import parse_settings
+from backends.settings import RemoteBackendSettings
+from gateway.config import Settings, parse_settings
 from tests.support.servers import ROOT
 
 BAD = """\
@@ -78,6 +79,12 @@ def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
     assert out.returncode != 0 and "not valid YAML" in out.stderr and "line" in out.stderr
 
 
+def _replicas(settings: Settings) -> list[str]:
+    backend = settings.backends["upstream"]
+    assert isinstance(backend, RemoteBackendSettings)
+    return backend.replicas
+
+
 def test_interpolation_defaults_and_values() -> None:
     text = """\
 listeners:
@@ -91,7 +98,7 @@ routes:
     unset = parse_settings(text, environ={})
     assert unset.listeners[0].host == "127.0.0.2" and unset.listeners[0].port == 9001
     assert unset.admin.token is None  # an emptied ${VAR:-} means "not set"
-    assert unset.backends["upstream"].replicas == ["http://127.0.0.1:8000"]
+    assert _replicas(unset) == ["http://127.0.0.1:8000"]
     env = {
         "LG_HOST": "0.0.0.0",
         "LG_PORT": "7000",
@@ -101,6 +108,6 @@ routes:
     given = parse_settings(text, environ=env)
     assert given.listeners[0].host == "0.0.0.0" and given.listeners[0].port == 7000
     assert given.admin.token == "s3cret"
-    assert given.backends["upstream"].replicas == ["unix:/tmp/u.sock"]
+    assert _replicas(given) == ["unix:/tmp/u.sock"]
     # Set but empty falls back to the default, as in the shell.
     assert parse_settings(text, environ={"LG_PORT": ""}).listeners[0].port == 9001
