@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CONFIG ?= config/latentgate.yaml
 
-.PHONY: install run test lint typecheck redis-server bench clean
+.PHONY: install run test lint typecheck redis-server bench bench-proxy clean
 
 install: $(STAMP)
 
@@ -36,6 +36,10 @@ lint: install
 
 typecheck: install
 	$(BIN)/mypy
+
+# Pass-through vs nginx, a bare aiohttp proxy and latentgate; BENCH_ARGS=--litellm adds LiteLLM.
+bench-proxy: install
+	$(BIN)/python bench/proxy_bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

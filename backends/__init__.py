@@ -5,19 +5,21 @@ from backends.errors import (
     BackendError,
     BadInput,
     EngineError,
+    ModelNotFound,
     Overloaded,
     UpstreamConnectError,
     UpstreamError,
     UpstreamProtocolError,
     UpstreamTimeout,
 )
-from backends.factory import build_backends
+from backends.factory import build_backends, preflight
 
 __all__ = [
     "Backend",
     "BackendError",
     "BadInput",
     "EngineError",
+    "ModelNotFound",
     "Overloaded",
     "UpstreamConnectError",
     "UpstreamError",
@@ -26,4 +28,5 @@ __all__ = [
     "UpstreamResponse",
     "UpstreamTimeout",
     "build_backends",
+    "preflight",
 ]

@@ -7,7 +7,8 @@ BackendError
 │   └── UpstreamProtocolError                    the replica broke HTTP or the stream mid-way
 ├── Overloaded                         circuit breaker / admission refused (fast 503)
 └── EngineError                        a local engine failed
-    └── BadInput (ValueError)          the request does not fit the model: a 400
+    ├── BadInput (ValueError)          the request does not fit the model: a 400
+    └── ModelNotFound (LookupError)    no such model or endpoint on a local engine: a 404
 """
 
 from __future__ import annotations
@@ -46,4 +47,8 @@ class EngineError(BackendError):
 
 
 class BadInput(EngineError, ValueError):
+    pass
+
+
+class ModelNotFound(EngineError, LookupError):
     pass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -11,15 +12,41 @@ from backends.remote.metrics import RemoteMetrics
 from backends.remote.pool import Pool
 from backends.settings import BackendSettings, RemoteBackendSettings
 
+if TYPE_CHECKING:
+    from backends.local.metrics import LocalMetrics
+
+
+def preflight(settings: Mapping[str, BackendSettings]) -> list[str]:
+    """Problems that would stop a backend from starting (e.g. tensorrt absent), one line each."""
+    from backends.local.backend import preflight as local_preflight
+
+    problems = []
+    for name, spec in settings.items():
+        if not isinstance(spec, RemoteBackendSettings):
+            problem = local_preflight(name, spec)
+            if problem is not None:
+                problems.append(problem)
+    return problems
+
 
 def build_backends(
     settings: Mapping[str, BackendSettings], registry: CollectorRegistry | None = None,
     remote_metrics: RemoteMetrics | None = None,
+    local_metrics: LocalMetrics | None = None,
 ) -> dict[str, Backend]:
-    """`remote_metrics`: pass the app's set when building again (a reload): names are unique."""
+    """Raises EngineError (with preflight's message) when a local backend cannot start here.
+    `remote_metrics`, `local_metrics`: the app's sets when building again (a reload), since
+    metric names are unique per registry."""
     out: dict[str, Backend] = {}
     remote_metrics = remote_metrics or RemoteMetrics(registry)
     for name, spec in settings.items():
         if isinstance(spec, RemoteBackendSettings):
             out[name] = Pool(name, spec, remote_metrics)
+            continue
+        from backends.local.backend import LocalBackend
+        from backends.local.metrics import LocalMetrics
+
+        if local_metrics is None:
+            local_metrics = LocalMetrics(registry if registry is not None else CollectorRegistry())
+        out[name] = LocalBackend(name, spec, local_metrics)
     return out

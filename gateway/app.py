@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 from aiohttp import web
 
@@ -38,9 +39,17 @@ def build_router(settings: Settings) -> Router:
 def build_app(settings: Settings, config_path: str | None = None) -> web.Application:
     metrics = Metrics()
     remote_metrics = RemoteMetrics(metrics.registry)  # one set per registry; reloads reuse it
+    local_metrics: list[Any] = []  # created on the first local backend, then reused
 
     def make_backends(specs: Mapping[str, BackendSettings]) -> dict[str, Backend]:
-        return build_backends(specs, metrics.registry, remote_metrics=remote_metrics)
+        if not local_metrics and any(s.kind != "remote" for s in specs.values()):
+            from backends.local.metrics import LocalMetrics
+
+            local_metrics.append(LocalMetrics(metrics.registry))
+        return build_backends(
+            specs, metrics.registry, remote_metrics=remote_metrics,
+            local_metrics=local_metrics[0] if local_metrics else None,
+        )
 
     backends = make_backends(settings.backends)
     router = build_router(settings)
@@ -64,7 +73,7 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         for backend in backends.values():
-            start = getattr(backend, "start", None)  # pools start their health checks
+            start = getattr(backend, "start", None)  # pools start health checks; local engines warm up
             if start is not None:
                 await start()
         yield

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 
+from backends import preflight
 from gateway.config import ConfigError, ListenerSettings, Settings, load_settings
 from gateway.redact import install_redaction
 
@@ -43,6 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     check = sub.add_parser("check-config", help="validate a config file and print every error")
     check.add_argument("path")
+    build = sub.add_parser("build", help="export/build a local model and report its accuracy")
+    build.add_argument("model", help="builtin:NAME or an ONNX file")
+    build.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32")
+    build.add_argument("--calibration", help="INT8 calibration texts, one per line")
+    build.add_argument("--validation", help="validation texts (default: the STS-B dev sentences)")
+    build.add_argument("--min-cosine", type=float, default=0.999, help="promotion bound")
+    build.add_argument("--artifacts", default=os.environ.get("LATENTGATE_ARTIFACTS"))
     prof = sub.add_parser("profile", help="send traffic and print p50/p99 per Server-Timing stage")
     prof.add_argument("url")
     prof.add_argument("--requests", type=int, default=200)
@@ -53,6 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     prof.add_argument("--plot", help="also write a chart to this PNG file (needs matplotlib)")
     args = parser.parse_args(argv)
 
+    if args.command == "build":
+        from backends.local.build import run_build
+
+        return run_build(args.model, args.precision, calibration=args.calibration,
+                         validation=args.validation, min_cosine=args.min_cosine,
+                         artifacts_dir=args.artifacts)
+
     if args.command == "profile":
         from gateway.profile import main as profile_main
 
@@ -60,11 +75,16 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "check-config":
         try:
-            load_settings(args.path)
+            checked = load_settings(args.path)
         except ConfigError as err:
             print(f"{err.source}: {len(err.issues)} error(s)", file=sys.stderr)
             for issue in err.issues:
                 print(f"  {issue}", file=sys.stderr)
+            return 1
+        if problems := preflight(checked.backends):
+            print(f"{args.path}: {len(problems)} backend(s) cannot start here", file=sys.stderr)
+            for problem in problems:
+                print(f"  {problem}", file=sys.stderr)
             return 1
         print(f"{args.path}: ok")
         return 0
@@ -74,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         for issue in err.issues:
             print(f"{err.source}: {issue}", file=sys.stderr)
+        return 2
+    if problems := preflight(settings.backends):
+        for problem in problems:
+            print(f"{args.config}: refusing to start: {problem}", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=settings.logging.level.upper(),

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from backends.settings import BackendSettings, RoutePolicy
 from cache.settings import CachePolicy, CacheSettings
@@ -108,14 +109,40 @@ class Settings(_Frozen):
         names: set[str] = set()
         for route in self.routes:
             if route.backend not in self.backends:
-                raise ValueError(
-                    f"route {route.name!r} names backend {route.backend!r}, "
-                    f"which is not under backends ({', '.join(sorted(self.backends))})"
+                raise PydanticCustomError(
+                    _BACKEND_REF, _missing_backend(route.name, route.backend, self.backends)
                 )
             if route.name in names:
                 raise ValueError(f"route name {route.name!r} is used twice")
             names.add(route.name)
         return self
+
+
+_BACKEND_REF = "backend_reference"
+
+
+def _missing_backend(route: object, backend: object, backends: Mapping[str, object]) -> str:
+    return (
+        f"route {route!r} names backend {backend!r}, "
+        f"which is not under backends ({', '.join(sorted(backends))})"
+    )
+
+
+def _reference_issues(data: Any, lines: dict[tuple[str, ...], int]) -> list[ConfigIssue]:
+    """Routes naming a missing backend, found on the raw tree so they are reported alongside
+    field errors (the model validator only runs once every field is valid)."""
+    backends = data.get("backends")
+    routes = data.get("routes")
+    if not isinstance(backends, dict) or not isinstance(routes, list):
+        return []
+    issues = []
+    for i, route in enumerate(routes):
+        backend = route.get("backend") if isinstance(route, dict) else None
+        if isinstance(backend, str) and backend not in backends:
+            path = ("routes", str(i), "backend")
+            msg = _missing_backend(route.get("name"), backend, backends)
+            issues.append(ConfigIssue(".".join(path), lines.get(path), msg))
+    return issues
 
 
 @dataclass(frozen=True)
@@ -195,14 +222,17 @@ def parse_settings(text: str, source: str = "<config>", environ: Mapping[str, st
     lines: dict[tuple[str, ...], int] = {}
     if node is not None:
         _line_index(node, (), lines)
+    data = _interpolate_tree(raw, env)
     try:
-        return Settings.model_validate(_interpolate_tree(raw, env))
+        return Settings.model_validate(data)
     except ValidationError as exc:
         issues = []
         for err in exc.errors():
+            if err["type"] == _BACKEND_REF:
+                continue  # reported below with its path and line
             loc = tuple(str(p) for p in err["loc"])
             # Discriminated unions insert the tag into loc; drop it for the user-facing path.
-            loc = tuple(p for p in loc if p != "remote")
+            loc = tuple(p for p in loc if p not in ("remote", "onnxruntime", "tensorrt"))
             line = None
             for n in range(len(loc), -1, -1):
                 if loc[:n] in lines:
@@ -212,7 +242,7 @@ def parse_settings(text: str, source: str = "<config>", environ: Mapping[str, st
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
             issues.append(ConfigIssue(".".join(loc), line, msg))
-        raise ConfigError(source, issues) from None
+        raise ConfigError(source, issues + _reference_issues(data, lines)) from None
 
 
 def load_settings(path: str | Path, environ: Mapping[str, str] | None = None) -> Settings:

@@ -9,34 +9,41 @@ HOP_BY_HOP = frozenset({
 })
 # Recomputed by whoever writes the next hop's framing.
 _FRAMING = frozenset({"content-length", "host"})
+# Built once: the hot path does one set lookup per header.
+_DROP_UP = HOP_BY_HOP | _FRAMING
+_DROP_UP_KEEP_LENGTH = HOP_BY_HOP | (_FRAMING - {"content-length"})
+_DROP_DOWN = HOP_BY_HOP | {"content-length"}
+_OURS = frozenset({"x-forwarded-proto", "x-forwarded-host"})
 
 
-def _connection_tokens(headers: Iterable[tuple[str, str]]) -> set[str]:
-    tokens: set[str] = set()
-    for k, v in headers:
-        if k.lower() == "connection":
-            tokens.update(t.strip().lower() for t in v.split(",") if t.strip())
-    return tokens
+def _connection_tokens(value: str) -> frozenset[str]:
+    return frozenset(t.strip().lower() for t in value.split(",") if t.strip())
 
 
 def upstream_headers(
     raw: Iterable[tuple[str, str]], *, client_ip: str | None, proto: str, host: str | None,
     keep_length: bool = False,
 ) -> list[tuple[str, str]]:
-    items = list(raw)
-    drop = HOP_BY_HOP | _connection_tokens(items) | (_FRAMING - {"content-length"} if keep_length else _FRAMING)
+    drop = _DROP_UP_KEEP_LENGTH if keep_length else _DROP_UP
     out: list[tuple[str, str]] = []
     prior_for: str | None = None
-    for k, v in items:
+    named: frozenset[str] = frozenset()  # headers the client's Connection header names
+    for k, v in raw:
         lk = k.lower()
         if lk in drop:
+            if lk == "connection":
+                named |= _connection_tokens(v)
             continue
         if lk == "x-forwarded-for":
             prior_for = v if prior_for is None else f"{prior_for}, {v}"
             continue
-        if lk in ("x-forwarded-proto", "x-forwarded-host"):
+        if lk in _OURS:
             continue  # ours describe the hop we terminate
         out.append((k, v))
+    if named:
+        out = [(k, v) for k, v in out if k.lower() not in named]
+        if "x-forwarded-for" in named:
+            prior_for = None
     if client_ip:
         out.append(("X-Forwarded-For", f"{prior_for}, {client_ip}" if prior_for else client_ip))
     elif prior_for:
@@ -48,6 +55,15 @@ def upstream_headers(
 
 
 def downstream_headers(raw: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    items = list(raw)
-    drop = HOP_BY_HOP | _connection_tokens(items) | {"content-length"}
-    return [(k, v) for k, v in items if k.lower() not in drop]
+    out: list[tuple[str, str]] = []
+    named: frozenset[str] = frozenset()
+    for k, v in raw:
+        lk = k.lower()
+        if lk in _DROP_DOWN:
+            if lk == "connection":
+                named |= _connection_tokens(v)
+            continue
+        out.append((k, v))
+    if named:
+        out = [(k, v) for k, v in out if k.lower() not in named]
+    return out

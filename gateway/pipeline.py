@@ -12,10 +12,12 @@ from collections.abc import AsyncIterator, Mapping
 from contextvars import ContextVar
 
 from aiohttp import web
-from multidict import CIMultiDict
 
 from backends import (
     Backend,
+    BadInput,
+    EngineError,
+    ModelNotFound,
     Overloaded,
     UpstreamError,
     UpstreamRequest,
@@ -25,6 +27,7 @@ from backends import (
 from gateway.config import LimitSettings
 from gateway.errors import (
     BadGateway,
+    BadRequest,
     GatewayError,
     GatewayTimeout,
     MethodNotAllowed,
@@ -82,6 +85,8 @@ class Pipeline:
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
+        # Read at scrape time: no lock-taking gauge update on every request.
+        metrics.in_flight.set_function(lambda: self.in_flight)
 
     @property
     def router(self) -> Router:
@@ -110,7 +115,6 @@ class Pipeline:
     async def _handle(self, request: web.Request, timing: Timing) -> web.StreamResponse:
         self.in_flight += 1
         self.idle.clear()
-        self.metrics.in_flight.inc()
         route_name, backend_name, status = "-", "-", 500
         protocol = "passthrough"
         try:
@@ -129,7 +133,6 @@ class Pipeline:
             return self._error(protocol, err, timing)
         finally:
             self.metrics.observe_request(route_name, backend_name, status, time.perf_counter() - timing.start)
-            self.metrics.in_flight.dec()
             self.in_flight -= 1
             if self.in_flight == 0:
                 self.idle.set()
@@ -188,8 +191,23 @@ class Pipeline:
             raise ServiceUnavailable(
                 str(exc), headers={"Retry-After": str(max(1, round(exc.retry_after_s)))}
             ) from None
+        except BadInput as exc:
+            raise BadRequest(str(exc)) from None
+        except ModelNotFound as exc:
+            raise NotFound(str(exc)) from None
+        except EngineError as exc:
+            self.metrics.upstream_errors.labels(route.backend, type(exc).__name__).inc()
+            raise GatewayError(f"local engine {route.backend} failed: {exc}") from None
 
     async def _read_body(self, request: web.Request) -> bytes:
+        if request.content.is_eof():
+            # The whole body came with the headers (the usual small POST): nothing to wait for.
+            try:
+                return await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                raise PayloadTooLarge(
+                    f"request body exceeds {self.limits.max_body_bytes} bytes"
+                ) from None
         try:
             async with asyncio.timeout(self.limits.body_read_timeout_s):
                 return await request.read()
@@ -207,12 +225,12 @@ class Pipeline:
             yield chunk
 
     async def _respond(self, request: web.Request, up: UpstreamResponse, timing: Timing) -> web.StreamResponse:
-        headers = CIMultiDict(downstream_headers(up.headers))
+        headers = downstream_headers(up.headers)
         if up.body is not None or up.stream is None:
-            headers["Server-Timing"] = timing.header()
+            headers.append(("Server-Timing", timing.header()))
             return web.Response(status=up.status, reason=up.reason, headers=headers, body=up.body)
         length = up.header("Content-Length")
-        headers["Server-Timing"] = timing.header()
+        headers.append(("Server-Timing", timing.header()))
         resp = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
         if length is not None and length.isdigit():
             resp.content_length = int(length)

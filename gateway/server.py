@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -50,6 +51,7 @@ async def serve(
         shutdown_timeout=limits.shutdown_grace_s,
     )
     await runner.setup()
+    _tune_gc()
     sites = make_sites(runner, settings.listeners, unix_socks or {}, reuse_port)
     for site in sites:
         await site.start()
@@ -81,6 +83,15 @@ async def serve(
         if lst is not None and lst.unix is not None and os.path.exists(lst.unix):
             os.unlink(lst.unix)
     log.info("stopped")
+
+
+def _tune_gc() -> None:
+    """Start-up objects (modules, settings, the app) never die: freeze them out of every scan.
+    Requests leave almost no cyclic garbage, so young collections can run 20x less often."""
+    gc.collect()
+    gc.freeze()
+    gen0, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(max(gen0, 14_000), gen1, gen2)
 
 
 def run(settings: Settings, workers: int = 1, config_path: str | None = None) -> int:

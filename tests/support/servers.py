@@ -130,7 +130,8 @@ class RedisServer:
 class GatewayProcess:
     """`python -m gateway serve` as a real process, from a config dict written to a temp file."""
 
-    def __init__(self, config: dict[str, Any], *, workers: int = 1, env: dict[str, str] | None = None) -> None:
+    def __init__(self, config: dict[str, Any], *, workers: int = 1, env: dict[str, str] | None = None,
+                 extra_args: list[str] | None = None) -> None:
         self.port = free_port()
         cfg = dict(config)
         listeners = [x for x in cfg.get("listeners", []) if "unix" in x]
@@ -139,6 +140,7 @@ class GatewayProcess:
         with os.fdopen(fd, "w") as f:
             yaml.safe_dump(cfg, f)
         self.workers = workers
+        self.extra_args = extra_args or []
         self.env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.config_path + ".log"
@@ -151,7 +153,7 @@ class GatewayProcess:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", "--config", self.config_path,
-             "--workers", str(self.workers)],
+             "--workers", str(self.workers), *self.extra_args],
             cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
         )
         try:

@@ -239,6 +239,7 @@ async def echo(request: web.Request) -> web.Response:
     body = await request.read()
     return web.json_response({
         "method": request.method, "path": request.path, "query": request.query_string,
+        "raw_path": request.raw_path,
         "headers": [[k, v] for k, v in request.headers.items()], "body_len": len(body),
         "body_sha1": hashlib.sha1(body).hexdigest(),
     }, headers=_extra_headers(request))

@@ -12,9 +12,15 @@ from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 import aiohttp
+from yarl import URL
 
 from backends.base import UpstreamRequest, UpstreamResponse
-from backends.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
+from backends.errors import (
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+)
 from backends.settings import PoolLimits, Timeouts
 
 # Bodies up to this size with a Content-Length are read whole: one write downstream, no chunking.
@@ -23,24 +29,28 @@ _SKIP_AUTO = frozenset({"User-Agent", "Accept-Encoding", "Content-Type", "Accept
 DEADLINE_HEADER = "X-Latentgate-Deadline-Ms"
 
 
+# What the hot path catches; `translate` turns each into the BackendError tree.
+_MAPPED = (aiohttp.ClientError, TimeoutError)
+
+
+def translate(exc: BaseException, replica: str, phase: str) -> UpstreamError:
+    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ClientConnectionResetError):
+        return UpstreamConnectError(f"cannot connect to {replica}: {exc}", replica)
+    if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+        return UpstreamTimeout(f"{replica} timed out during {phase}", replica)
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return UpstreamProtocolError(f"{replica} closed the connection during {phase}", replica)
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return UpstreamProtocolError(f"{replica} sent a broken body during {phase}: {exc}", replica)
+    return UpstreamProtocolError(f"{replica} failed during {phase}: {exc}", replica)
+
+
 @contextmanager
 def map_errors(replica: str, phase: str) -> Iterator[None]:
     try:
         yield
-    except (aiohttp.ClientConnectorError, aiohttp.ClientConnectionResetError) as exc:
-        raise UpstreamConnectError(f"cannot connect to {replica}: {exc}", replica) from exc
-    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-        raise UpstreamTimeout(f"{replica} timed out during {phase}", replica) from exc
-    except aiohttp.ServerDisconnectedError as exc:
-        raise UpstreamProtocolError(
-            f"{replica} closed the connection during {phase}", replica
-        ) from exc
-    except aiohttp.ClientPayloadError as exc:
-        raise UpstreamProtocolError(
-            f"{replica} sent a broken body during {phase}: {exc}", replica
-        ) from exc
-    except aiohttp.ClientError as exc:
-        raise UpstreamProtocolError(f"{replica} failed during {phase}: {exc}", replica) from exc
+    except _MAPPED as exc:
+        raise translate(exc, replica, phase) from exc
 
 
 class _Body:
@@ -95,6 +105,9 @@ class Http1Transport:
         self._connector = connector
         self._session = aiohttp.ClientSession(
             connector=connector,
+            # One session serves every downstream client: a cookie jar would hand one user's
+            # upstream cookies to the next. Cookies pass through as plain headers instead.
+            cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
             skip_auto_headers=_SKIP_AUTO,
             timeout=aiohttp.ClientTimeout(
@@ -105,9 +118,9 @@ class Http1Transport:
     async def send(
         self, request: UpstreamRequest, *, connect_s: float | None = None
     ) -> UpstreamResponse:
-        headers = list(request.headers)
+        headers = request.headers
         if request.deadline_s is not None:
-            headers.append((DEADLINE_HEADER, str(max(0, int(request.deadline_s * 1000)))))
+            headers = [*headers, (DEADLINE_HEADER, str(max(0, int(request.deadline_s * 1000))))]
         timeout = None
         short_deadline = (
             request.deadline_s is not None and request.deadline_s < self._timeouts.total
@@ -118,25 +131,29 @@ class Http1Transport:
                 sock_connect=connect_s if connect_s is not None else self._timeouts.connect,
                 sock_read=self._timeouts.read,
             )
-        with map_errors(self.url, "request"):
+        try:
             resp = await self._session.request(
                 request.method,
-                self._base + request.path_qs,
+                # The client's path and query go upstream byte for byte: no re-quoting.
+                URL(self._base + request.path_qs, encoded=True),
                 headers=headers,
                 data=request.body,
                 allow_redirects=False,
                 timeout=timeout if timeout is not None else aiohttp.helpers.sentinel,
             )
+        except _MAPPED as exc:
+            raise translate(exc, self.url, "request") from exc
         out_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in resp.raw_headers]
         out = UpstreamResponse(resp.status, resp.reason or "", out_headers, replica=self.url)
         length = resp.content_length
         ctype = resp.headers.get("Content-Type", "")
         if length is not None and length <= _BUFFER_LIMIT and "text/event-stream" not in ctype:
             try:
-                with map_errors(self.url, "body"):
-                    out.body = await resp.read()
-            except BaseException:
+                out.body = await resp.read()
+            except BaseException as exc:
                 resp.close()  # cancelled or broken mid-body: never back to the pool dirty
+                if isinstance(exc, _MAPPED):
+                    raise translate(exc, self.url, "body") from exc
                 raise
             resp.release()
         else:

@@ -1,0 +1,125 @@
+"""A local model served as tensors (classifiers, rerankers, vision): v2 inputs checked against the
+engine's own specs, optional image preprocessing, requests batched along dimension 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from backends.batcher import Batcher
+from backends.errors import BadInput
+from backends.local.engine import Engine, TensorSpec
+from backends.local.metrics import LocalMetrics
+from backends.preprocess.cpu import images_to_nchw
+from backends.settings import BatcherSettings, ImagePreprocess
+
+Feeds = dict[str, NDArray[Any]]
+
+
+class TensorModel:
+    def __init__(
+        self,
+        name: str,
+        engine: Engine,
+        batching: BatcherSettings,
+        image: ImagePreprocess | None = None,
+        metrics: LocalMetrics | None = None,
+    ) -> None:
+        self.name = name
+        self.engine = engine
+        self.device = engine.device
+        self.providers = engine.providers
+        self.image = image
+        self.outputs = engine.outputs
+        # With image preprocessing, clients send encoded images as one BYTES tensor.
+        self.inputs = (
+            [TensorSpec(engine.inputs[0].name, "BYTES", (-1,))] if image else list(engine.inputs)
+        )
+        self._gpu: Any = None
+        if image is not None and engine.device == "cuda":
+            from backends.preprocess.gpu import GpuPreprocessor, cuda_available
+
+            # Decode on the host, resize and normalise on the device the engine reads from.
+            self._gpu = GpuPreprocessor() if cuda_available() else None
+        self._batcher: Batcher[Feeds, Feeds] = Batcher(
+            name, self._run_batch, batching, metrics=metrics
+        )
+        self.ready = False
+
+    def check(self, inputs: dict[str, tuple[str, list[int], Any]]) -> Feeds:
+        """Client tensors → engine feeds; BadInput names the tensor and what does not fit."""
+        want = {s.name: s for s in self.inputs}
+        for name in inputs:
+            if name not in want:
+                raise BadInput(
+                    f"model {self.name} has no input '{name}' (it takes {', '.join(want)})"
+                )
+        feeds: Feeds = {}
+        for spec in self.inputs:
+            if spec.name not in inputs:
+                raise BadInput(f"model {self.name} needs input '{spec.name}'")
+            datatype, shape, value = inputs[spec.name]
+            if datatype != spec.datatype:
+                raise BadInput(f"input '{spec.name}' must be {spec.datatype}, got {datatype}")
+            if len(shape) != len(spec.shape) or any(
+                w not in (-1, g) for w, g in zip(spec.shape, shape, strict=True)
+            ):
+                raise BadInput(
+                    f"input '{spec.name}' has shape {shape}; the model takes {list(spec.shape)} "
+                    "(-1: any size)"
+                )
+            if self.image is not None and self._gpu is not None:
+                feeds[spec.name] = self._gpu.images_to_nchw(value, self.image)
+            elif self.image is not None:
+                feeds[spec.name] = images_to_nchw(value, self.image)
+            else:
+                feeds[spec.name] = np.asarray(value, spec.numpy_dtype())
+        return feeds
+
+    def run(self, feeds: Feeds) -> Feeds:
+        return self.engine.run(feeds)
+
+    async def arun(self, feeds: Feeds) -> Feeds:
+        return (await self._batcher.submit([feeds]))[0]
+
+    def warmup(self) -> None:
+        feeds = {}
+        for spec in self.engine.inputs:
+            shape = [1 if d < 0 else d for d in spec.shape]
+            feeds[spec.name] = np.zeros(shape, spec.numpy_dtype())
+        self.engine.run(feeds)
+        self.ready = True
+
+    def _run_batch(self, batch: list[Feeds]) -> list[Feeds]:
+        """Requests whose non-batch shapes agree share one engine run; the rest run alone."""
+        out: list[Feeds] = [{} for _ in batch]
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for i, feeds in enumerate(batch):
+            key = tuple((k, v.shape[1:]) for k, v in sorted(feeds.items()))
+            groups.setdefault(key, []).append(i)
+        for idx in groups.values():
+            names = batch[idx[0]].keys()
+            joined = {n: _concat([batch[i][n] for i in idx]) for n in names}
+            result = self.engine.run(joined)
+            start = 0
+            for i in idx:
+                n = len(next(iter(batch[i].values())))
+                out[i] = {k: v[start : start + n] for k, v in result.items()}
+                start += n
+        return out
+
+    async def aclose(self) -> None:
+        await self._batcher.aclose()
+        self.engine.close()
+
+
+def _concat(parts: list[Any]) -> Any:
+    """numpy arrays on the host; torch CUDA tensors (GPU preprocessing) stay on the device."""
+    if getattr(parts[0], "is_cuda", False):
+        import torch
+
+        return torch.cat(parts)
+    return np.concatenate(parts)

@@ -1,0 +1,161 @@
+"""Open Inference Protocol v2 tensors for local engines: decode infer requests, encode responses.
+
+JSON `data` and the binary tensor extension both work, in and out (tritonclient uses binary by
+default). Everything the client got wrong is a BadInput naming the tensor and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from backends.errors import BadInput
+
+BINARY_HEADER = "inference-header-content-length"
+NUMERIC: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_), "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"), "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
+}  # fmt: skip
+
+
+@dataclass(slots=True)
+class InferRequest:
+    id: str | None
+    inputs: dict[str, tuple[str, list[int], Any]]  # name → (datatype, shape, array or list[bytes])
+    binary_outputs: set[str]
+    requested: list[str] | None  # output names asked for; None = all
+    binary_default: bool
+
+
+def _bytes_elements(raw: bytes, name: str) -> list[bytes]:
+    out, i = [], 0
+    while i < len(raw):
+        if i + 4 > len(raw):
+            raise BadInput(f"input '{name}': truncated BYTES element length")
+        (n,) = struct.unpack_from("<I", raw, i)
+        i += 4
+        if i + n > len(raw):
+            raise BadInput(f"input '{name}': a BYTES element runs past the end of its data")
+        out.append(raw[i : i + n])
+        i += n
+    return out
+
+
+def _flatten(data: Any) -> list[Any]:
+    if isinstance(data, list):
+        return [x for item in data for x in _flatten(item)]
+    return [data]
+
+
+def decode_infer(body: bytes, header_length: str | None) -> InferRequest:
+    binary = b""
+    try:
+        if header_length is not None:
+            n = int(header_length)
+            if not 0 <= n <= len(body):
+                raise BadInput("Inference-Header-Content-Length is larger than the body")
+            body, binary = body[:n], body[n:]
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadInput(f"the inference request is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list) or not doc["inputs"]:
+        raise BadInput("'inputs' is required and must be a non-empty array")
+    inputs: dict[str, tuple[str, list[int], Any]] = {}
+    offset = 0
+    for i, inp in enumerate(doc["inputs"]):
+        if not isinstance(inp, dict) or not isinstance(inp.get("name"), str):
+            raise BadInput(f"inputs[{i}] must be an object with a string 'name'")
+        name, datatype, shape = inp["name"], inp.get("datatype"), inp.get("shape")
+        if datatype != "BYTES" and datatype not in NUMERIC:
+            raise BadInput(f"input '{name}': unsupported datatype {datatype!r}")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise BadInput(f"input '{name}': 'shape' must be an array of non-negative integers")
+        count = int(np.prod(shape)) if shape else 1
+        size = (inp.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+                raise BadInput(f"input '{name}': binary_data_size does not match the body")
+            raw = binary[offset : offset + size]
+            offset += size
+            if datatype == "BYTES":
+                value: Any = _bytes_elements(raw, name)
+            else:
+                dt = NUMERIC[datatype]
+                if len(raw) != count * dt.itemsize:
+                    raise BadInput(f"input '{name}': {len(raw)} bytes do not fit shape {shape}")
+                value = np.frombuffer(raw, dt).reshape(shape)
+        else:
+            if "data" not in inp:
+                raise BadInput(f"input '{name}': 'data' is required without binary_data_size")
+            flat = _flatten(inp["data"])
+            if datatype == "BYTES":
+                if not all(isinstance(v, str) for v in flat):
+                    raise BadInput(f"input '{name}': BYTES data must be strings")
+                value = [v.encode() for v in flat]
+            else:
+                try:
+                    value = np.asarray(flat, NUMERIC[datatype])
+                except (TypeError, ValueError, OverflowError):
+                    raise BadInput(
+                        f"input '{name}': data does not fit datatype {datatype}"
+                    ) from None
+                if value.size == count:
+                    value = value.reshape(shape)
+        n_elems = len(value) if isinstance(value, list) else int(value.size)
+        if n_elems != count:
+            raise BadInput(f"input '{name}': shape {shape} needs {count} elements, got {n_elems}")
+        inputs[name] = (datatype, shape, value)
+    params = doc.get("parameters") or {}
+    binary_default = bool(params.get("binary_data_output", False))
+    outs = doc.get("outputs")
+    requested: list[str] | None = None
+    bin_outs: set[str] = set()
+    if isinstance(outs, list):
+        requested = []
+        for o in outs:
+            if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+                raise BadInput("each of 'outputs' must be an object with a string 'name'")
+            requested.append(o["name"])
+            if (o.get("parameters") or {}).get("binary_data", binary_default):
+                bin_outs.add(o["name"])
+    rid = doc.get("id")
+    return InferRequest(rid if isinstance(rid, str) else None, inputs, bin_outs, requested,
+                        binary_default)  # fmt: skip
+
+
+def encode_infer(
+    model: str, req: InferRequest, outputs: dict[str, tuple[str, NDArray[Any]]]
+) -> tuple[bytes, list[tuple[str, str]]]:
+    """JSON response, or the binary extension when any requested output asked for it."""
+    names = req.requested if req.requested is not None else list(outputs)
+    entries, blobs = [], []
+    for name in names:
+        if name not in outputs:
+            raise BadInput(f"model {model} has no output '{name}' (it has {', '.join(outputs)})")
+        datatype, arr = outputs[name]
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
+        binary = name in req.binary_outputs or (req.requested is None and req.binary_default)
+        if binary:
+            blob = np.ascontiguousarray(arr, NUMERIC[datatype]).tobytes()
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = arr.reshape(-1).tolist()
+        entries.append(entry)
+    doc: dict[str, Any] = {"model_name": model, "model_version": "1", "outputs": entries}
+    if req.id is not None:
+        doc["id"] = req.id
+    header = json.dumps(doc).encode()
+    if not blobs:
+        return header, [("Content-Type", "application/json")]
+    return header + b"".join(blobs), [
+        ("Content-Type", "application/octet-stream"),
+        ("Inference-Header-Content-Length", str(len(header))),
+    ]

@@ -1,0 +1,113 @@
+"""`latentgate check-config`: every error printed with its dotted path and line, non-zero exit;
+the shipped config passes; `${VAR:-default}` interpolation."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from backends.settings import RemoteBackendSettings
+from gateway.config import Settings, parse_settings
+from tests.support.servers import ROOT
+
+BAD = """\
+listeners:
+  - name: main
+    host: 127.0.0.1
+    port: 8080
+    colour: blue
+limits:
+  max_body_bytes: lots
+backends:
+  upstream:
+    kind: remote
+    replicas: ["http://127.0.0.1:8000"]
+routes:
+  - name: chat
+    match: {path: /v1/chat/completions}
+    protocol: openai
+    backend: upstream
+  - name: rest
+    match: {prefix: /}
+    backend: nowhere
+"""
+
+
+def _check(path: Path | str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "check-config", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_every_error_with_path_and_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(BAD)
+    out = _check(cfg)
+    assert out.returncode != 0
+    err = out.stderr
+    assert "3 error(s)" in err, err
+    assert "listeners.0.colour (line 5): unknown key" in err
+    assert "limits.max_body_bytes (line 7): " in err and "integer" in err
+    assert "routes.1.backend (line 19): " in err and "'nowhere'" in err
+
+
+def test_missing_backend_alone_is_reported_where_it_is(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(BAD.replace("    colour: blue\n", "").replace("lots", "1000"))
+    out = _check(cfg)
+    assert out.returncode != 0
+    assert "1 error(s)" in out.stderr
+    assert "routes.1.backend (line 18): route 'rest' names backend 'nowhere'" in out.stderr
+
+
+def test_shipped_config_passes() -> None:
+    out = _check(ROOT / "config" / "latentgate.yaml")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith(": ok")
+
+
+def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
+    assert _check(tmp_path / "missing.yaml").returncode != 0
+    cfg = tmp_path / "broken.yaml"
+    cfg.write_text("routes: [\n  - {name: x\n")
+    out = _check(cfg)
+    assert out.returncode != 0 and "not valid YAML" in out.stderr and "line" in out.stderr
+
+
+def _replicas(settings: Settings) -> list[str]:
+    backend = settings.backends["upstream"]
+    assert isinstance(backend, RemoteBackendSettings)
+    return backend.replicas
+
+
+def test_interpolation_defaults_and_values() -> None:
+    text = """\
+listeners:
+  - {host: "${LG_HOST:-127.0.0.2}", port: "${LG_PORT:-9001}"}
+admin: {token: "${LG_TOKEN:-}"}
+backends:
+  upstream: {kind: remote, replicas: ["${LG_UP:-http://127.0.0.1:8000}"]}
+routes:
+  - {name: all, match: {prefix: /}, backend: upstream}
+"""
+    unset = parse_settings(text, environ={})
+    assert unset.listeners[0].host == "127.0.0.2" and unset.listeners[0].port == 9001
+    assert unset.admin.token is None  # an emptied ${VAR:-} means "not set"
+    assert _replicas(unset) == ["http://127.0.0.1:8000"]
+    env = {
+        "LG_HOST": "0.0.0.0",
+        "LG_PORT": "7000",
+        "LG_TOKEN": "s3cret",
+        "LG_UP": "unix:/tmp/u.sock",
+    }
+    given = parse_settings(text, environ=env)
+    assert given.listeners[0].host == "0.0.0.0" and given.listeners[0].port == 7000
+    assert given.admin.token == "s3cret"
+    assert _replicas(given) == ["unix:/tmp/u.sock"]
+    # Set but empty falls back to the default, as in the shell.
+    assert parse_settings(text, environ={"LG_PORT": ""}).listeners[0].port == 9001

@@ -1,0 +1,198 @@
+"""The real `python -m gateway serve` process: graceful drain on SIGTERM, readiness while draining,
+workers sharing one port (SO_REUSEPORT), a unix listener beside TCP, and env interpolation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+
+from tests.conftest import base_config
+from tests.support.servers import GatewayProcess, ServerThread
+
+pytestmark = pytest.mark.slow
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "one two three four five"}]}
+
+
+@pytest.fixture
+def procs() -> Iterator[list[GatewayProcess]]:
+    started: list[GatewayProcess] = []
+    yield started
+    for p in started:
+        p.stop(signal.SIGKILL, timeout=5)
+
+
+async def _upstream_in_flight(s: aiohttp.ClientSession, upstream: ServerThread) -> int:
+    async with s.get(upstream.url + "/_test/stats") as r:
+        return int((await r.json())["in_flight"])
+
+
+async def _raw_get(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str
+) -> tuple[int, bytes]:
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: gw\r\n\r\n".encode())
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    return int(head[9:12]), await reader.readexactly(length)
+
+
+async def test_sigterm_drains_in_flight_requests_and_streams(
+    upstream: ServerThread, procs: list[GatewayProcess]
+) -> None:
+    gw = GatewayProcess(base_config(upstream.url, limits={"shutdown_grace_s": 15})).start()
+    procs.append(gw)
+    assert gw.proc is not None
+    # A keep-alive connection opened before SIGTERM: it can still ask /readyz while draining.
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    assert (await _raw_get(reader, writer, "/readyz"))[0] == 200
+
+    async with aiohttp.ClientSession() as s:
+
+        async def slow() -> tuple[int, dict[str, object]]:
+            async with s.post(
+                gw.url + "/v1/chat/completions", json=CHAT, headers={"X-Test-Delay": "1.5"}
+            ) as r:
+                return r.status, await r.json()
+
+        async def stream() -> list[bytes]:
+            async with s.post(
+                gw.url + "/v1/chat/completions",
+                json={**CHAT, "stream": True},
+                headers={"X-Test-Event-Delay": "0.25"},
+            ) as r:
+                assert r.status == 200
+                return [line async for line in r.content if line.strip()]
+
+        slow_task, stream_task = asyncio.create_task(slow()), asyncio.create_task(stream())
+        deadline = time.monotonic() + 10
+        while await _upstream_in_flight(s, upstream) < 2:
+            assert time.monotonic() < deadline, "requests never reached the upstream"
+            await asyncio.sleep(0.02)
+        sent = time.monotonic()
+        gw.proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.3)
+
+        status, body = await _raw_get(reader, writer, "/readyz")
+        assert status == 503
+        assert json.loads(body)["draining"] is True
+        with pytest.raises(OSError):  # no new connections while draining
+            socket.create_connection(("127.0.0.1", gw.port), timeout=1).close()
+
+        (code, answer), events = await asyncio.gather(slow_task, stream_task)
+    writer.close()
+    assert code == 200 and answer["object"] == "chat.completion"
+    assert events[-1] == b"data: [DONE]\n" and len(events) == 9  # role, 6 words, finish, [DONE]
+    rc = await asyncio.to_thread(gw.proc.wait, 15)
+    assert rc == 0, gw.log()
+    assert time.monotonic() - sent < 15
+
+
+async def test_two_workers_share_one_port(
+    upstream: ServerThread, procs: list[GatewayProcess]
+) -> None:
+    gw = GatewayProcess(base_config(upstream.url), workers=2).start()
+    procs.append(gw)
+    assert gw.proc is not None
+    deadline = time.monotonic() + 20
+    while len(children := _children(gw.proc.pid)) < 2 or len(_listening(gw.port, children)) < 2:
+        assert time.monotonic() < deadline, gw.log()
+        await asyncio.sleep(0.1)
+    # SO_REUSEPORT: each worker has its own listening socket on the same port.
+    owners = _listening(gw.port, children)
+    assert set(owners.values()) == set(children)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+        for _ in range(20):
+            async with s.post(gw.url + "/v1/chat/completions", json=CHAT) as r:
+                assert r.status == 200
+    rc = await asyncio.to_thread(gw.stop, signal.SIGTERM, 20)
+    assert rc == 0, gw.log()
+    assert not any(_is_running(pid) for pid in children)
+
+
+async def test_uds_flag_adds_unix_listener(
+    upstream: ServerThread, procs: list[GatewayProcess], tmp_sock_dir: str
+) -> None:
+    sock = os.path.join(tmp_sock_dir, "gw.sock")
+    gw = GatewayProcess(base_config(upstream.url), extra_args=["--uds", sock]).start()
+    procs.append(gw)
+    deadline = time.monotonic() + 20
+    while not os.path.exists(sock):  # noqa: ASYNC240 - a cheap stat in a poll loop
+        assert time.monotonic() < deadline, gw.log()
+        await asyncio.sleep(0.05)
+    unix = aiohttp.UnixConnector(path=sock)
+    async with (
+        aiohttp.ClientSession(connector=unix) as s,
+        s.post("http://gw/v1/chat/completions", json=CHAT) as r,
+    ):
+        assert r.status == 200
+        assert (await r.json())["choices"][0]["message"]["content"].startswith("echo(up)")
+    async with aiohttp.ClientSession() as s, s.get(gw.url + "/healthz") as r:
+        assert r.status == 200  # TCP still serves beside the unix socket
+    assert await asyncio.to_thread(gw.stop, signal.SIGTERM, 20) == 0
+    assert not os.path.exists(sock)  # noqa: ASYNC240
+
+
+async def test_env_interpolation_in_a_served_config(
+    upstream: ServerThread, procs: list[GatewayProcess]
+) -> None:
+    cfg = base_config("${LG_TEST_UPSTREAM:-http://127.0.0.1:9}")
+    cfg["limits"] = {"max_body_bytes": "${LG_TEST_MAX_BODY:-1000}"}
+    gw = GatewayProcess(cfg, env={"LG_TEST_UPSTREAM": upstream.url}).start()
+    procs.append(gw)
+    async with aiohttp.ClientSession() as s:
+        async with s.post(gw.url + "/v1/chat/completions", json=CHAT) as r:
+            assert r.status == 200  # the variable named the real upstream
+        async with s.post(gw.url + "/anything", data=b"x" * 1001) as r:
+            assert r.status == 413  # the default applied to the unset variable
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _listening(port: int, pids: list[int]) -> dict[int, int]:
+    """Listening socket inode → owning pid, for sockets on 127.0.0.1:port."""
+    inodes = set()
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            cols = line.split()
+            if cols[1].endswith(f":{port:04X}") and cols[3] == "0A":
+                inodes.add(int(cols[9]))
+    owners: dict[int, int] = {}
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except FileNotFoundError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:[") and int(link[8:-1]) in inodes:
+                owners[int(link[8:-1])] = pid
+    return owners

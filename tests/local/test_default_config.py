@@ -1,0 +1,47 @@
+"""`make run`'s config serves the builtin MiniLM locally out of the box; others go upstream."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from backends.local.text_encoder import TextEncoder
+from gateway.app import build_app
+from gateway.config import load_settings
+from tests.local.conftest import http, wait_ready
+from tests.support.servers import ROOT, ServerThread, free_port
+
+
+@pytest.fixture(scope="module")
+def default_gateway() -> Iterator[ServerThread]:
+    # A free port nothing listens on stands in for the remote upstream.
+    env = {"LATENTGATE_UPSTREAM": f"http://127.0.0.1:{free_port()}"}
+    settings = load_settings(ROOT / "config/latentgate.yaml", environ=env)
+    server = ServerThread(lambda: build_app(settings)).start()
+    wait_ready(server.url)
+    yield server
+    server.stop()
+
+
+def test_embeddings_and_v2_are_local(default_gateway: ServerThread, encoder: TextEncoder) -> None:
+    expected = encoder.encode(["hello there"])[0]
+    status, doc = http("POST", f"{default_gateway.url}/v1/embeddings",
+                       {"model": "all-MiniLM-L6-v2", "input": "hello there"})  # fmt: skip
+    assert status == 200
+    assert float(np.asarray(doc["data"][0]["embedding"]) @ expected) >= 0.9999
+    body = {
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hello there"]}]
+    }
+    status, doc = http("POST", f"{default_gateway.url}/v2/models/all-MiniLM-L6-v2/infer", body)
+    assert status == 200
+    assert float(np.asarray(doc["outputs"][0]["data"]) @ expected) >= 0.9999
+    status, doc = http("GET", f"{default_gateway.url}/v2/models/all-MiniLM-L6-v2")
+    assert status == 200 and doc["inputs"][0]["datatype"] == "BYTES"
+
+
+def test_other_models_still_go_to_the_remote_upstream(default_gateway: ServerThread) -> None:
+    status, doc = http("POST", f"{default_gateway.url}/v1/embeddings",
+                       {"model": "text-embedding-3-small", "input": "hi"})  # fmt: skip
+    assert status == 502 and "upstream" in doc["error"]["message"]
