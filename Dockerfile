@@ -5,7 +5,9 @@
 # throwaway build stage small; torch never reaches the final image either way).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-# Stage 1: model artifacts. torch + sentence-transformers export the packaged MiniLM to ONNX.
+# Stage 1: model artifacts. torch exports the packaged MiniLM to ONNX, named by weight hash
+# where the serving side's resolver looks (LATENTGATE_ARTIFACTS), checked against
+# sentence-transformers.
 FROM ${PYTHON_IMAGE} AS models
 ARG TORCH_INDEX_URL=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -17,7 +19,7 @@ COPY cache/ cache/
 COPY backends/ backends/
 RUN python -m venv /opt/build \
     && TORCH_INDEX_URL="${TORCH_INDEX_URL}" sh scripts/install.sh /opt/build/bin/python build \
-    && /opt/build/bin/python scripts/export_minilm.py /opt/models/minilm
+    && /opt/build/bin/python scripts/export_minilm.py /opt/models
 
 # Stage 2: the serving virtualenv, installed by the same script `make install` runs.
 FROM ${PYTHON_IMAGE} AS serve
@@ -42,7 +44,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     LATENTGATE_CONFIG=/etc/latentgate/latentgate.yaml \
     LATENTGATE_HOST=0.0.0.0 \
-    LATENTGATE_MODELS=/opt/latentgate/models
+    LATENTGATE_ARTIFACTS=/opt/latentgate/models
 USER 10001:10001
 EXPOSE 8080
 STOPSIGNAL SIGTERM

