@@ -2,7 +2,8 @@
 gateway's RSS and open file descriptors every --interval seconds; prints the series and a verdict.
 
 Traffic mix: pass-through GETs, chat misses (unique prompts), repeated chats (exact hits once the
-exact cache is on the route: the X-Cache tally says), SSE streams, embeddings and v2 infer.
+exact cache is on the route: the X-Cache tally says), SSE streams, upstream embeddings, local
+embeddings on the ONNX engine (the packaged MiniLM) and v2 infer.
 Verdict: RSS growth after warm-up < 5 % and no descriptor growth.
 
   python bench/soak.py --duration 600 --interval 10 --concurrency 16 [--markdown]
@@ -61,9 +62,26 @@ def gateway_config(upstream: str, port: int, exact: bool, read_s: float = 30) ->
                 "kind": "remote",
                 "replicas": [upstream],
                 "timeouts": {"connect": 2, "read": read_s, "total": 60},
-            }
+            },
+            # The local ONNX engine (issue 5): the packaged MiniLM behind the dynamic batcher.
+            "minilm": {
+                "kind": "onnxruntime",
+                "model": "builtin:all-MiniLM-L6-v2",
+                "providers": ["CPUExecutionProvider"],
+                "session": {"intra_op_threads": 1},
+            },
         },
         "routes": [
+            {
+                "name": "local-embeddings",
+                "match": {
+                    "path": "/v1/embeddings",
+                    "methods": ["POST"],
+                    "model": "all-MiniLM-L6-v2",
+                },
+                "protocol": "openai",
+                "backend": "minilm",
+            },
             {
                 "name": "chat",
                 "match": {"path": "/v1/chat/completions", "methods": ["POST"]},
@@ -105,6 +123,7 @@ def _requests() -> itertools.cycle[tuple[str, str, Any]]:
         ("POST", "/v1/chat/completions", chat("the same question every time")),
         ("POST", "/v1/chat/completions", "stream"),
         ("POST", "/v1/embeddings", {"model": "e", "input": ["alpha beta", "gamma"]}),
+        ("POST", "/v1/embeddings", "local"),
         (
             "POST",
             "/v2/models/m/infer",
@@ -123,6 +142,8 @@ async def traffic(base: str, concurrency: int, stop: asyncio.Event, tally: Tally
             method, path, body = next(mix)
             if body == "miss":
                 body = {"model": "m", "messages": [{"role": "user", "content": f"q {next(seq)}"}]}
+            elif body == "local":
+                body = {"model": "all-MiniLM-L6-v2", "input": [f"sentence {next(seq)}", "fixed"]}
             elif body == "stream":
                 body = {
                     "model": "m",
