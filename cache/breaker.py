@@ -49,6 +49,8 @@ class Breaker:
         return True
 
     def success(self) -> None:
+        if self.state == OPEN:
+            return  # a call that began before the breaker opened proves nothing about now
         self._count = 0
         self._probing = False
         self._set(CLOSED)

@@ -71,6 +71,8 @@ def test_breaker_opens_probes_and_closes() -> None:
     assert b.state == CLOSED
     b.failure()
     assert b.state == OPEN and not b.allow()
+    b.success()  # a late answer from before the outage does not close it
+    assert b.state == OPEN
     now[0] = 1.5
     assert b.allow() and b.state == HALF_OPEN
     assert not b.allow()  # one probe at a time
