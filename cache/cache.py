@@ -115,6 +115,7 @@ class RouteCache:
         self.policy = policy
         self.tiers = tiers
         self.keys = KeyBuilder(route, policy.key.tenant_headers)
+        self.tenant_headers = tuple(policy.key.tenant_headers)
         self.max_entry_bytes = policy.max_entry_bytes
         self.policy_version = hashlib.blake2b(
             policy.model_dump_json().encode(), digest_size=4

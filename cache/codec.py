@@ -28,6 +28,8 @@ class CacheEntry:
     model: str | None = None
     policy_version: str = ""
     kind: str = ""
+    # Derived forms a caller computes once per entry (e.g. a rendered response); never stored.
+    memo: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def expires_at(self) -> float:

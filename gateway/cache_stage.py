@@ -7,11 +7,12 @@ stores them once complete. Sets X-Cache and Age. The cache itself never sees an 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -19,8 +20,9 @@ from multidict import CIMultiDict
 from backends import UpstreamError, UpstreamResponse
 from cache.cache import RouteCache
 from cache.codec import CacheEntry
-from cache.keys import CacheKey
+from cache.keys import CacheKey, tenant_of
 from cache.policy import (
+    DEFAULT,
     RequestDirectives,
     request_directives,
     response_shareable,
@@ -58,6 +60,9 @@ Fetch = Callable[[], Awaitable[UpstreamResponse]]
 Respond = Callable[[UpstreamResponse, dict[str, str]], Awaitable[web.StreamResponse]]
 
 
+Rendered = tuple[bytes, list[tuple[str, str]]]
+
+
 @dataclass(slots=True)
 class Outcome:
     """What one backend call produced, as shared with single-flight waiters."""
@@ -81,6 +86,22 @@ def _content_type(entry: CacheEntry) -> str:
 
 def render(entry: CacheEntry, call: Call, x_cache: str, server_timing: str) -> web.Response | None:
     """The entry in the framing the request asked for; None when it cannot be converted."""
+    framing = (call.stream, bool(call.extra.get("include_usage")))
+    rendered = entry.memo.get(framing)
+    if rendered is None:
+        rendered = entry.memo[framing] = _render(entry, call) or False
+    if rendered is False:
+        return None
+    body, base = cast(Rendered, rendered)
+    headers = CIMultiDict(base)
+    headers["X-Cache"] = x_cache
+    headers["Age"] = str(int(entry.age()))
+    headers["Server-Timing"] = server_timing
+    return web.Response(status=entry.status, headers=headers, body=body)
+
+
+def _render(entry: CacheEntry, call: Call) -> Rendered | None:
+    """Body and headers of the entry in the call's framing (computed once per entry and framing)."""
     body: bytes | None
     ctype: str | None = None
     if entry.events is not None:
@@ -98,28 +119,81 @@ def render(entry: CacheEntry, call: Call, x_cache: str, server_timing: str) -> w
             body, ctype = (openai_sse.join_events(events) if events else None), _SSE
     if body is None:
         return None
-    headers = CIMultiDict(entry.headers)
+    headers = entry.headers
     if ctype is not None:
-        headers["Content-Type"] = ctype
-        if ctype != _SSE:
-            headers.popall("Cache-Control", None)
-        else:
-            headers["Cache-Control"] = "no-cache"
-    headers["X-Cache"] = x_cache
-    headers["Age"] = str(int(entry.age()))
-    headers["Server-Timing"] = server_timing
-    return web.Response(status=entry.status, headers=headers, body=body)
+        drop = {"content-type", "cache-control"}
+        headers = [(k, v) for k, v in headers if k.lower() not in drop]
+        headers.append(("Content-Type", ctype))
+        if ctype == _SSE:
+            headers.append(("Cache-Control", "no-cache"))
+    return body, headers
+
+
+# Requests whose exact bytes were seen are remembered (bytes → key and call) so a repeat skips
+# parsing and canonicalisation; bounded in bytes, oldest first out.
+_ALIAS_MAX_BODY = 16 << 10
+_ALIAS_MAX_BYTES = 16 << 20
+AliasKey = tuple[str, str, str, str, bytes, bytes]
 
 
 class CacheStage:
     def __init__(self, routes: dict[str, RouteCache]) -> None:
         self.routes = routes
+        self._alias: dict[AliasKey, tuple[CacheKey, Call]] = {}
+        self._alias_bytes = 0
+
+    def _alias_key(self, request: web.Request, rc: RouteCache, body: bytes) -> AliasKey:
+        return (
+            rc.route,
+            request.method,
+            request.path_qs,
+            request.headers.get("Content-Type", ""),
+            # hashed: even this in-process map never holds a credential in clear
+            hashlib.blake2b(tenant_of(request.headers, rc.tenant_headers).encode()).digest(),
+            body,
+        )
+
+    def _remember(
+        self, request: web.Request, rc: RouteCache, body: bytes, key: CacheKey, call: Call
+    ) -> None:
+        if len(body) > _ALIAS_MAX_BODY:
+            return
+        akey = self._alias_key(request, rc, body)
+        if akey in self._alias:
+            return
+        self._alias[akey] = (key, call)
+        self._alias_bytes += len(body) + 512
+        while self._alias_bytes > _ALIAS_MAX_BYTES:
+            old = next(iter(self._alias))
+            del self._alias[old]
+            self._alias_bytes -= len(old[-1]) + 512
+
+    def fast_hit(
+        self, request: web.Request, route: str, body: bytes, timing: Timing
+    ) -> web.Response | None:
+        """An L1 hit for bytes seen before, without parsing; None sends the request the long way."""
+        rc = self.routes.get(route)
+        if rc is None or len(body) > _ALIAS_MAX_BODY:
+            return None
+        headers = request.headers
+        if "Cache-Control" in headers or "Pragma" in headers:
+            return None
+        known = self._alias.get(self._alias_key(request, rc, body))
+        if known is None:
+            return None
+        key, call = known
+        entry = rc.lookup_l1(key, DEFAULT)
+        if entry is None:
+            return None
+        timing.add("cache", timing.start)
+        return render(entry, call, "hit", timing.header())
 
     async def serve(
         self,
         request: web.Request,
         rc: RouteCache,
         call: Call,
+        body: bytes,
         fetch: Fetch,
         respond: Respond,
         timing: Timing,
@@ -129,6 +203,7 @@ class CacheStage:
             request.headers.get("Cache-Control"), request.headers.get("Pragma")
         )
         key = rc.key(call.model, call.key_fields, request.headers)
+        self._remember(request, rc, body, key, call)
         if directives.lookup:
             hit = rc.lookup_l1(key, directives)
             found = (hit, "memory") if hit is not None else await rc.lookup(key, directives)

@@ -121,6 +121,11 @@ class Pipeline:
             body = await self._read_body(request)
         else:
             body = self._stream_body(request)
+        if cached and self.cache is not None and len(candidates) == 1 and isinstance(body, bytes):
+            # Exact-cache fast path: these very bytes were parsed before and their answer is in L1.
+            hit = self.cache.fast_hit(request, route.name, body, timing)
+            if hit is not None:
+                return hit
         call: Call | None = None
         if isinstance(body, bytes) and (route.protocol != "passthrough" or cached):
             call = route.adapter.parse(
@@ -133,24 +138,27 @@ class Pipeline:
                     raise NotFound(f"no route for model {call.model if call else None!r} on {request.path}")
                 route = picked
             t = timing.add("parse", t)
-        up_req = UpstreamRequest(
-            method=request.method,
-            path_qs=request.raw_path,
-            headers=upstream_headers(
-                [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers],
-                client_ip=request.remote, proto=request.scheme, host=request.host,
-                keep_length=not isinstance(body, bytes),
-            ),
-            body=body if (isinstance(body, bytes) and body) or not isinstance(body, bytes) else None,
-        )
+
+        def upstream_request() -> UpstreamRequest:
+            return UpstreamRequest(
+                method=request.method,
+                path_qs=request.raw_path,
+                headers=upstream_headers(
+                    [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers],
+                    client_ip=request.remote, proto=request.scheme, host=request.host,
+                    keep_length=not isinstance(body, bytes),
+                ),
+                body=body if (isinstance(body, bytes) and body) or not isinstance(body, bytes) else None,
+            )
+
         # Exact-cache stage: between parse and dispatch; the stage calls the backend on a miss.
         rc = self.cache.routes.get(route.name) if self.cache is not None and call is not None else None
-        if rc is not None and call is not None and self.cache is not None:
+        if rc is not None and call is not None and self.cache is not None and isinstance(body, bytes):
             return await self.cache.serve(
-                request, rc, call, lambda: self._send(route, up_req),
+                request, rc, call, body, lambda: self._send(route, upstream_request()),
                 lambda up, extra: self._respond(request, up, timing, extra), timing, t,
             )
-        upstream = await self._send(route, up_req)
+        upstream = await self._send(route, upstream_request())
         t = timing.add("upstream", t)
         return await self._respond(request, upstream, timing)
 
