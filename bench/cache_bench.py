@@ -1,4 +1,4 @@
-"""Exact-hit path side by side, in one run: `python -m bench.cache_bench` (or `make bench-cache`).
+"""Exact-hit path side by side, in one run: `.venv/bin/python -m bench.cache_bench`.
 
 Targets, all answering the same POST /v1/chat/completions body from a cache (or directly):
   upstream      the aiohttp test model server, direct (what a miss costs at least)
@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -73,6 +71,7 @@ error_log {dir}/error.log warn;
 events {{ worker_connections 4096; }}
 http {{
   access_log off;
+  keepalive_requests 10000000;
   proxy_cache_path {dir}/cache levels=1:2 keys_zone=lg:10m max_size=100m inactive=60m
                    use_temp_path=off;
   upstream up {{ server 127.0.0.1:{up_port}; keepalive 64; }}
@@ -154,7 +153,9 @@ def gateway(upstream: str, tiers: list[str], workers: int, redis: str | None) ->
 def wrk(url: str, conns: int, seconds: float, script: str) -> dict[str, float]:
     out = subprocess.run(
         ["wrk", "-t1", f"-c{conns}", f"-d{max(1, round(seconds))}s", "-s", script, url + PATH],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     m = re.search(r"RESULT (\{.*\})", out)
     if m is None:
@@ -162,7 +163,9 @@ def wrk(url: str, conns: int, seconds: float, script: str) -> dict[str, float]:
     r = json.loads(m.group(1))
     return {
         "rps": r["requests"] / (r["duration_us"] / 1e6),
-        "p50_ms": r["p50_us"] / 1000, "p95_ms": r["p95_us"] / 1000, "p99_ms": r["p99_us"] / 1000,
+        "p50_ms": r["p50_us"] / 1000,
+        "p95_ms": r["p95_us"] / 1000,
+        "p99_ms": r["p99_us"] / 1000,
         "errors": r["errors"] + r["non2xx"],
     }
 
@@ -171,14 +174,25 @@ def openloop(exe: str, url: str, rate: int, seconds: float, req_file: str) -> di
     port = url.rsplit(":", 1)[1]
     out = subprocess.run(
         [exe, "127.0.0.1", port, str(rate), str(seconds), "32", req_file],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     r = json.loads(out)
     return {
-        "rate": r["rate"], "p50_ms": r["p50_us"] / 1000, "p95_ms": r["p95_us"] / 1000,
-        "p99_ms": r["p99_us"] / 1000, "max_ms": r["max_us"] / 1000,
-        "errors": r["errors"] + r["sent"] - r["done"], "gen_cpu_pct": 100 * r["cpu_s"] / r["elapsed_s"],
+        "rate": r["rate"],
+        "p50_ms": r["p50_us"] / 1000,
+        "p95_ms": r["p95_us"] / 1000,
+        "p99_ms": r["p99_us"] / 1000,
+        "max_ms": r["max_us"] / 1000,
+        "errors": r["errors"] + r["sent"] - r["done"],
+        "gen_cpu_pct": 100 * r["cpu_s"] / r["elapsed_s"],
     }
+
+
+def upstream_calls(upstream: str) -> int:
+    with urllib.request.urlopen(upstream + "/_test/stats", timeout=10) as r:
+        return int(json.loads(r.read())["requests"].get(PATH, 0))
 
 
 def check_hit(name: str, url: str) -> None:
@@ -213,11 +227,15 @@ def main() -> int:
     steady_targets = {"floor", "nginx-cache", "gw-l1-w1", "gw-l2-w1"}
     with ExitStack() as stack:
         up_port, fixed_port, cache_port, floor_port = (free_port() for _ in range(4))
-        stack.enter_context(process(
-            [py, "-m", "tests.support.upstream", "--port", str(up_port)], up_port, cwd=ROOT))
+        stack.enter_context(
+            process([py, "-m", "tests.support.upstream", "--port", str(up_port)], up_port, cwd=ROOT)
+        )
         upstream = f"http://127.0.0.1:{up_port}"
-        (tmp / "nginx.conf").write_text(NGINX.format(
-            dir=tmp, up_port=up_port, fixed_port=fixed_port, cache_port=cache_port, fixed=FIXED))
+        (tmp / "nginx.conf").write_text(
+            NGINX.format(
+                dir=tmp, up_port=up_port, fixed_port=fixed_port, cache_port=cache_port, fixed=FIXED
+            )
+        )
         stack.enter_context(process(["nginx", "-c", str(tmp / "nginx.conf")], cache_port))
         stack.enter_context(process([py, str(tmp / "floor.py"), str(floor_port)], floor_port))
         redis = RedisServer().start()
@@ -238,12 +256,17 @@ def main() -> int:
                 continue
             with make() as url:
                 check_hit(name, url)
-                wrk(url, 8, 1, str(script))  # warm-up: connections, pools, JIT-free but caches
+                wrk(url, 8, 1, str(script))  # warm-up: connections and pools
+                before = upstream_calls(upstream)
                 row: dict[str, Any] = {}
                 for conns in (1, 32):
                     row[f"c{conns}"] = wrk(url, conns, args.seconds, str(script))
                 if name in steady_targets:
-                    row["steady"] = openloop(exe, url, args.rate, args.steady_seconds, str(req_file))
+                    row["steady"] = openloop(
+                        exe, url, args.rate, args.steady_seconds, str(req_file)
+                    )
+                # a cache target that had to call the upstream was not measuring hits only
+                row["upstream_calls"] = upstream_calls(upstream) - before
                 results[name] = row
                 print(f"{name:12s} " + json.dumps(row), flush=True)
     report(results, args.rate)
@@ -260,25 +283,36 @@ def _const(url: str) -> Iterator[str]:
 
 
 def report(results: dict[str, dict[str, Any]], rate: int) -> None:
-    print("\ntarget        | 1 conn req/s  p50   p95   p99 (ms) | 32 conn req/s  p50   p95   p99 (ms)"
-          f" | steady {rate}/s p50   p95   p99 (ms)")
+    print(
+        "\ntarget        | 1 conn req/s  p50   p95   p99 (ms) | 32 conn req/s  p50   p95   p99 (ms)"
+        f" | steady {rate}/s p50   p95   p99 (ms)"
+    )
     for name, row in results.items():
         c1, c32 = row["c1"], row["c32"]
-        line = (f"{name:13s} | {c1['rps']:10.0f} {c1['p50_ms']:5.2f} {c1['p95_ms']:5.2f} "
-                f"{c1['p99_ms']:5.2f}     | {c32['rps']:11.0f} {c32['p50_ms']:5.2f} "
-                f"{c32['p95_ms']:5.2f} {c32['p99_ms']:5.2f}     |")
+        line = (
+            f"{name:13s} | {c1['rps']:10.0f} {c1['p50_ms']:5.2f} {c1['p95_ms']:5.2f} "
+            f"{c1['p99_ms']:5.2f}     | {c32['rps']:11.0f} {c32['p50_ms']:5.2f} "
+            f"{c32['p95_ms']:5.2f} {c32['p99_ms']:5.2f}     |"
+        )
         if "steady" in row:
             s = row["steady"]
-            line += (f" {s['rate']:10.0f} {s['p50_ms']:5.2f} {s['p95_ms']:5.2f} {s['p99_ms']:5.2f}"
-                     f" (errors {s['errors']}, generator cpu {s['gen_cpu_pct']:.0f}%)")
+            line += (
+                f" {s['rate']:10.0f} {s['p50_ms']:5.2f} {s['p95_ms']:5.2f} {s['p99_ms']:5.2f}"
+                f" (errors {s['errors']}, generator cpu {s['gen_cpu_pct']:.0f}%)"
+            )
+        if not name.startswith("upstream"):
+            line += f" upstream calls: {row['upstream_calls']}"
         print(line)
     if "floor" in results and "gw-l1-w1" in results:
         ratio = results["gw-l1-w1"]["c32"]["rps"] / results["floor"]["c32"]["rps"]
         print(f"\nL1 hit, 1 worker, 32 conns: {ratio:.0%} of the Python floor (target >= 70%)")
     if "gw-l1-w1" in results and "steady" in results["gw-l1-w1"]:
-        print(f"L1 hit p99 at {rate}/s: {results['gw-l1-w1']['steady']['p99_ms']:.3f} ms (target <= 1 ms)")
+        p99 = results["gw-l1-w1"]["steady"]["p99_ms"]
+        print(f"L1 hit p99 at {rate}/s: {p99:.3f} ms (target <= 1 ms)")
     if "gw-l2-w1" in results:
-        print(f"Redis hit p50 (1 conn): {results['gw-l2-w1']['c1']['p50_ms']:.3f} ms (target <= 1 ms)")
+        print(
+            f"Redis hit p50 (1 conn): {results['gw-l2-w1']['c1']['p50_ms']:.3f} ms (target <= 1 ms)"
+        )
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ class MemorySettings(_Frozen):
 
 class RedisTimeouts(_Frozen):
     connect: float = Field(0.25, gt=0)
-    op: float = Field(0.05, gt=0)
+    # Short, but above the event-loop lag of a busy worker: a timeout counts toward the breaker.
+    op: float = Field(0.1, gt=0)
     admin: float = Field(10.0, gt=0)
 
 
@@ -62,7 +63,7 @@ class RedisPoolSettings(_Frozen):
 
 
 class RedisBreakerSettings(_Frozen):
-    failures: int = Field(3, ge=1)
+    failures: int = Field(5, ge=1)
     open_s: float = Field(2.0, gt=0)
 
 

@@ -93,10 +93,13 @@ def render(entry: CacheEntry, call: Call, x_cache: str, server_timing: str) -> w
     if rendered is False:
         return None
     body, base = cast(Rendered, rendered)
-    headers = CIMultiDict(base)
-    headers["X-Cache"] = x_cache
-    headers["Age"] = str(int(entry.age()))
-    headers["Server-Timing"] = server_timing
+    # a plain list: web.Response builds its own CIMultiDict from it (building one here doubles it)
+    headers = [
+        *base,
+        ("X-Cache", x_cache),
+        ("Age", str(int(entry.age()))),
+        ("Server-Timing", server_timing),
+    ]
     return web.Response(status=entry.status, headers=headers, body=body)
 
 
@@ -204,20 +207,19 @@ class CacheStage:
         )
         key = rc.key(call.model, call.key_fields, request.headers)
         self._remember(request, rc, body, key, call)
+        found = None
         if directives.lookup:
             hit = rc.lookup_l1(key, directives)
             found = (hit, "memory") if hit is not None else await rc.lookup(key, directives)
-            if found is not None:
-                t = timing.add("cache", t)
-                resp = render(found[0], call, "hit", timing.header())
-                if resp is not None:
-                    return resp
         else:
             rc.bypass()
-            if not directives.store:
-                timing.add("cache", t)
-                return await respond(await fetch(), {"X-Cache": "bypass"})
         timing.add("cache", t)
+        if found is not None:
+            resp = render(found[0], call, "hit", timing.header())
+            if resp is not None:
+                return resp  # (an entry that cannot take this framing is treated as a miss)
+        if not directives.store:
+            return await respond(await fetch(), {"X-Cache": "bypass"})
         x_cache = "miss" if directives.lookup else "bypass"
 
         async def compute() -> Outcome:
@@ -294,6 +296,8 @@ class CacheStage:
                         await resp.write(chunk)
                     except ConnectionError:
                         client_ok = False  # keep reading: waiters and the store still want it
+                if not client_ok and copy is None:
+                    break  # nobody left to serve and nothing to store
                 if copy is not None:
                     copy += chunk
                     if len(copy) > rc.max_entry_bytes:

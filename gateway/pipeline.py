@@ -179,6 +179,8 @@ class Pipeline:
 
     async def _read_body(self, request: web.Request) -> bytes:
         try:
+            if request.content.is_eof():
+                return await request.read()  # already buffered: no timer needed (hit-path cost)
             async with asyncio.timeout(self.limits.body_read_timeout_s):
                 return await request.read()
         except web.HTTPRequestEntityTooLarge:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -42,6 +43,8 @@ async def serve(settings: Settings, unix_socks: dict[str, socket.socket] | None 
         shutdown_timeout=limits.shutdown_grace_s,
     )
     await runner.setup()
+    # Everything built so far lives as long as the process: keep it out of the GC's scans.
+    gc.freeze()
     sites = make_sites(runner, settings.listeners, unix_socks or {}, reuse_port)
     for site in sites:
         await site.start()

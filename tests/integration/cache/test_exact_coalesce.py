@@ -86,7 +86,9 @@ async def test_two_processes_share_entries_and_one_lease(
             async with aiohttp.ClientSession() as s:
                 for g in (a, b):
                     async with s.get(g.url + "/metrics") as r:
-                        print([x for x in (await r.text()).splitlines() if "redis_errors_total" in x])
+                        print(
+                            [x for x in (await r.text()).splitlines() if "redis_errors_total" in x]
+                        )
         assert calls == 2
     finally:
         a.stop()
