@@ -29,6 +29,7 @@ from cache.settings import RedisSettings
 
 log = logging.getLogger("latentgate.cache.redis")
 
+Raw = bytes | str | None  # what redis-py hands back for a GET
 _RELEASE = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 )
@@ -58,6 +59,8 @@ class RedisTier:
         self.client = Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
         self._release = self.client.register_script(_RELEASE)
         self._tasks: set[asyncio.Task[None]] = set()
+        # GETs issued in the same loop iteration go out as one MGET (see _batched_get).
+        self._pending: dict[str, list[asyncio.Future[Raw]]] = {}
 
     def _breaker_changed(self, state: int) -> None:
         self._metrics.breaker_state.set(state)
@@ -92,8 +95,7 @@ class RedisTier:
         if not self.breaker.allow():
             return None
         try:
-            async with self._guard("get"):
-                data = await self.client.get(self.prefix + key)
+            data = await self._batched_get(key)
         except TierError:
             return None
         if data is None:
@@ -106,6 +108,39 @@ class RedisTier:
             self._spawn(self.delete(key))
             return None
         return entry if entry.expires_at > time.time() else None
+
+    def _batched_get(self, key: str) -> asyncio.Future[Raw]:
+        """Join this iteration's MGET: under load one round trip (and one trip through redis-py's
+        command machinery, which costs more CPU than Redis itself) serves many lookups."""
+        fut: asyncio.Future[Raw] = asyncio.get_running_loop().create_future()
+        waiting = self._pending.get(key)
+        if waiting is not None:
+            waiting.append(fut)
+            return fut
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending[key] = [fut]
+        return fut
+
+    def _flush(self) -> None:
+        batch, self._pending = self._pending, {}
+        self._spawn(self._mget(batch))
+
+    async def _mget(self, batch: dict[str, list[asyncio.Future[Raw]]]) -> None:
+        keys = list(batch)
+        try:
+            async with self._guard("get"):
+                values = await self.client.mget([self.prefix + k for k in keys])
+        except TierError as exc:
+            for futs in batch.values():
+                for f in futs:
+                    if not f.done():
+                        f.set_exception(exc)
+            return
+        for k, v in zip(keys, values, strict=True):
+            for f in batch[k]:
+                if not f.done():
+                    f.set_result(v)
 
     async def put(self, key: str, entry: CacheEntry) -> None:
         ttl = int(entry.expires_at - time.time() + 0.999)
@@ -194,4 +229,7 @@ class RedisTier:
     async def aclose(self) -> None:
         for t in list(self._tasks):
             t.cancel()
+        for futs in self._pending.values():
+            for f in futs:
+                f.cancel()
         await self.client.aclose()

@@ -130,3 +130,25 @@ async def test_dead_redis_opens_the_breaker_and_costs_nothing_then(metrics: Cach
     assert time.perf_counter() - t0 < 0.5  # skipped, not attempted
     assert metrics.breaker_state._value.get() == 1
     await tier.aclose()
+
+
+async def test_concurrent_redis_gets_share_one_mget(
+    redis_server: RedisServer, metrics: CacheMetrics
+) -> None:
+    tier = RedisTier(redis_settings(redis_server.url), metrics)
+    for i in range(5):
+        await tier.put(f"a.b.c.{i}", _entry(body=f"v{i}".encode()))
+
+    async def mget_calls() -> int:
+        stats = await tier.client.info("commandstats")
+        return int(stats.get("cmdstat_mget", {}).get("calls", 0))
+
+    before = await mget_calls()
+    got = await asyncio.gather(*(tier.get(f"a.b.c.{i % 6}") for i in range(60)))
+    assert await mget_calls() - before == 1
+    for i, entry in enumerate(got):
+        if i % 6 == 5:
+            assert entry is None
+        else:
+            assert entry is not None and entry.body == f"v{i % 6}".encode()
+    await tier.aclose()
