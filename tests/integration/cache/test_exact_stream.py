@@ -11,11 +11,13 @@ from collections.abc import Callable
 import aiohttp
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.integration.cache.conftest import cache_config
 from tests.support.servers import ServerThread
 
-MESSAGES = [{"role": "user", "content": "hello there gateway"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there gateway"}]
+OTHER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "x y"}]
 TEXT = "echo(up): hello there gateway"
 
 
@@ -24,8 +26,8 @@ def gw(upstream: ServerThread, start_gateway: Callable[..., ServerThread]) -> Se
     return start_gateway(cache_config(upstream.url))
 
 
-def _client(url: str, **kw: object) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0, **kw)  # type: ignore[arg-type]
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0)
 
 
 def _stream(
@@ -35,7 +37,7 @@ def _stream(
         model="m",
         messages=MESSAGES,
         stream=True,
-        extra_headers=headers or {},  # type: ignore[arg-type]
+        extra_headers=headers or {},
     )
     chunks = [c.model_dump() for c in raw.parse()]
     return raw.headers.get("X-Cache", ""), chunks, dict(raw.headers)
@@ -51,7 +53,7 @@ def test_stream_miss_then_stream_hit_identical_events(
         for c in _client(upstream.url).chat.completions.create(
             model="m", messages=MESSAGES, stream=True
         )
-    ]  # type: ignore[arg-type]
+    ]
     assert (x1, x2) == ("miss", "hit")
     assert c1 == c2 == direct
     assert h2["content-type"].startswith("text/event-stream")
@@ -61,7 +63,7 @@ def test_stream_miss_then_stream_hit_identical_events(
 
 def test_stored_stream_served_as_json_completion(upstream: ServerThread, gw: ServerThread) -> None:
     _stream(gw.url)
-    raw = _client(gw.url).chat.completions.with_raw_response.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    raw = _client(gw.url).chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
     comp = raw.parse()
     assert raw.headers["X-Cache"] == "hit"
     assert comp.object == "chat.completion"
@@ -74,12 +76,12 @@ async def test_stored_json_served_as_stream_async_sdk(
     upstream: ServerThread, gw: ServerThread
 ) -> None:
     client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-test", max_retries=0)
-    plain = await client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    plain = await client.chat.completions.create(model="m", messages=MESSAGES)
     raw = await client.chat.completions.with_raw_response.create(
         model="m",
         messages=MESSAGES,
         stream=True,
-        stream_options={"include_usage": True},  # type: ignore[arg-type]
+        stream_options={"include_usage": True},
     )
     assert raw.headers["X-Cache"] == "hit"
     chunks = [c async for c in raw.parse()]
@@ -87,16 +89,13 @@ async def test_stored_json_served_as_stream_async_sdk(
     assert text == plain.choices[0].message.content == TEXT
     assert chunks[0].choices[0].delta.role == "assistant"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
-    assert (
-        chunks[-1].usage is not None and chunks[-1].usage.total_tokens == plain.usage.total_tokens
-    )  # type: ignore[union-attr]
+    usage, expected = chunks[-1].usage, plain.usage
+    assert usage is not None and expected is not None
+    assert usage.total_tokens == expected.total_tokens
     # and a stored stream served to the async client without a stream
-    await client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "x y"}], stream=True
-    )  # type: ignore[arg-type]
-    raw2 = await client.chat.completions.with_raw_response.create(
-        model="m", messages=[{"role": "user", "content": "x y"}]
-    )  # type: ignore[arg-type]
+    live = await client.chat.completions.create(model="m", messages=OTHER, stream=True)
+    assert [c.choices[0].finish_reason async for c in live][-1] == "stop"
+    raw2 = await client.chat.completions.with_raw_response.create(model="m", messages=OTHER)
     assert raw2.headers["X-Cache"] == "hit"
     assert raw2.parse().choices[0].message.content == "echo(up): x y"
     await client.close()
