@@ -61,6 +61,7 @@ Respond = Callable[[UpstreamResponse, dict[str, str]], Awaitable[web.StreamRespo
 
 
 Rendered = tuple[bytes, list[tuple[str, str]]]
+Framing = tuple[bool, bool]
 
 
 @dataclass(slots=True)
@@ -84,12 +85,18 @@ def _content_type(entry: CacheEntry) -> str:
     return ""
 
 
-def render(entry: CacheEntry, call: Call, x_cache: str, server_timing: str) -> web.Response | None:
+def framing_of(call: Call) -> Framing:
+    """What a response's shape depends on beyond the entry: stream or not, usage chunk or not."""
+    return (call.stream, bool(call.extra.get("include_usage")))
+
+
+def render(
+    entry: CacheEntry, framing: Framing, x_cache: str, server_timing: str
+) -> web.Response | None:
     """The entry in the framing the request asked for; None when it cannot be converted."""
-    framing = (call.stream, bool(call.extra.get("include_usage")))
     rendered = entry.memo.get(framing)
     if rendered is None:
-        rendered = entry.memo[framing] = _render(entry, call) or False
+        rendered = entry.memo[framing] = _render(entry, *framing) or False
     if rendered is False:
         return None
     body, base = cast(Rendered, rendered)
@@ -103,22 +110,20 @@ def render(entry: CacheEntry, call: Call, x_cache: str, server_timing: str) -> w
     return web.Response(status=entry.status, headers=headers, body=body)
 
 
-def _render(entry: CacheEntry, call: Call) -> Rendered | None:
+def _render(entry: CacheEntry, stream: bool, include_usage: bool) -> Rendered | None:
     """Body and headers of the entry in the call's framing (computed once per entry and framing)."""
     body: bytes | None
     ctype: str | None = None
     if entry.events is not None:
-        if call.stream or entry.kind not in _CONVERTIBLE:
+        if stream or entry.kind not in _CONVERTIBLE:
             body = openai_sse.join_events(entry.events)
         else:
             body, ctype = openai_sse.events_to_body(entry.events, entry.kind), "application/json"
     else:
         body = entry.body
-        if call.stream and entry.kind in _CONVERTIBLE and "json" in _content_type(entry):
+        if stream and entry.kind in _CONVERTIBLE and "json" in _content_type(entry):
             assert entry.body is not None
-            events = openai_sse.body_to_events(
-                entry.body, entry.kind, bool(call.extra.get("include_usage"))
-            )
+            events = openai_sse.body_to_events(entry.body, entry.kind, include_usage)
             body, ctype = (openai_sse.join_events(events) if events else None), _SSE
     if body is None:
         return None
@@ -142,7 +147,8 @@ AliasKey = tuple[str, str, str, str, bytes, bytes]
 class CacheStage:
     def __init__(self, routes: dict[str, RouteCache]) -> None:
         self.routes = routes
-        self._alias: dict[AliasKey, tuple[CacheKey, Call]] = {}
+        # only the key and the framing: the parsed body would cost several times its bytes
+        self._alias: dict[AliasKey, tuple[CacheKey, Framing]] = {}
         self._alias_bytes = 0
 
     def _alias_key(self, request: web.Request, rc: RouteCache, body: bytes) -> AliasKey:
@@ -164,7 +170,7 @@ class CacheStage:
         akey = self._alias_key(request, rc, body)
         if akey in self._alias:
             return
-        self._alias[akey] = (key, call)
+        self._alias[akey] = (key, framing_of(call))
         self._alias_bytes += len(body) + 512
         while self._alias_bytes > _ALIAS_MAX_BYTES:
             old = next(iter(self._alias))
@@ -184,12 +190,12 @@ class CacheStage:
         known = self._alias.get(self._alias_key(request, rc, body))
         if known is None:
             return None
-        key, call = known
+        key, framing = known
         entry = rc.lookup_l1(key, DEFAULT)
         if entry is None:
             return None
         timing.add("cache", timing.start)
-        return render(entry, call, "hit", timing.header())
+        return render(entry, framing, "hit", timing.header())
 
     async def serve(
         self,
@@ -215,7 +221,7 @@ class CacheStage:
             rc.bypass()
         timing.add("cache", t)
         if found is not None:
-            resp = render(found[0], call, "hit", timing.header())
+            resp = render(found[0], framing_of(call), "hit", timing.header())
             if resp is not None:
                 return resp  # (an entry that cannot take this framing is treated as a miss)
         if not directives.store:
@@ -234,7 +240,7 @@ class CacheStage:
         if outcome.error is not None:
             raise outcome.error
         assert outcome.entry is not None
-        resp = render(outcome.entry, call, x_cache, timing.header())
+        resp = render(outcome.entry, framing_of(call), x_cache, timing.header())
         if resp is None:
             raise BadGateway("the upstream answer could not be converted to the requested framing")
         return resp
