@@ -56,7 +56,11 @@ async def test_200_identical_concurrent_requests_one_upstream_call(
 async def test_leader_error_is_shared_not_retried(
     upstream: ServerThread, start_gateway: Callable[..., ServerThread]
 ) -> None:
-    gw = start_gateway(cache_config(upstream.url))
+    cfg = cache_config(upstream.url)
+    # Isolate single flight: the pool's own retries of a 503 are a separate, budgeted feature.
+    for route in cfg["routes"]:
+        route["upstream"] = {"retries": {"max": 0}}
+    gw = start_gateway(cfg)
     results = await _many([gw.url], 50, BODY, {"X-Test-Delay": "0.3", "X-Test-Status": "503"})
     assert [r[0] for r in results] == [503] * 50
     assert await _calls(upstream) == 1

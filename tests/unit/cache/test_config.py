@@ -23,6 +23,8 @@ async def test_default_config_memory_only_without_redis_url() -> None:
         "openai-chat",
         "openai-completions",
         "openai-embeddings",
+        "local-embeddings",
+        "local-v2",
     }
 
 
