@@ -10,7 +10,9 @@ from aiohttp import web
 from backends import Backend, build_backends
 from backends.remote.metrics import RemoteMetrics
 from backends.settings import BackendSettings
+from cache.cache import Cache
 from gateway import admin, reload
+from gateway.cache_stage import CacheStage
 from gateway.config import RouteSettings, Settings
 from gateway.metrics import Metrics
 from gateway.middleware import listener_roles
@@ -53,9 +55,19 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
 
     backends = make_backends(settings.backends)
     router = build_router(settings)
-    pipeline = Pipeline(router, backends, metrics, settings.limits)
+    cache = Cache(settings.cache, metrics.registry)
+    route_caches = {r.name: rc for r in settings.routes if (rc := cache.for_route(r.name, r.cache.exact))}
+    stage = CacheStage(route_caches)
+    pipeline = Pipeline(router, backends, metrics, settings.limits, stage)
     pipeline.tracing = build_tracing(settings.tracing)
-    state = AppState(settings=settings, metrics=metrics, backends=backends, pipeline=pipeline)
+    state = AppState(settings=settings, metrics=metrics, backends=backends, pipeline=pipeline, cache=cache)
+
+    def swap_policies(new: Settings) -> None:
+        """A reload's cache policies: each route's cache rebuilt from its new exact policy."""
+        routes = {r.name: rc for r in new.routes if (rc := cache.for_route(r.name, r.cache.exact))}
+        for name in [n for n in cache.routes if n not in routes]:
+            del cache.routes[name]
+        stage.replace_routes(routes)
 
     def pool_source() -> dict[str, dict[str, dict[str, int]]]:
         out = {}
@@ -72,17 +84,19 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     listener_roles.install(app, separate=settings.admin.listener is not None)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        await cache.open()
         for backend in backends.values():
-            start = getattr(backend, "start", None)  # pools start health checks; local engines warm up
+            start = getattr(backend, "start", None)  # pools start health checks; engines warm up
             if start is not None:
                 await start()
         yield
         for backend in state.backends.values():  # the current generation's (reloads swap them)
             await backend.aclose()
         pipeline.tracing.shutdown()
+        await cache.aclose()
 
     app.cleanup_ctx.append(lifecycle)
     admin.register(app)
-    reload.register(app, config_path, build_router, make_backends)
+    reload.register(app, config_path, build_router, make_backends, swap_policies)
     app.router.add_route("*", "/{tail:.*}", pipeline.handle)
     return app

@@ -24,6 +24,7 @@ from backends import (
     UpstreamResponse,
     UpstreamTimeout,
 )
+from gateway.cache_stage import CacheStage
 from gateway.config import LimitSettings
 from gateway.errors import (
     BadGateway,
@@ -74,7 +75,9 @@ class Timing:
 class Pipeline:
     def __init__(
         self, router: Router, backends: Mapping[str, Backend], metrics: Metrics, limits: LimitSettings,
+        cache: CacheStage | None = None,
     ) -> None:
+        self.cache = cache
         # Routes and backends live in one swappable Runtime (gateway/reload.py swaps it); each
         # request pins the generation it started on, so in-flight work finishes on the old one.
         self.runtime = Runtime(router, backends)
@@ -144,13 +147,19 @@ class Pipeline:
         length = request.content_length
         if length is not None and length > self.limits.max_body_bytes:
             raise PayloadTooLarge(f"request body of {length} bytes exceeds {self.limits.max_body_bytes}")
-        parsed = route.protocol != "passthrough" or len(candidates) > 1
+        cached = route.policy.exact.enabled  # a key needs the whole body, even on passthrough
+        parsed = route.protocol != "passthrough" or len(candidates) > 1 or cached
         if parsed or (length is not None and length <= _STREAM_BODY_OVER):
             body = await self._read_body(request)
         else:
             body = self._stream_body(request)
+        if cached and self.cache is not None and len(candidates) == 1 and isinstance(body, bytes):
+            # Exact-cache fast path: these very bytes were parsed before and their answer is in L1.
+            hit = self.cache.fast_hit(request, route.name, body, timing)
+            if hit is not None:
+                return hit
         call: Call | None = None
-        if isinstance(body, bytes) and route.protocol != "passthrough":
+        if isinstance(body, bytes) and (route.protocol != "passthrough" or cached):
             call = route.adapter.parse(
                 request.method, request.path, request.query_string,
                 request.headers.get("Content-Type", ""), body, request.headers,
@@ -161,18 +170,28 @@ class Pipeline:
                     raise NotFound(f"no route for model {call.model if call else None!r} on {request.path}")
                 route = picked
             t = timing.add("parse", t)
-        up_req = UpstreamRequest(
-            method=request.method,
-            path_qs=request.raw_path,
-            headers=upstream_headers(
-                [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers],
-                client_ip=request.remote, proto=request.scheme, host=request.host,
-                keep_length=not isinstance(body, bytes),
-            ),
-            body=body if (isinstance(body, bytes) and body) or not isinstance(body, bytes) else None,
-            policy=route.upstream,
-        )
-        upstream = await self._send(route, up_req)
+
+        def upstream_request() -> UpstreamRequest:
+            return UpstreamRequest(
+                method=request.method,
+                path_qs=request.raw_path,
+                headers=upstream_headers(
+                    [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers],
+                    client_ip=request.remote, proto=request.scheme, host=request.host,
+                    keep_length=not isinstance(body, bytes),
+                ),
+                body=body if (isinstance(body, bytes) and body) or not isinstance(body, bytes) else None,
+                policy=route.upstream,
+            )
+
+        # Exact-cache stage: between parse and dispatch; the stage calls the backend on a miss.
+        rc = self.cache.routes.get(route.name) if self.cache is not None and call is not None else None
+        if rc is not None and call is not None and self.cache is not None and isinstance(body, bytes):
+            return await self.cache.serve(
+                request, rc, call, body, lambda: self._send(route, upstream_request()),
+                lambda up, extra: self._respond(request, up, timing, extra), timing, t,
+            )
+        upstream = await self._send(route, upstream_request())
         t = timing.add("upstream", t)
         return await self._respond(request, upstream, timing)
 
@@ -224,8 +243,16 @@ class Pipeline:
                 raise PayloadTooLarge(f"request body exceeds {self.limits.max_body_bytes} bytes")
             yield chunk
 
-    async def _respond(self, request: web.Request, up: UpstreamResponse, timing: Timing) -> web.StreamResponse:
+    async def _respond(
+        self, request: web.Request, up: UpstreamResponse, timing: Timing,
+        extra: Mapping[str, str] | None = None,
+    ) -> web.StreamResponse:
         headers = downstream_headers(up.headers)
+        if extra:
+            # The gateway's own headers (X-Cache, Age) replace any the upstream sent.
+            names = {k.lower() for k in extra}
+            headers = [(k, v) for k, v in headers if k.lower() not in names]
+            headers.extend(extra.items())
         if up.body is not None or up.stream is None:
             headers.append(("Server-Timing", timing.header()))
             return web.Response(status=up.status, reason=up.reason, headers=headers, body=up.body)

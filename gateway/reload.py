@@ -32,6 +32,7 @@ _START_ONLY = ("listeners", "limits", "logging", "tracing", "cache")
 
 RouterFactory = Callable[[Settings], Router]
 BackendsFactory = Callable[[Mapping[str, BackendSettings]], dict[str, Backend]]
+PolicySwap = Callable[[Settings], None]
 
 
 @dataclass
@@ -64,11 +65,13 @@ class Reloader:
         config_path: str | None,
         build_router: RouterFactory,
         build_backends: BackendsFactory,
+        swap_policies: PolicySwap | None = None,
     ) -> None:
         self.state = state
         self.config_path = config_path
         self.build_router = build_router
         self.build_backends = build_backends
+        self.swap_policies = swap_policies
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
         registry = state.metrics.registry
@@ -160,6 +163,8 @@ class Reloader:
         self.state.pipeline.runtime = runtime
         self.state.backends = backends
         self.state.settings = merged
+        if self.swap_policies is not None:
+            self.swap_policies(merged)  # the route caches' policies, in the same step
         retired = [b for name, b in current.backends.items() if reused.get(name) is not b]
         if retired:
             task = asyncio.create_task(self._retire(current, retired))
@@ -246,9 +251,10 @@ def register(
     config_path: str | None,
     build_router: RouterFactory,
     build_backends: BackendsFactory,
+    swap_policies: PolicySwap | None = None,
 ) -> None:
     """Wire the reloader into an app built by build_app (before the catch-all route)."""
-    reloader = Reloader(app[STATE], config_path, build_router, build_backends)
+    reloader = Reloader(app[STATE], config_path, build_router, build_backends, swap_policies)
     app[RELOADER] = reloader
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:

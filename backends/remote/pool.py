@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import random
 import time
@@ -78,6 +77,7 @@ class Pool:
             for u, w in zip(settings.replicas, weights, strict=True)
         ]
         self.transports = [r.transport for r in self.replicas]
+        self._pick_counters = {id(r): self.metrics.picks.labels(name, r.url) for r in self.replicas}
         slow_start = settings.outlier.slow_start_s
         self.balancer = build_balancer(settings.balancer, self.replicas, slow_start)
         self.detector = OutlierDetector(name, self.replicas, settings.outlier, self.metrics)
@@ -250,7 +250,7 @@ class Pool:
         # Panic mode (Envoy's): with nothing healthy left, spread over every replica.
         candidates = fresh or available or [r for r in self.replicas if not r.ejected(now)]
         replica = self.balancer.pick(candidates or self.replicas, key, now)
-        self.metrics.picks.labels(self.name, replica.url).inc()
+        self._pick_counters[id(replica)].inc()
         return replica
 
     def _affinity_key(self, request: UpstreamRequest) -> bytes | None:
@@ -274,12 +274,20 @@ class Pool:
         remaining = deadline - start
         if remaining <= 0:
             raise UpstreamTimeout(f"{self.name}: the deadline passed before an attempt", r.url)
-        first_byte = policy.timeouts.first_byte or remaining
-        req = dataclasses.replace(request, deadline_s=remaining)
+        first_byte = policy.timeouts.first_byte
         r.outstanding += 1
         try:
-            async with asyncio.timeout(min(first_byte, remaining)):
-                resp = await r.transport.send(req, connect_s=policy.timeouts.connect)
+            # The transport enforces the remaining deadline itself; a separate timer is only
+            # needed for a first-byte bound tighter than that (it costs a timer per request).
+            if first_byte is not None and first_byte < remaining:
+                async with asyncio.timeout(first_byte):
+                    resp = await r.transport.send(
+                        request, connect_s=policy.timeouts.connect, deadline_s=remaining
+                    )
+            else:
+                resp = await r.transport.send(
+                    request, connect_s=policy.timeouts.connect, deadline_s=remaining
+                )
         except TimeoutError as exc:
             r.outstanding -= 1
             self.detector.on_result(r, True, time.monotonic() - start)
@@ -305,7 +313,7 @@ class Pool:
         r.slow_start_from = time.monotonic()
 
     def _connections_in_use(self) -> int:
-        return sum(t.pool_stats()["in_use"] for t in self.transports)
+        return sum(t.connections_in_use() for t in self.transports)
 
     # introspection -----------------------------------------------------------------------------
     def ready(self) -> bool:

@@ -89,8 +89,10 @@ async def test_hedging_keeps_p99_near_healthy_with_one_slow_replica(
     assert set(plain.statuses) == set(hedged.statuses) == {200}
     assert "r0" in plain.served_by  # round robin does send work to the slow replica
     assert plain.p(99) > hedged.p(99)
-    # With hedging the slow replica almost never answers first.
-    assert hedged.served_by.count("r0") <= 3, Counter(hedged.served_by)
+    # Without hedging round robin gives the slow replica ~20 of 60 answers; with hedging it
+    # rarely answers first. The bound leaves room for a loaded CI machine, where a fast
+    # replica's hedge can itself take over 160 ms now and then.
+    assert hedged.served_by.count("r0") <= 10, Counter(hedged.served_by)
     assert await metric(gw.url, "latentgate_upstream_hedges_total", outcome="won") >= 10
 
 

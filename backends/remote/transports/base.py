@@ -11,8 +11,14 @@ class Transport(Protocol):
     url: str
 
     async def send(
-        self, request: UpstreamRequest, *, connect_s: float | None = None
+        self,
+        request: UpstreamRequest,
+        *,
+        connect_s: float | None = None,
+        deadline_s: float | None = None,
     ) -> UpstreamResponse: ...
+
+    def connections_in_use(self) -> int: ...
 
     def pool_stats(self) -> dict[str, int]: ...
 

@@ -27,6 +27,7 @@ from backends.settings import PoolLimits, Timeouts
 _BUFFER_LIMIT = 1 << 20
 _SKIP_AUTO = frozenset({"User-Agent", "Accept-Encoding", "Content-Type", "Accept"})
 DEADLINE_HEADER = "X-Latentgate-Deadline-Ms"
+_DEADLINE_SLACK_S = 0.05
 
 
 # What the hot path catches; `translate` turns each into the BackendError tree.
@@ -116,18 +117,25 @@ class Http1Transport:
         )
 
     async def send(
-        self, request: UpstreamRequest, *, connect_s: float | None = None
+        self,
+        request: UpstreamRequest,
+        *,
+        connect_s: float | None = None,
+        deadline_s: float | None = None,
     ) -> UpstreamResponse:
         headers = request.headers
-        if request.deadline_s is not None:
-            headers = [*headers, (DEADLINE_HEADER, str(max(0, int(request.deadline_s * 1000))))]
+        deadline = deadline_s if deadline_s is not None else request.deadline_s
+        if deadline is not None:
+            headers = [*headers, (DEADLINE_HEADER, str(max(0, int(deadline * 1000))))]
         timeout = None
+        # The session's own total timeout already bounds a deadline within _DEADLINE_SLACK_S
+        # of it; building a ClientTimeout per request is only worth it for a tighter one.
         short_deadline = (
-            request.deadline_s is not None and request.deadline_s < self._timeouts.total
+            deadline is not None and deadline < self._timeouts.total - _DEADLINE_SLACK_S
         )
-        if short_deadline or connect_s is not None:
+        if short_deadline or (connect_s is not None and connect_s != self._timeouts.connect):
             timeout = aiohttp.ClientTimeout(
-                total=request.deadline_s if short_deadline else self._timeouts.total,
+                total=deadline if short_deadline else self._timeouts.total,
                 sock_connect=connect_s if connect_s is not None else self._timeouts.connect,
                 sock_read=self._timeouts.read,
             )
@@ -159,6 +167,10 @@ class Http1Transport:
         else:
             out.stream = _Body(resp, self.url)
         return out
+
+    def connections_in_use(self) -> int:
+        # Checked by the breaker on every request: no dict building here.
+        return len(getattr(self._connector, "_acquired", ()))
 
     def pool_stats(self) -> dict[str, int]:
         conns = getattr(self._connector, "_conns", {})
