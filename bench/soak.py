@@ -57,6 +57,8 @@ def gateway_config(upstream: str, port: int, exact: bool, read_s: float = 30) ->
     return {
         "listeners": [{"name": "main", "host": "127.0.0.1", "port": port}],
         "logging": {"level": "warning"},
+        # A small L1 bound: unique misses fill it during warm-up, then the LRU must hold it flat.
+        "cache": {"memory": {"max_bytes": 4 << 20}},
         "backends": {
             "upstream": {
                 "kind": "remote",
