@@ -214,15 +214,18 @@ def test_dashboard_queries_only_exported_metrics(
     cfg = base_config(upstream.url)
     cfg["backends"]["upstream"]["timeouts"] = {"connect": 1, "read": 0.5, "total": 5}
     cfg["admin"] = {"token": "dash-token-1234"}
+    for route in cfg["routes"]:
+        if route["name"] == "chat":  # the exact cache on, so its series exist
+            route["cache"] = {"exact": {"enabled": True, "tiers": ["memory"]}}
     gw = gateway_process(cfg)
     chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
     for _ in range(3):
         http("POST", gw.url + "/v1/chat/completions", chat, {"Content-Type": "application/json"})
-    # An upstream timeout, so the error series exist as they would in production.
+    # An upstream timeout (an uncached body), so the error series exist as in production.
     http(
         "POST",
         gw.url + "/v1/chat/completions",
-        chat,
+        chat.replace(b"hi", b"slow"),
         {"Content-Type": "application/json", "X-Test-Delay": "1"},
     )
     http("POST", gw.url + "/admin/reload", b"", {"Authorization": "Bearer dash-token-1234"})

@@ -250,3 +250,35 @@ def test_sighup_reaches_every_worker(
     # New connections spread over both workers (SO_REUSEPORT): every answer is the new route's.
     assert {_chat_upstream(gw.url) for _ in range(30)} == {"second"}
     assert gw.stop() == 0
+
+
+def test_reload_swaps_a_routes_cache_policy(
+    upstream: ServerThread, in_process: Callable[..., InProcess]
+) -> None:
+    cfg = base_config(upstream.url, admin={"token": ADMIN_TOKEN})
+    gw = in_process(cfg)
+    body = json.dumps(CHAT).encode()
+
+    def x_cache() -> str:
+        status, hdrs, _ = http(
+            "POST",
+            gw.server.url + "/v1/chat/completions",
+            body,
+            {"Content-Type": "application/json"},
+        )
+        assert status == 200
+        return hdrs.get("X-Cache", "none")
+
+    assert {x_cache(), x_cache()} == {"none"}  # no cache policy on the route yet
+    for route in cfg["routes"]:
+        if route["name"] == "chat":
+            route["cache"] = {"exact": {"enabled": True, "tiers": ["memory"]}}
+    gw.write(cfg)
+    assert gw.reload()[0] == 200
+    assert [x_cache(), x_cache()] == ["miss", "hit"]
+    for route in cfg["routes"]:
+        if route["name"] == "chat":
+            route["cache"] = {}
+    gw.write(cfg)
+    assert gw.reload()[0] == 200
+    assert x_cache() == "none"  # off again: the stored entry is no longer served
