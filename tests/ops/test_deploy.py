@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from backends.settings import RemoteBackendSettings
 from gateway.cli import main as cli_main
 from gateway.config import Settings, load_settings
 from tests.conftest import base_config
@@ -172,10 +173,11 @@ def test_compose_wires_the_gateway_to_redis_and_the_model() -> None:
     gw = services["latentgate"]
     env = {k: str(v) for k, v in gw["environment"].items()}
     settings = load_settings(DEPLOY / "compose" / "latentgate.yaml", environ=env)
-    assert settings.cache.redis is not None and settings.cache.redis.url.startswith(
-        "redis://redis:"
-    )
-    (replica,) = settings.backends["model"].replicas
+    redis = settings.cache.redis
+    assert redis is not None and (redis.url or "").startswith("redis://redis:")
+    model = settings.backends["model"]
+    assert isinstance(model, RemoteBackendSettings)
+    (replica,) = model.replicas
     model_port = re.search(r"--port (\d+)", " ".join(services["model"]["command"]))
     assert model_port is not None and replica == f"http://model:{model_port.group(1)}"
     published = {int(p.split(":")[1]) for p in gw["ports"]}
