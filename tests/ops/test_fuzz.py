@@ -97,6 +97,9 @@ def client() -> Iterator[Client]:
     up = ServerThread(lambda: build_upstream("fuzz")).start()
     cfg = base_config(up.url, admin={"token": ADMIN_TOKEN}, limits={"max_body_bytes": 65536})
     cfg["backends"]["upstream"]["timeouts"] = {"connect": 1, "read": 5, "total": 10}
+    for route in cfg["routes"]:  # hostile input through the exact-cache stage too
+        if route["name"] in ("chat", "completions", "embeddings"):
+            route["cache"] = {"exact": {"enabled": True, "tiers": ["memory"]}}
     settings_ = Settings.model_validate(cfg)
     gw = ServerThread(lambda: build_app(settings_)).start()
     c = Client(gw.port)
