@@ -2,8 +2,8 @@
 same load generator (wrk -t1), printing p50/p95/p99, throughput and every party's CPU use.
 
 On a 2-core machine the load generator, the upstream and the gateway workers share the same two
-cores: the CPU columns say how much each took. Exact-cache hits join the comparison once the exact
-cache is on main (--routes adds `hit`); until then pass-through and a parsed OpenAI route only.
+cores: the CPU columns say how much each took. Routes: pass-through GET, a parsed (uncached) chat,
+and exact-cache hits (memory tier; each worker fills its own L1 on its first request).
 
   python bench/workers_bench.py [--duration 10] [--connections 32] [--workers 1 2]
 """
@@ -48,7 +48,8 @@ CHAT = '{"model":"m","messages":[{"role":"user","content":"bench"}]}'
 ROUTES = {
     "passthrough": ("GET", "/v1/models", ""),
     "openai-chat": ("POST", "/v1/chat/completions", CHAT),
-    "hit": ("POST", "/v1/chat/completions", CHAT),  # with the exact cache on: every one a hit
+    # The exact cache on /v1/completions (memory tier): after the first request, every one a hit.
+    "hit": ("POST", "/v1/completions", '{"model":"m","prompt":"bench"}'),
 }
 
 
@@ -66,8 +67,7 @@ class Result:
     upstream_cpu: float
 
 
-def config(upstream: str, port: int, exact: bool) -> dict[str, Any]:
-    policy = {"exact": {"enabled": True}} if exact else {}
+def config(upstream: str, port: int) -> dict[str, Any]:
     return {
         "listeners": [{"name": "main", "host": "127.0.0.1", "port": port}],
         "logging": {"level": "warning"},
@@ -78,7 +78,13 @@ def config(upstream: str, port: int, exact: bool) -> dict[str, Any]:
                 "match": {"path": "/v1/chat/completions", "methods": ["POST"]},
                 "protocol": "openai",
                 "backend": "upstream",
-                "cache": policy,
+            },
+            {
+                "name": "completions",
+                "match": {"path": "/v1/completions", "methods": ["POST"]},
+                "protocol": "openai",
+                "backend": "upstream",
+                "cache": {"exact": {"enabled": True, "tiers": ["memory"]}},
             },
             {
                 "name": "default",
@@ -162,7 +168,7 @@ def run(args: argparse.Namespace) -> list[Result]:
             port = free_port()
             fd, path = tempfile.mkstemp(suffix=".yaml", prefix="lg-workers-")
             with os.fdopen(fd, "w") as f:
-                yaml.safe_dump(config(f"http://127.0.0.1:{up_port}", port, "hit" in args.routes), f)
+                yaml.safe_dump(config(f"http://127.0.0.1:{up_port}", port), f)
             gw = subprocess.Popen(
                 [
                     sys.executable,
