@@ -248,7 +248,7 @@ def main() -> int:
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument(
-        "--routes", nargs="+", default=["passthrough", "openai-chat"], choices=sorted(ROUTES)
+        "--routes", nargs="+", default=["passthrough", "openai-chat", "hit"], choices=sorted(ROUTES)
     )
     args = ap.parse_args()
     print(
