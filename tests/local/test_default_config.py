@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 
 import numpy as np
@@ -11,18 +12,21 @@ from backends.local.text_encoder import TextEncoder
 from gateway.app import build_app
 from gateway.config import load_settings
 from tests.local.conftest import http, wait_ready
-from tests.support.servers import ROOT, ServerThread, free_port
+from tests.support.servers import ROOT, ServerThread
 
 
 @pytest.fixture(scope="module")
 def default_gateway() -> Iterator[ServerThread]:
-    # A free port nothing listens on stands in for the remote upstream.
-    env = {"LATENTGATE_UPSTREAM": f"http://127.0.0.1:{free_port()}"}
-    settings = load_settings(ROOT / "config/latentgate.yaml", environ=env)
-    server = ServerThread(lambda: build_app(settings)).start()
-    wait_ready(server.url)
-    yield server
-    server.stop()
+    # A bound but never listening socket stands in for a dead remote upstream: connections are
+    # refused, and no other server in the suite can take the port while the module runs.
+    with socket.socket() as dead:
+        dead.bind(("127.0.0.1", 0))
+        env = {"LATENTGATE_UPSTREAM": f"http://127.0.0.1:{dead.getsockname()[1]}"}
+        settings = load_settings(ROOT / "config/latentgate.yaml", environ=env)
+        server = ServerThread(lambda: build_app(settings)).start()
+        wait_ready(server.url)
+        yield server
+        server.stop()
 
 
 def test_embeddings_and_v2_are_local(default_gateway: ServerThread, encoder: TextEncoder) -> None:
