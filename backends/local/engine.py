@@ -1,0 +1,63 @@
+"""Engine contract: named input/output tensor specs and `run(feeds) → outputs` on whole batches.
+
+Engines are synchronous and thread-safe; the batcher calls them from its worker thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+# ONNX / TensorRT element types → Open Inference Protocol datatypes.
+V2_DATATYPES: dict[str, str] = {
+    "float": "FP32",
+    "float32": "FP32",
+    "float16": "FP16",
+    "double": "FP64",
+    "float64": "FP64",
+    "int64": "INT64",
+    "int32": "INT32",
+    "int16": "INT16",
+    "int8": "INT8",
+    "uint8": "UINT8",
+    "bool": "BOOL",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """A tensor's name, v2 datatype and shape; -1 marks a dynamic dimension."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def numpy_dtype(self) -> np.dtype[Any]:
+        return np.dtype(
+            {
+                "FP32": np.float32,
+                "FP16": np.float16,
+                "FP64": np.float64,
+                "INT64": np.int64,
+                "INT32": np.int32,
+                "INT16": np.int16,
+                "INT8": np.int8,
+                "UINT8": np.uint8,
+                "BOOL": np.bool_,
+            }[self.datatype]
+        )
+
+
+class Engine(Protocol):
+    name: str
+    device: str  # "cpu" or "cuda"
+    providers: list[str]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+    def run(self, feeds: dict[str, NDArray[Any]]) -> dict[str, NDArray[Any]]: ...
+
+    def close(self) -> None: ...

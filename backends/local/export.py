@@ -1,0 +1,62 @@
+"""Export a transformers encoder to ONNX (token embeddings out). A child process: imports torch.
+
+python -m backends.local.export MODEL_DIR OUT.onnx
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+INPUTS = ["input_ids", "attention_mask", "token_type_ids"]
+OUTPUT = "token_embeddings"
+
+
+def export_encoder(model_dir: Path, out: Path, opset: int = 17) -> None:
+    import torch
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(model_dir), local_files_only=True)
+    model.eval()
+
+    class Encoder(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(
+            self,
+            input_ids: torch.Tensor,
+            attention_mask: torch.Tensor,
+            token_type_ids: torch.Tensor,
+        ) -> torch.Tensor:
+            out = self.inner(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            )
+            return out[0]  # type: ignore[no-any-return]
+
+    dummy = torch.ones((2, 8), dtype=torch.int64)
+    dynamic = {n: {0: "batch", 1: "tokens"} for n in [*INPUTS, OUTPUT]}
+    with torch.no_grad():
+        torch.onnx.export(
+            Encoder(model),
+            (dummy, dummy, torch.zeros_like(dummy)),
+            str(out),
+            input_names=INPUTS,
+            output_names=[OUTPUT],
+            dynamic_axes=dynamic,
+            opset_version=opset,
+            dynamo=False,
+        )
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    export_encoder(Path(argv[0]), Path(argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,168 @@
+"""Sentence embeddings on a local engine: tokenize → batch → ONNX Runtime/TensorRT → pool → L2.
+
+The semantic cache's embedder and the `/v1/embeddings` backend both use this. `encode` is
+synchronous and thread-safe; `aencode` goes through the dynamic batcher so concurrent callers
+share engine runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from prometheus_client import CollectorRegistry
+
+from backends.batcher import Batcher
+from backends.errors import EngineError
+from backends.local.artifacts import resolve
+from backends.local.engine import Engine
+from backends.local.metrics import LocalMetrics
+from backends.preprocess.cpu import TextPreprocessor, Tokens, mean_pool_normalise, pad_tokens
+from backends.settings import BatcherSettings, SessionOptions
+
+log = logging.getLogger("latentgate.local")
+
+DEFAULT_MODEL = "builtin:all-MiniLM-L6-v2"
+
+
+class TextEncoder:
+    """name, dim, device ("cpu" | "cuda") and providers describe where it runs."""
+
+    def __init__(
+        self,
+        name: str,
+        engine: Engine,
+        preprocessor: TextPreprocessor,
+        batching: BatcherSettings | None = None,
+        metrics: LocalMetrics | None = None,
+        output: str = "token_embeddings",
+    ) -> None:
+        self.name = name
+        self.engine = engine
+        self.device: str = engine.device
+        self.providers: list[str] = list(engine.providers)
+        self.preprocessor = preprocessor
+        self.max_tokens = preprocessor.max_tokens
+        self._output = output
+        self._gpu_pre: Any = None
+        if self.device == "cuda":
+            self._gpu_pre = _gpu_preprocessor()
+        spec = next((o for o in engine.outputs if o.name == output), None)
+        if spec is None:
+            raise EngineError(f"model {name} has no output {output!r}")
+        self.dim: int = spec.shape[-1] if spec.shape and spec.shape[-1] > 0 else 0
+        self._batcher: Batcher[Tokens, NDArray[np.float32]] = Batcher(
+            name,
+            self._run_rows,
+            batching or BatcherSettings(),
+            length=lambda t: len(t.ids),
+            metrics=metrics,
+        )
+        self.ready = False
+
+    def warmup(self) -> float:
+        """Run a few batch shapes once so the first request pays no graph/allocator set-up."""
+        t0 = time.perf_counter()
+        for n in (1, 4):
+            vecs = self.encode(["latentgate warm-up sentence"] * n)
+            self.dim = int(vecs.shape[1])
+        self.ready = True
+        took = time.perf_counter() - t0
+        log.info(
+            "engine %s warm on %s in %.0f ms (dim %d)", self.name, self.device, took * 1e3, self.dim
+        )
+        return took
+
+    def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
+        return self.preprocessor.tokenize(texts)
+
+    def encode(self, texts: list[str]) -> NDArray[np.float32]:
+        """(n, dim) float32, L2-normalised rows. Raises BadInput for too-long inputs."""
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
+        return self.encode_tokens(self.tokenize(texts))
+
+    def encode_tokens(self, tokens: Sequence[Tokens]) -> NDArray[np.float32]:
+        if self._gpu_pre is not None:
+            feeds = self._gpu_pre.pad_tokens(tokens)
+            mask = self._gpu_pre.to_numpy(feeds["attention_mask"])
+        else:
+            feeds = pad_tokens(tokens)
+            mask = feeds["attention_mask"]
+        hidden = self.engine.run(feeds)[self._output]
+        return mean_pool_normalise(hidden.astype(np.float32, copy=False), mask)
+
+    def _run_rows(self, batch: list[Tokens]) -> list[NDArray[np.float32]]:
+        return list(self.encode_tokens(batch))
+
+    async def aencode(self, texts: list[str]) -> NDArray[np.float32]:
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
+        return await self.aencode_tokens(self.tokenize(texts))
+
+    async def aencode_tokens(self, tokens: Sequence[Tokens]) -> NDArray[np.float32]:
+        rows = await self._batcher.submit(tokens)
+        return np.stack(rows).astype(np.float32, copy=False)
+
+    async def aclose(self) -> None:
+        await self._batcher.aclose()
+        self.engine.close()
+
+
+def _gpu_preprocessor() -> Any:
+    from backends.preprocess.gpu import GpuPreprocessor, cuda_available
+
+    if not cuda_available():
+        log.warning("engine on CUDA but torch sees no GPU: preprocessing stays on the CPU")
+        return None
+    return GpuPreprocessor()
+
+
+def load_text_encoder(
+    model: str = DEFAULT_MODEL,
+    providers: str | list[str] = "auto",
+    *,
+    artifacts_dir: str | None = None,
+    tokenizer: str | None = None,
+    max_tokens: int | None = None,
+    truncate: bool = True,
+    batching: BatcherSettings | None = None,
+    session: SessionOptions | None = None,
+    registry: CollectorRegistry | None = None,
+    metrics: LocalMetrics | None = None,
+    engine: str = "onnxruntime",
+    precision: str = "fp16",
+    warmup: bool = True,
+) -> TextEncoder:
+    """Build a warm TextEncoder. `engine="tensorrt"` raises EngineError where tensorrt is absent."""
+    art = resolve(model, artifacts_dir, tokenizer)
+    if art.tokenizer_path is None:
+        raise EngineError(f"model {model} needs a tokenizer.json (preprocess.tokenizer)")
+    limit = max_tokens or art.max_tokens or 512
+    if metrics is None and registry is not None:
+        metrics = LocalMetrics(registry)
+    eng: Engine
+    if engine == "tensorrt":
+        from backends.local.tensorrt import TrtEngine
+
+        eng = TrtEngine.from_onnx(
+            art,
+            precision=precision,
+            max_tokens=limit,
+            max_batch=(batching or BatcherSettings()).max_batch,
+            artifacts_dir=artifacts_dir,
+            metrics=metrics,
+        )
+    else:
+        from backends.local.onnx import OrtEngine
+
+        eng = OrtEngine(str(art.onnx_path), art.name, providers, session, metrics)
+    pre = TextPreprocessor.from_file(str(art.tokenizer_path), limit, truncate)
+    enc = TextEncoder(art.name, eng, pre, batching, metrics)
+    if warmup:
+        enc.warmup()
+    return enc

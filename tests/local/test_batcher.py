@@ -1,0 +1,131 @@
+"""Dynamic batcher: order, batching under concurrency, length buckets, adaptive wait, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from backends.batcher import Batcher
+from backends.errors import EngineError
+from backends.settings import BatcherSettings
+
+
+class Recorder:
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.batches: list[list[tuple[str, int]]] = []
+        self.delay_s = delay_s
+        self.threads: set[str] = set()
+
+    def __call__(self, items: list[tuple[str, int]]) -> list[str]:
+        self.threads.add(threading.current_thread().name)
+        self.batches.append(list(items))
+        time.sleep(self.delay_s)
+        return [f"{text}:{n}" for text, n in items]
+
+
+def _batcher(rec: Recorder, registry: CollectorRegistry | None = None, **kw: object) -> Batcher:
+    return Batcher("m", rec, BatcherSettings(**kw), length=lambda it: it[1], registry=registry)
+
+
+async def test_results_come_back_in_order_under_concurrency() -> None:
+    rec = Recorder(delay_s=0.005)
+    b = _batcher(rec, max_batch=8, max_delay_ms=5)
+    requests = [[(f"r{i}-{j}", 1 + (i * j) % 40) for j in range(i % 4 + 1)] for i in range(40)]
+    results = await asyncio.gather(*(b.submit(r) for r in requests))
+    for req, res in zip(requests, results, strict=True):
+        assert res == [f"{t}:{n}" for t, n in req]
+    assert max(len(x) for x in rec.batches) > 1, "concurrent callers were never batched"
+    assert all(len(x) <= 8 for x in rec.batches)
+    await b.aclose()
+
+
+async def test_length_buckets_keep_short_and_long_apart() -> None:
+    rec = Recorder(delay_s=0.002)
+    b = _batcher(rec, max_batch=64, max_delay_ms=20, buckets=[16, 64])
+    items = [(f"s{i}", 5) for i in range(10)] + [(f"l{i}", 60) for i in range(10)]
+    await asyncio.gather(*(b.submit([it]) for it in items))
+    for batch in rec.batches:
+        lengths = {n for _, n in batch}
+        assert lengths == {5} or lengths == {60}, f"mixed bucket {batch}"
+    await b.aclose()
+
+
+async def test_batching_off_runs_each_request_alone() -> None:
+    rec = Recorder()
+    b = _batcher(rec, enabled=False)
+    await asyncio.gather(*(b.submit([(f"x{i}", 3), (f"y{i}", 3)]) for i in range(5)))
+    assert sorted(len(x) for x in rec.batches) == [2] * 5
+    await b.aclose()
+
+
+async def test_adaptive_mode_does_not_wait_when_traffic_is_light() -> None:
+    rec = Recorder()
+    b = _batcher(rec, max_batch=32, max_delay_ms=200, target_p95_ms=50)
+    t0 = time.perf_counter()
+    for i in range(3):
+        await b.submit([(f"a{i}", 4)])
+        await asyncio.sleep(0.05)
+    # A fixed 200 ms wait would take ≥ 0.6 s for three sequential requests.
+    assert time.perf_counter() - t0 - 0.15 < 0.3
+    await b.aclose()
+
+
+async def test_fixed_wait_gathers_a_burst_into_one_batch() -> None:
+    rec = Recorder()
+    b = _batcher(rec, max_batch=16, max_delay_ms=50)
+    await asyncio.gather(*(b.submit([(f"a{i}", 4)]) for i in range(16)))
+    assert [len(x) for x in rec.batches] == [16]
+    await b.aclose()
+
+
+async def test_engine_error_reaches_every_caller_of_that_batch() -> None:
+    def boom(items: list[tuple[str, int]]) -> list[str]:
+        raise EngineError("engine exploded")
+
+    b = Batcher("m", boom, BatcherSettings(max_delay_ms=5), length=lambda it: it[1])
+    results = await asyncio.gather(
+        *(b.submit([("x", 1)]) for _ in range(3)), return_exceptions=True
+    )
+    assert all(isinstance(r, EngineError) and "exploded" in str(r) for r in results)
+    await b.aclose()
+
+
+async def test_cancelled_caller_does_not_break_the_others() -> None:
+    rec = Recorder(delay_s=0.02)
+    b = _batcher(rec, max_batch=4, max_delay_ms=1)
+    first = asyncio.ensure_future(b.submit([("busy", 1)]))
+    await asyncio.sleep(0.005)
+    doomed = asyncio.ensure_future(b.submit([("doomed", 1)]))
+    ok = asyncio.ensure_future(b.submit([("ok", 1)]))
+    await asyncio.sleep(0)
+    doomed.cancel()
+    assert await ok == ["ok:1"]
+    assert await first == ["busy:1"]
+    assert all("doomed" not in t for batch in rec.batches for t, _ in batch)
+    await b.aclose()
+
+
+async def test_metrics_record_batch_size_delay_and_padding() -> None:
+    reg = CollectorRegistry()
+    rec = Recorder()
+    b = _batcher(rec, registry=reg, max_batch=4, max_delay_ms=20, buckets=[100])
+    await asyncio.gather(*(b.submit([(f"x{i}", n)]) for i, n in enumerate([10, 10, 10, 30])))
+    assert reg.get_sample_value("latentgate_batch_size_count", {"model": "m"}) == 1
+    assert reg.get_sample_value("latentgate_batch_size_sum", {"model": "m"}) == 4
+    assert reg.get_sample_value("latentgate_batch_queue_delay_seconds_count", {"model": "m"}) == 4
+    # 60 real tokens in 4 x 30 slots: half of the batch is padding.
+    assert reg.get_sample_value(
+        "latentgate_batch_padding_ratio_sum", {"model": "m"}
+    ) == pytest.approx(0.5)
+    await b.aclose()
+
+
+async def test_closed_batcher_refuses_new_work() -> None:
+    b = _batcher(Recorder())
+    await b.aclose()
+    with pytest.raises(EngineError, match="shut down"):
+        await b.submit([("x", 1)])
