@@ -24,6 +24,9 @@ class ExactPolicy(_Frozen):
     tiers: list[Literal["memory", "redis"]] = ["memory", "redis"]
     max_entry_bytes: int = Field(1 << 20, ge=1)
     key: KeySettings = KeySettings()
+    # Identical concurrent misses share one backend call; a waiter gives up after coalesce_wait_s.
+    coalesce: bool = True
+    coalesce_wait_s: float = Field(30.0, gt=0)
 
 
 class SemanticPolicy(_Frozen):
@@ -54,16 +57,33 @@ class MemorySettings(_Frozen):
 class RedisTimeouts(_Frozen):
     connect: float = Field(0.25, gt=0)
     op: float = Field(0.05, gt=0)
+    admin: float = Field(10.0, gt=0)
 
 
 class RedisPoolSettings(_Frozen):
     max_connections: int = Field(64, ge=1)
 
 
+class RedisBreakerSettings(_Frozen):
+    failures: int = Field(3, ge=1)
+    open_s: float = Field(2.0, gt=0)
+
+
+class RedisLeaseSettings(_Frozen):
+    """Cross-process single flight: a short SET NX PX lease per key, best effort."""
+
+    enabled: bool = True
+    ttl_ms: int = Field(10_000, ge=10)
+    poll_ms: int = Field(10, ge=1)
+
+
 class RedisSettings(_Frozen):
-    url: str
+    # None (e.g. an unset ${LATENTGATE_REDIS_URL:-}) means no Redis: memory only.
+    url: str | None = None
     timeouts: RedisTimeouts = RedisTimeouts()
     pool: RedisPoolSettings = RedisPoolSettings()
+    breaker: RedisBreakerSettings = RedisBreakerSettings()
+    lease: RedisLeaseSettings = RedisLeaseSettings()
     key_prefix: str = "lg:"
 
 

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.errors import GatewayError, Unauthorized, error_body
+from gateway.errors import BadRequest, GatewayError, NotFound, Unauthorized, error_body
 from gateway.state import AppState, STATE
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -71,9 +71,45 @@ async def admin_config(request: web.Request) -> web.Response:
     return _json(data)
 
 
+async def admin_cache_stats(request: web.Request) -> web.Response:
+    cache = request.app[STATE].cache
+    if cache is None:
+        raise NotFound("no cache is configured")
+    return _json(await cache.stats())
+
+
+async def admin_cache_purge(request: web.Request) -> web.Response:
+    """Body: {"route": r} | {"model": m} | {"tenant": t} (any combination, all must match) | {"all": true}.
+
+    tenant is the tenant header's value as clients send it (a list when a route names several
+    headers); it is hashed here exactly as keys hash it.
+    """
+    cache = request.app[STATE].cache
+    if cache is None:
+        raise NotFound("no cache is configured")
+    try:
+        doc = json.loads(await request.read() or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise BadRequest("the purge body must be a JSON object") from None
+    if not isinstance(doc, dict) or set(doc) - {"route", "model", "tenant", "all"}:
+        raise BadRequest("the purge body takes route, model, tenant or all")
+    tenant = doc.get("tenant")
+    if isinstance(tenant, list) and all(isinstance(t, str) for t in tenant):
+        tenant = "\x00".join(tenant)
+    fields = {"route": doc.get("route"), "model": doc.get("model"), "tenant": tenant}
+    if any(v is not None and not isinstance(v, str) for v in fields.values()):
+        raise BadRequest("route, model and tenant must be strings (tenant: or a list of strings)")
+    if all(v is None for v in fields.values()) and doc.get("all") is not True:
+        raise BadRequest("say what to purge: route, model, tenant, or all: true")
+    removed = await cache.purge(**fields)
+    return _json({"purged": removed})
+
+
 def register(app: web.Application) -> None:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/admin/backends", guarded(admin_backends))
     app.router.add_get("/admin/config", guarded(admin_config))
+    app.router.add_get("/admin/cache/stats", guarded(admin_cache_stats))
+    app.router.add_post("/admin/cache/purge", guarded(admin_cache_purge))

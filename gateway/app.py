@@ -7,7 +7,9 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from backends import build_backends
+from cache.cache import Cache
 from gateway import admin
+from gateway.cache_stage import CacheStage
 from gateway.config import RouteSettings, Settings
 from gateway.metrics import Metrics
 from gateway.pipeline import Pipeline
@@ -31,8 +33,10 @@ def build_app(settings: Settings) -> web.Application:
     metrics = Metrics()
     backends = build_backends(settings.backends)
     router = Router([Route.from_settings(r, build_adapter(r)) for r in settings.routes])
-    pipeline = Pipeline(router, backends, metrics, settings.limits)
-    state = AppState(settings=settings, metrics=metrics, backends=backends, pipeline=pipeline)
+    cache = Cache(settings.cache, metrics.registry)
+    route_caches = {r.name: rc for r in settings.routes if (rc := cache.for_route(r.name, r.cache.exact))}
+    pipeline = Pipeline(router, backends, metrics, settings.limits, CacheStage(route_caches))
+    state = AppState(settings=settings, metrics=metrics, backends=backends, pipeline=pipeline, cache=cache)
 
     def pool_source() -> dict[str, dict[str, dict[str, int]]]:
         out = {}
@@ -48,9 +52,11 @@ def build_app(settings: Settings) -> web.Application:
     app[STATE] = state
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        await cache.open()
         yield
         for backend in backends.values():
             await backend.aclose()
+        await cache.aclose()
 
     app.cleanup_ctx.append(lifecycle)
     admin.register(app)

@@ -21,6 +21,7 @@ from backends import (
     UpstreamResponse,
     UpstreamTimeout,
 )
+from gateway.cache_stage import CacheStage
 from gateway.config import LimitSettings
 from gateway.errors import (
     BadGateway,
@@ -68,7 +69,9 @@ class Timing:
 class Pipeline:
     def __init__(
         self, router: Router, backends: Mapping[str, Backend], metrics: Metrics, limits: LimitSettings,
+        cache: CacheStage | None = None,
     ) -> None:
+        self.cache = cache
         self.router = router
         self.backends = backends
         self.metrics = metrics
@@ -112,13 +115,14 @@ class Pipeline:
         length = request.content_length
         if length is not None and length > self.limits.max_body_bytes:
             raise PayloadTooLarge(f"request body of {length} bytes exceeds {self.limits.max_body_bytes}")
-        parsed = route.protocol != "passthrough" or len(candidates) > 1
+        cached = route.policy.exact.enabled  # a key needs the whole body, even on passthrough
+        parsed = route.protocol != "passthrough" or len(candidates) > 1 or cached
         if parsed or (length is not None and length <= _STREAM_BODY_OVER):
             body = await self._read_body(request)
         else:
             body = self._stream_body(request)
         call: Call | None = None
-        if isinstance(body, bytes) and route.protocol != "passthrough":
+        if isinstance(body, bytes) and (route.protocol != "passthrough" or cached):
             call = route.adapter.parse(
                 request.method, request.path, request.query_string,
                 request.headers.get("Content-Type", ""), body, request.headers,
@@ -139,6 +143,13 @@ class Pipeline:
             ),
             body=body if (isinstance(body, bytes) and body) or not isinstance(body, bytes) else None,
         )
+        # Exact-cache stage: between parse and dispatch; the stage calls the backend on a miss.
+        rc = self.cache.routes.get(route.name) if self.cache is not None and call is not None else None
+        if rc is not None and call is not None and self.cache is not None:
+            return await self.cache.serve(
+                request, rc, call, lambda: self._send(route, up_req),
+                lambda up, extra: self._respond(request, up, timing, extra), timing, t,
+            )
         upstream = await self._send(route, up_req)
         t = timing.add("upstream", t)
         return await self._respond(request, upstream, timing)
@@ -175,8 +186,13 @@ class Pipeline:
                 raise PayloadTooLarge(f"request body exceeds {self.limits.max_body_bytes} bytes")
             yield chunk
 
-    async def _respond(self, request: web.Request, up: UpstreamResponse, timing: Timing) -> web.StreamResponse:
+    async def _respond(
+        self, request: web.Request, up: UpstreamResponse, timing: Timing,
+        extra: Mapping[str, str] | None = None,
+    ) -> web.StreamResponse:
         headers = CIMultiDict(downstream_headers(up.headers))
+        if extra:
+            headers.update(extra)
         if up.body is not None or up.stream is None:
             headers["Server-Timing"] = timing.header()
             return web.Response(status=up.status, reason=up.reason, headers=headers, body=up.body)

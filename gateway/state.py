@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from backends import Backend
+from cache.cache import Cache
 from gateway.config import Settings
 from gateway.metrics import Metrics
 from gateway.pipeline import Pipeline
@@ -20,6 +21,7 @@ class AppState:
     backends: Mapping[str, Backend]
     pipeline: Pipeline
     draining: bool = False
+    cache: Cache | None = None
 
 
 STATE: web.AppKey[AppState] = web.AppKey("latentgate_state", AppState)

@@ -49,6 +49,8 @@ class OpenAIAdapter:
         _require(isinstance(stream, bool), "'stream' must be a boolean", "stream")
         key_fields = {k: v for k, v in doc.items() if k not in self._ignored}
         call = Call("openai", model, key_fields, stream=stream, kind=kind)
+        options = doc.get("stream_options")
+        call.extra["include_usage"] = isinstance(options, dict) and bool(options.get("include_usage"))
         if kind == "chat":
             self._chat(doc, call)
         elif kind == "completions":

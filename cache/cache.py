@@ -1,0 +1,241 @@
+"""The exact-cache facade the pipeline calls: keys, lookup, single flight, store, purge, stats.
+
+One Cache owns the tiers (L1 memory, optional L2 Redis); each route gets a RouteCache with its
+key builder, its tier stack and its policy precomputed, so the hit path does no setup work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry
+
+from cache.codec import CacheEntry
+from cache.errors import TierError
+from cache.keys import CacheKey, KeyBuilder, Selector
+from cache.metrics import CacheMetrics
+from cache.policy import RequestDirectives
+from cache.settings import CacheSettings, ExactPolicy
+from cache.singleflight import SingleFlight
+from cache.tiers.layered import LayeredTier
+from cache.tiers.memory import MemoryTier
+from cache.tiers.redis import RedisTier
+
+log = logging.getLogger("latentgate.cache")
+T = TypeVar("T")
+
+
+class Cache:
+    def __init__(self, settings: CacheSettings, registry: CollectorRegistry) -> None:
+        self.settings = settings
+        self.metrics = CacheMetrics(registry)
+        self.memory = MemoryTier(settings.memory.max_bytes, self.metrics)
+        redis = settings.redis
+        self.redis = RedisTier(redis, self.metrics) if redis is not None and redis.url else None
+        self.flights: SingleFlight[Any] = SingleFlight(self.metrics)
+        self.counts = {"lookups": 0, "memory": 0, "redis": 0, "misses": 0, "bypasses": 0}
+        self.routes: dict[str, RouteCache] = {}
+
+    def for_route(self, name: str, policy: ExactPolicy) -> RouteCache | None:
+        """The route's cache, or None when its exact cache is off."""
+        if not policy.enabled:
+            return None
+        l1 = self.memory if "memory" in policy.tiers else None
+        l2 = self.redis if "redis" in policy.tiers else None
+        rc = RouteCache(self, name, policy, LayeredTier(l1, l2, self.metrics))
+        self.routes[name] = rc
+        return rc
+
+    async def open(self) -> None:
+        if self.redis is not None:
+            log.info("exact cache: memory (%d bytes) + redis", self.memory.max_bytes)
+        else:
+            log.info(
+                "exact cache: memory only (%d bytes); no redis configured", self.memory.max_bytes
+            )
+
+    async def aclose(self) -> None:
+        await self.memory.aclose()
+        if self.redis is not None:
+            await self.redis.aclose()
+
+    async def purge(
+        self, route: str | None = None, model: str | None = None, tenant: str | None = None
+    ) -> dict[str, object]:
+        selector = Selector.of(route, model, tenant)
+        out: dict[str, object] = {"memory": await self.memory.purge(selector)}
+        if self.redis is not None:
+            try:
+                out["redis"] = await self.redis.purge(selector)
+            except TierError as exc:
+                out["redis"] = {"error": str(exc)}
+        return out
+
+    async def stats(self) -> dict[str, object]:
+        c = self.counts
+        lookups = c["lookups"]
+        past_l1 = lookups - c["memory"]
+        tiers: dict[str, object] = {
+            "memory": {
+                **(await self.memory.stats()),
+                "hits": c["memory"],
+                "hit_ratio": c["memory"] / lookups if lookups else 0.0,
+            }
+        }
+        if self.redis is not None:
+            tiers["redis"] = {
+                **(await self.redis.stats()),
+                "hits": c["redis"],
+                "hit_ratio": c["redis"] / past_l1 if past_l1 else 0.0,
+            }
+        hits = c["memory"] + c["redis"]
+        return {
+            "lookups": lookups,
+            "hits": hits,
+            "misses": c["misses"],
+            "bypasses": c["bypasses"],
+            "hit_ratio": hits / lookups if lookups else 0.0,
+            "in_flight": self.flights.in_flight(),
+            "tiers": tiers,
+        }
+
+
+class RouteCache:
+    """One route's exact cache: its key layout, tier stack and policy, all resolved once."""
+
+    def __init__(self, cache: Cache, route: str, policy: ExactPolicy, tiers: LayeredTier) -> None:
+        self.cache = cache
+        self.route = route
+        self.policy = policy
+        self.tiers = tiers
+        self.keys = KeyBuilder(route, policy.key.tenant_headers)
+        self.max_entry_bytes = policy.max_entry_bytes
+        self.policy_version = hashlib.blake2b(
+            policy.model_dump_json().encode(), digest_size=4
+        ).hexdigest()
+        m = cache.metrics
+        self._miss = m.lookups.labels(route, "-", "miss")
+        self._bypass = m.lookups.labels(route, "-", "bypass")
+        self._hit = {t: m.lookups.labels(route, t, "hit") for t in ("memory", "redis")}
+        self._counts = cache.counts
+
+    def key(
+        self, model: str | None, key_fields: Any, headers: Mapping[str, str] | None
+    ) -> CacheKey:
+        return self.keys.build(model, key_fields, headers)
+
+    def bypass(self) -> None:
+        self._counts["bypasses"] += 1
+        self._bypass.inc()
+
+    def lookup_l1(self, key: CacheKey, directives: RequestDirectives) -> CacheEntry | None:
+        """The synchronous memory lookup the hit path tries first (no await, no task switch)."""
+        entry = self.tiers.get_l1(key.value)
+        if entry is None or not directives.acceptable(entry.age()):
+            return None
+        self._counts["lookups"] += 1
+        self._counts["memory"] += 1
+        self._hit["memory"].inc()
+        return entry
+
+    async def lookup(
+        self, key: CacheKey, directives: RequestDirectives
+    ) -> tuple[CacheEntry, str] | None:
+        self._counts["lookups"] += 1
+        try:
+            found = await self.tiers.lookup(key.value)
+        except Exception:  # the cache boundary: a broken tier is a miss, never a failed request
+            log.exception("cache lookup failed on route %s", self.route)
+            found = None
+        if found is not None and directives.acceptable(found[0].age()):
+            self._counts[found[1]] += 1
+            self._hit[found[1]].inc()
+            return found
+        self._counts["misses"] += 1
+        self._miss.inc()
+        return None
+
+    def entry(
+        self,
+        status: int,
+        headers: Sequence[tuple[str, str]],
+        *,
+        body: bytes | None = None,
+        events: list[bytes] | None = None,
+        model: str | None = None,
+        kind: str = "",
+    ) -> CacheEntry:
+        return CacheEntry(
+            status=status,
+            headers=list(headers),
+            body=body,
+            events=events,
+            created_at=time.time(),
+            ttl=self.policy.ttl,
+            model=model,
+            policy_version=self.policy_version,
+            kind=kind,
+        )
+
+    async def store(self, key: CacheKey, entry: CacheEntry) -> None:
+        if entry.size() > self.max_entry_bytes:
+            self.cache.metrics.stores.labels("all", "too_large").inc()
+            return
+        try:
+            await self.tiers.put(key.value, entry)
+        except Exception:  # the cache boundary: a failed insert is logged, the response still goes
+            log.exception("cache store failed on route %s", self.route)
+
+    async def coalesce(
+        self, key: CacheKey, compute: Callable[[], Awaitable[T]], shareable: Callable[[T], bool]
+    ) -> tuple[T, bool]:
+        if not self.policy.coalesce:
+            return await compute(), True
+        return await self.cache.flights.run(
+            key.value, compute, self.policy.coalesce_wait_s, shareable
+        )
+
+    @asynccontextmanager
+    async def lease(self, key: CacheKey) -> AsyncIterator[CacheEntry | None]:
+        """Cross-process single flight through Redis, best effort.
+
+        Yields None when this process should compute (it holds the lease, or Redis cannot say),
+        or the entry a peer stored while this process waited for the peer's lease.
+        """
+        redis = self.cache.redis
+        lease = redis.settings.lease if redis is not None else None
+        if redis is None or lease is None or not lease.enabled or not self.tiers.has_l2:
+            yield None
+            return
+        token = await redis.acquire_lease(key.value, lease.ttl_ms)
+        if token is None:
+            peer = await self._await_peer(redis, key, lease.ttl_ms / 1000, lease.poll_ms / 1000)
+            if peer is not None:
+                if self.tiers.l1 is not None:
+                    self.tiers.l1.put_now(key.value, peer)
+                yield peer
+                return
+        try:
+            yield None
+        finally:
+            if token is not None:
+                await redis.release_lease(key.value, token)
+
+    async def _await_peer(
+        self, redis: RedisTier, key: CacheKey, budget_s: float, poll_s: float
+    ) -> CacheEntry | None:
+        deadline = time.monotonic() + min(budget_s, self.policy.coalesce_wait_s)
+        while time.monotonic() < deadline:
+            entry = await redis.get(key.value)
+            if entry is not None:
+                return entry
+            if not await redis.lease_held(key.value):
+                return await redis.get(key.value)
+            await asyncio.sleep(poll_s)
+        return None

@@ -1,0 +1,103 @@
+"""CacheEntry and its versioned msgpack form (the bytes Redis holds).
+
+An entry is either a whole body or the list of SSE events of a finished stream. Anything that
+does not decode to the current layout raises CodecError; callers treat it as a miss.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import msgpack
+
+from cache.errors import CodecError
+
+VERSION = 1
+_OVERHEAD = 256  # Python object overhead per entry, so many tiny entries still count
+
+
+@dataclass(slots=True)
+class CacheEntry:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes | None = None
+    events: list[bytes] | None = None
+    created_at: float = field(default_factory=time.time)
+    ttl: float = 3600.0
+    model: str | None = None
+    policy_version: str = ""
+    kind: str = ""
+
+    @property
+    def expires_at(self) -> float:
+        return self.created_at + self.ttl
+
+    def age(self, now: float | None = None) -> float:
+        return max(0.0, (time.time() if now is None else now) - self.created_at)
+
+    def size(self) -> int:
+        n = _OVERHEAD + sum(len(k) + len(v) + 16 for k, v in self.headers)
+        if self.body is not None:
+            n += len(self.body)
+        if self.events is not None:
+            n += sum(len(e) + 8 for e in self.events)
+        return n
+
+
+def encode(entry: CacheEntry) -> bytes:
+    packed: bytes = msgpack.packb(
+        [
+            VERSION,
+            entry.status,
+            [[k, v] for k, v in entry.headers],
+            entry.body,
+            entry.events,
+            entry.created_at,
+            entry.ttl,
+            entry.model,
+            entry.policy_version,
+            entry.kind,
+        ],
+        use_bin_type=True,
+    )
+    return packed
+
+
+def decode(data: bytes) -> CacheEntry:
+    try:
+        doc = msgpack.unpackb(data, raw=False, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise CodecError(f"entry is not msgpack: {exc}") from None
+    if not isinstance(doc, list) or not doc or doc[0] != VERSION or len(doc) != 10:
+        raise CodecError("entry has an unknown layout or version")
+    _, status, headers, body, events, created_at, ttl, model, policy_version, kind = doc
+    ok = (
+        isinstance(status, int)
+        and isinstance(headers, list)
+        and all(isinstance(h, list) and len(h) == 2 for h in headers)
+        and (body is None or isinstance(body, bytes))
+        and (
+            events is None
+            or (isinstance(events, list) and all(isinstance(e, bytes) for e in events))
+        )
+        and (body is None) != (events is None)
+        and isinstance(created_at, (int, float))
+        and isinstance(ttl, (int, float))
+        and (model is None or isinstance(model, str))
+        and isinstance(policy_version, str)
+        and isinstance(kind, str)
+    )
+    if not ok:
+        raise CodecError("entry fields have the wrong types")
+    return CacheEntry(
+        status=status,
+        headers=[(str(k), str(v)) for k, v in headers],
+        body=body,
+        events=events,
+        created_at=float(created_at),
+        ttl=float(ttl),
+        model=model,
+        policy_version=policy_version,
+        kind=kind,
+    )

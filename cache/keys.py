@@ -1,0 +1,120 @@
+"""Exact-cache keys: canonical JSON of the answer-changing fields, tenant hashing, blake2b-128.
+
+A key string is `<route>.<model>.<tenant>.<digest>`: three short hashes that let a purge find
+entries by route, model or tenant with a prefix pattern, then the 128-bit digest of everything.
+The tenant's header values are only ever hashed; they are never stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Short hashes only locate entries for purges; the full digest decides identity.
+_SHORT = 8
+_DIGEST = 16
+
+
+def normalise(value: Any) -> Any:
+    """Same content → same structure: integral floats become ints, bytes become tagged hex."""
+    if isinstance(value, dict):
+        return {str(k): normalise(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [normalise(v) for v in value]
+    if isinstance(value, float):
+        if value.is_integer():
+            return int(value)
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        # msgpack's bin type has no JSON twin; a tagged form keeps it apart from any string.
+        return {"\x00bin": hashlib.blake2b(bytes(value), digest_size=_DIGEST).hexdigest()}
+    return value
+
+
+def canonical(value: Any) -> bytes:
+    """Sorted keys, no whitespace, 1 == 1.0; JSON and msgpack of the same content agree."""
+    return json.dumps(
+        normalise(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    ).encode("utf-8", "surrogatepass")
+
+
+def short_hash(text: str) -> str:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=_SHORT).hexdigest()
+
+
+def tenant_of(headers: Mapping[str, str] | None, names: Sequence[str]) -> str:
+    """The tenant identity: the configured headers' values, joined (empty when absent)."""
+    if not names or headers is None:
+        return ""
+    return "\x00".join(headers.get(n, "") for n in names)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheKey:
+    """A request's identity in the store; `value` is what tiers index by."""
+
+    value: str
+    route_h: str
+    model_h: str
+    tenant_h: str
+
+
+class KeyBuilder:
+    """Builds keys for one route; the route's hash is computed once."""
+
+    __slots__ = ("_route", "_route_h", "_tenant_headers")
+
+    def __init__(self, route: str, tenant_headers: Sequence[str]) -> None:
+        self._route = route
+        self._route_h = short_hash(route)
+        self._tenant_headers = tuple(tenant_headers)
+
+    def build(
+        self, model: str | None, key_fields: Any, headers: Mapping[str, str] | None
+    ) -> CacheKey:
+        tenant = tenant_of(headers, self._tenant_headers)
+        model_s = model or ""
+        h = hashlib.blake2b(digest_size=_DIGEST)
+        # Length-prefixed parts: no value can shift bytes into its neighbour.
+        for part in (self._route.encode(), model_s.encode(), tenant.encode("utf-8", "replace")):
+            h.update(len(part).to_bytes(4, "little"))
+            h.update(part)
+        h.update(canonical(key_fields))
+        model_h = short_hash(model_s)
+        tenant_h = short_hash(tenant)
+        value = f"{self._route_h}.{model_h}.{tenant_h}.{h.hexdigest()}"
+        return CacheKey(value, self._route_h, model_h, tenant_h)
+
+
+@dataclass(frozen=True, slots=True)
+class Selector:
+    """Which entries a purge removes: every given field must match; none given = all."""
+
+    route_h: str | None = None
+    model_h: str | None = None
+    tenant_h: str | None = None
+
+    @classmethod
+    def of(
+        cls, route: str | None = None, model: str | None = None, tenant: str | None = None
+    ) -> Selector:
+        return cls(
+            short_hash(route) if route is not None else None,
+            short_hash(model) if model is not None else None,
+            short_hash(tenant) if tenant is not None else None,
+        )
+
+    def matches(self, key: str) -> bool:
+        r, m, t, _ = key.split(".", 3)
+        return (
+            (self.route_h is None or self.route_h == r)
+            and (self.model_h is None or self.model_h == m)
+            and (self.tenant_h is None or self.tenant_h == t)
+        )
+
+    def pattern(self) -> str:
+        """A Redis glob over key strings (hashes are hex, so no escaping is needed)."""
+        return f"{self.route_h or '*'}.{self.model_h or '*'}.{self.tenant_h or '*'}.*"

@@ -1,0 +1,197 @@
+"""L2: Redis through redis-py asyncio (hiredis parser) on a bounded connection pool.
+
+Every operation has a short deadline and goes through a breaker; a Redis that is down, slow or
+flapping costs a request at most one op timeout, then nothing while the breaker is open.
+redis-py errors are mapped to the CacheError tree here (`map_errors`) and never leave this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from cache.breaker import Breaker
+from cache.codec import CacheEntry, decode, encode
+from cache.errors import CodecError, TierError, TierTimeout
+from cache.keys import Selector
+from cache.metrics import CacheMetrics
+from cache.settings import RedisSettings
+
+log = logging.getLogger("latentgate.cache.redis")
+
+_RELEASE = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+)
+
+
+class RedisTier:
+    name = "redis"
+
+    def __init__(self, settings: RedisSettings, metrics: CacheMetrics) -> None:
+        assert settings.url is not None
+        self.settings = settings
+        self.prefix = settings.key_prefix + "e:"
+        self.lock_prefix = settings.key_prefix + "l:"
+        self._op = settings.timeouts.op
+        self._metrics = metrics
+        self.breaker = Breaker(
+            settings.breaker.failures, settings.breaker.open_s, on_change=self._breaker_changed
+        )
+        pool = BlockingConnectionPool.from_url(
+            settings.url,
+            max_connections=settings.pool.max_connections,
+            timeout=settings.timeouts.op,
+            socket_timeout=settings.timeouts.op,
+            socket_connect_timeout=settings.timeouts.connect,
+        )
+        # No retries inside redis-py: a retry multiplies the time an outage costs a request.
+        self.client = Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
+        self._release = self.client.register_script(_RELEASE)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _breaker_changed(self, state: int) -> None:
+        self._metrics.breaker_state.set(state)
+        log.warning("redis breaker is now %s", ("closed", "open", "half-open")[state])
+
+    @asynccontextmanager
+    async def _guard(self, op: str, deadline_s: float | None = None) -> AsyncIterator[None]:
+        """map_errors + deadline + breaker bookkeeping for one Redis operation."""
+        verdict = False
+        try:
+            async with asyncio.timeout(deadline_s or self._op):
+                yield
+            verdict = True
+            self.breaker.success()
+        except TimeoutError as exc:
+            verdict = True
+            self._failed(op, "timeout")
+            raise TierTimeout(f"redis {op} timed out") from exc
+        except (RedisError, OSError) as exc:
+            verdict = True
+            self._failed(op, type(exc).__name__)
+            raise TierError(f"redis {op} failed: {exc}") from exc
+        finally:
+            if not verdict:
+                self.breaker.release()
+
+    def _failed(self, op: str, kind: str) -> None:
+        self._metrics.redis_errors.labels(op, kind).inc()
+        self.breaker.failure()
+
+    async def get(self, key: str) -> CacheEntry | None:
+        if not self.breaker.allow():
+            return None
+        try:
+            async with self._guard("get"):
+                data = await self.client.get(self.prefix + key)
+        except TierError:
+            return None
+        if data is None:
+            return None
+        try:
+            entry = decode(data if isinstance(data, bytes) else str(data).encode())
+        except CodecError as exc:
+            log.warning("deleting undecodable redis entry %s: %s", key, exc)
+            self._metrics.decode_errors.labels("redis").inc()
+            self._spawn(self.delete(key))
+            return None
+        return entry if entry.expires_at > time.time() else None
+
+    async def put(self, key: str, entry: CacheEntry) -> None:
+        ttl = int(entry.expires_at - time.time() + 0.999)
+        if ttl <= 0 or not self.breaker.allow():
+            return
+        try:
+            async with self._guard("set"):
+                await self.client.set(self.prefix + key, encode(entry), ex=ttl)
+            self._metrics.stores.labels("redis", "ok").inc()
+        except TierError:
+            self._metrics.stores.labels("redis", "error").inc()
+
+    async def delete(self, key: str) -> None:
+        if not self.breaker.allow():
+            return
+        try:
+            async with self._guard("delete"):
+                await self.client.unlink(self.prefix + key)
+        except TierError:
+            pass
+
+    async def acquire_lease(self, key: str, ttl_ms: int) -> str | None:
+        """A token when this process now holds the lease; None if another does, or on error."""
+        if not self.breaker.allow():
+            return None
+        token = secrets.token_hex(8)
+        try:
+            async with self._guard("lease"):
+                got = await self.client.set(self.lock_prefix + key, token, nx=True, px=ttl_ms)
+        except TierError:
+            return None
+        return token if got else None
+
+    async def lease_held(self, key: str) -> bool:
+        if not self.breaker.allow():
+            return False
+        try:
+            async with self._guard("lease"):
+                return bool(await self.client.exists(self.lock_prefix + key))
+        except TierError:
+            return False
+
+    async def release_lease(self, key: str, token: str) -> None:
+        if not self.breaker.allow():
+            return
+        try:
+            async with self._guard("lease"):
+                await self._release(keys=[self.lock_prefix + key], args=[token])
+        except TierError:
+            pass
+
+    async def purge(self, selector: Selector) -> int:
+        """SCAN the selector's pattern and UNLINK in batches; raises TierError if Redis fails."""
+        removed = 0
+        async with self._guard("purge", self.settings.timeouts.admin):
+            batch: list[str | bytes] = []
+            async for k in self.client.scan_iter(
+                match=self.prefix + selector.pattern(), count=1000
+            ):
+                batch.append(k)
+                if len(batch) >= 500:
+                    removed += int(await self.client.unlink(*batch))
+                    batch = []
+            if batch:
+                removed += int(await self.client.unlink(*batch))
+        return removed
+
+    async def stats(self) -> dict[str, object]:
+        out: dict[str, object] = {"breaker": ("closed", "open", "half-open")[self.breaker.state]}
+        try:
+            async with self._guard("stats", self.settings.timeouts.admin):
+                n = 0
+                async for _ in self.client.scan_iter(match=self.prefix + "*", count=1000):
+                    n += 1
+                info = await self.client.info("memory")
+            out.update(entries=n, bytes=int(info.get("used_memory", 0)))
+        except TierError as exc:
+            out["error"] = str(exc)
+        return out
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await self.client.aclose()

@@ -1,0 +1,249 @@
+"""The exact-cache stage of the pipeline: the HTTP side of caching.
+
+Reads Cache-Control, asks the route's cache, renders hits in the framing the client asked for
+(SSE or one JSON body), runs misses through single flight, tees streams while they go out and
+stores them once complete. Sets X-Cache and Age. The cache itself never sees an HTTP object.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from backends import UpstreamError, UpstreamResponse
+from cache.cache import RouteCache
+from cache.codec import CacheEntry
+from cache.keys import CacheKey
+from cache.policy import (
+    RequestDirectives,
+    request_directives,
+    response_shareable,
+    response_storable,
+)
+from gateway.errors import BadGateway, GatewayError
+from gateway.headers import downstream_headers
+from gateway.protocols import openai_sse
+from gateway.protocols.base import Call
+
+if TYPE_CHECKING:
+    from gateway.pipeline import Timing
+
+log = logging.getLogger("latentgate.cache_stage")
+
+# Never replayed from an entry: per-response facts, or what we set ourselves on the way out.
+_NOT_KEPT = frozenset(
+    {
+        "date",
+        "server",
+        "set-cookie",
+        "age",
+        "x-cache",
+        "server-timing",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+    }
+)
+_SSE = "text/event-stream"
+_CONVERTIBLE = frozenset({"chat", "completions"})
+
+Fetch = Callable[[], Awaitable[UpstreamResponse]]
+Respond = Callable[[UpstreamResponse, dict[str, str]], Awaitable[web.StreamResponse]]
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one backend call produced, as shared with single-flight waiters."""
+
+    entry: CacheEntry | None = None
+    error: GatewayError | None = None
+    shareable: bool = True
+    response: web.StreamResponse | None = None  # the leader's own, already written
+
+
+def _kept(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in downstream_headers(headers) if k.lower() not in _NOT_KEPT]
+
+
+def _content_type(entry: CacheEntry) -> str:
+    for k, v in entry.headers:
+        if k.lower() == "content-type":
+            return v
+    return ""
+
+
+def render(entry: CacheEntry, call: Call, x_cache: str, server_timing: str) -> web.Response | None:
+    """The entry in the framing the request asked for; None when it cannot be converted."""
+    body: bytes | None
+    ctype: str | None = None
+    if entry.events is not None:
+        if call.stream or entry.kind not in _CONVERTIBLE:
+            body = openai_sse.join_events(entry.events)
+        else:
+            body, ctype = openai_sse.events_to_body(entry.events, entry.kind), "application/json"
+    else:
+        body = entry.body
+        if call.stream and entry.kind in _CONVERTIBLE and "json" in _content_type(entry):
+            assert entry.body is not None
+            events = openai_sse.body_to_events(
+                entry.body, entry.kind, bool(call.extra.get("include_usage"))
+            )
+            body, ctype = (openai_sse.join_events(events) if events else None), _SSE
+    if body is None:
+        return None
+    headers = CIMultiDict(entry.headers)
+    if ctype is not None:
+        headers["Content-Type"] = ctype
+        if ctype != _SSE:
+            headers.popall("Cache-Control", None)
+        else:
+            headers["Cache-Control"] = "no-cache"
+    headers["X-Cache"] = x_cache
+    headers["Age"] = str(int(entry.age()))
+    headers["Server-Timing"] = server_timing
+    return web.Response(status=entry.status, headers=headers, body=body)
+
+
+class CacheStage:
+    def __init__(self, routes: dict[str, RouteCache]) -> None:
+        self.routes = routes
+
+    async def serve(
+        self,
+        request: web.Request,
+        rc: RouteCache,
+        call: Call,
+        fetch: Fetch,
+        respond: Respond,
+        timing: Timing,
+        t: float,
+    ) -> web.StreamResponse:
+        directives = request_directives(
+            request.headers.get("Cache-Control"), request.headers.get("Pragma")
+        )
+        key = rc.key(call.model, call.key_fields, request.headers)
+        if directives.lookup:
+            hit = rc.lookup_l1(key, directives)
+            found = (hit, "memory") if hit is not None else await rc.lookup(key, directives)
+            if found is not None:
+                t = timing.add("cache", t)
+                resp = render(found[0], call, "hit", timing.header())
+                if resp is not None:
+                    return resp
+        else:
+            rc.bypass()
+            if not directives.store:
+                timing.add("cache", t)
+                return await respond(await fetch(), {"X-Cache": "bypass"})
+        timing.add("cache", t)
+        x_cache = "miss" if directives.lookup else "bypass"
+
+        async def compute() -> Outcome:
+            async with rc.lease(key) as peer:
+                if peer is not None:
+                    return Outcome(entry=peer)
+                return await self._fetch(request, rc, call, key, directives, fetch, timing, x_cache)
+
+        outcome, led = await rc.coalesce(key, compute, lambda o: o.shareable)
+        if led and outcome.response is not None:
+            return outcome.response
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.entry is not None
+        resp = render(outcome.entry, call, x_cache, timing.header())
+        if resp is None:
+            raise BadGateway("the upstream answer could not be converted to the requested framing")
+        return resp
+
+    async def _fetch(
+        self,
+        request: web.Request,
+        rc: RouteCache,
+        call: Call,
+        key: CacheKey,
+        directives: RequestDirectives,
+        fetch: Fetch,
+        timing: Timing,
+        x_cache: str,
+    ) -> Outcome:
+        t0 = time.perf_counter()
+        up = await fetch()
+        timing.add("upstream", t0)
+        kept = _kept(up.headers)
+        storable = directives.store and response_storable(up.status, up.headers)
+        shareable = response_shareable(up.status, up.headers)
+        if up.body is not None or up.stream is None:
+            entry = rc.entry(up.status, kept, body=up.body or b"", model=call.model, kind=call.kind)
+            if storable:
+                await rc.store(key, entry)
+            return Outcome(entry=entry, shareable=shareable)
+        return await self._tee(
+            request, rc, call, key, up, kept, storable, shareable, timing, x_cache
+        )
+
+    async def _tee(
+        self,
+        request: web.Request,
+        rc: RouteCache,
+        call: Call,
+        key: CacheKey,
+        up: UpstreamResponse,
+        kept: list[tuple[str, str]],
+        storable: bool,
+        shareable: bool,
+        timing: Timing,
+        x_cache: str,
+    ) -> Outcome:
+        """Stream to the client as chunks arrive while keeping a copy; store it if it completed."""
+        headers = CIMultiDict(downstream_headers(up.headers))
+        headers["X-Cache"] = x_cache
+        headers["Server-Timing"] = timing.header()
+        resp = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
+        sse = _SSE in (up.header("Content-Type") or "")
+        copy: bytearray | None = bytearray() if storable or shareable else None
+        client_ok = True
+        assert up.stream is not None
+        stream = up.stream
+        try:
+            await resp.prepare(request)
+            async for chunk in stream:
+                if client_ok:
+                    try:
+                        await resp.write(chunk)
+                    except ConnectionError:
+                        client_ok = False  # keep reading: waiters and the store still want it
+                if copy is not None:
+                    copy += chunk
+                    if len(copy) > rc.max_entry_bytes:
+                        copy, storable, shareable = None, False, False
+            if client_ok:
+                await resp.write_eof()
+        except UpstreamError as exc:
+            log.warning("upstream stream broke mid-way: %s", exc)
+            if request.transport is not None:
+                request.transport.close()
+            return Outcome(error=BadGateway(f"upstream stream broke: {exc}"), response=resp)
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+        if copy is None:
+            return Outcome(response=resp, shareable=False)
+        if sse:
+            events = openai_sse.split_events(bytes(copy))
+            if not openai_sse.completed(events):
+                # An incomplete stream is never stored, and waiters get the failure, not half of it.
+                return Outcome(
+                    error=BadGateway("upstream stream ended before [DONE]"), response=resp
+                )
+            entry = rc.entry(up.status, kept, events=events, model=call.model, kind=call.kind)
+        else:
+            entry = rc.entry(up.status, kept, body=bytes(copy), model=call.model, kind=call.kind)
+        if storable:
+            await rc.store(key, entry)
+        return Outcome(entry=entry, shareable=shareable, response=resp)

@@ -1,0 +1,211 @@
+"""OpenAI stream framing: SSE events ⇄ one JSON body, for chat and text completions.
+
+A cached answer serves either framing: a stored stream becomes the `chat.completion` (or
+`text_completion`) a non-streaming client expects, and a stored body becomes the chunks a
+streaming client expects, ending in `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+DONE = b"data: [DONE]"
+
+
+def split_events(raw: bytes) -> list[bytes]:
+    """SSE bytes → events (without their blank-line separators)."""
+    return [e for e in raw.replace(b"\r\n", b"\n").split(b"\n\n") if e.strip()]
+
+
+def join_events(events: list[bytes]) -> bytes:
+    return b"".join(e + b"\n\n" for e in events)
+
+
+def completed(events: list[bytes]) -> bool:
+    return bool(events) and events[-1].strip() == DONE
+
+
+def _payloads(events: list[bytes]) -> list[dict[str, Any]]:
+    out = []
+    for e in events:
+        for line in e.split(b"\n"):
+            if line.startswith(b"data:"):
+                data = line[5:].strip()
+                if data and data != b"[DONE]":
+                    doc = json.loads(data)
+                    if isinstance(doc, dict):
+                        out.append(doc)
+    return out
+
+
+def _merge_tool_calls(acc: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> None:
+    for d in deltas:
+        i = d.get("index", 0)
+        while len(acc) <= i:
+            acc.append({"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+        tc = acc[i]
+        if d.get("id"):
+            tc["id"] = d["id"]
+        if d.get("type"):
+            tc["type"] = d["type"]
+        fn = d.get("function") or {}
+        tc["function"]["name"] += fn.get("name") or ""
+        tc["function"]["arguments"] += fn.get("arguments") or ""
+
+
+def events_to_body(events: list[bytes], kind: str) -> bytes | None:
+    """The single JSON body equivalent to a finished stream, or None when it cannot be built."""
+    try:
+        chunks = _payloads(events)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not chunks:
+        return None
+    first = chunks[0]
+    choices: dict[int, dict[str, Any]] = {}
+    usage = None
+    for chunk in chunks:
+        usage = chunk.get("usage") or usage
+        for ch in chunk.get("choices") or []:
+            i = ch.get("index", 0)
+            if kind == "chat":
+                c = choices.setdefault(
+                    i,
+                    {
+                        "index": i,
+                        "message": {"role": "assistant", "content": None},
+                        "logprobs": None,
+                        "finish_reason": None,
+                        "_tools": [],
+                    },
+                )
+                delta = ch.get("delta") or {}
+                msg = c["message"]
+                if delta.get("role"):
+                    msg["role"] = delta["role"]
+                if delta.get("content") is not None:
+                    msg["content"] = (msg["content"] or "") + delta["content"]
+                if delta.get("refusal") is not None:
+                    msg["refusal"] = (msg.get("refusal") or "") + delta["refusal"]
+                if delta.get("tool_calls"):
+                    _merge_tool_calls(c["_tools"], delta["tool_calls"])
+            else:
+                c = choices.setdefault(
+                    i, {"index": i, "text": "", "logprobs": None, "finish_reason": None}
+                )
+                c["text"] += ch.get("text") or ""
+            if ch.get("finish_reason") is not None:
+                c["finish_reason"] = ch["finish_reason"]
+    for c in choices.values():
+        tools = c.pop("_tools", None)
+        if tools:
+            c["message"]["tool_calls"] = tools
+    out: dict[str, Any] = {
+        "id": first.get("id"),
+        "object": "chat.completion" if kind == "chat" else "text_completion",
+        "created": first.get("created"),
+        "model": first.get("model"),
+        "choices": [choices[i] for i in sorted(choices)],
+    }
+    if first.get("system_fingerprint") is not None:
+        out["system_fingerprint"] = first["system_fingerprint"]
+    if usage is not None:
+        out["usage"] = usage
+    return json.dumps(out).encode()
+
+
+def _event(doc: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(doc).encode()
+
+
+def body_to_events(body: bytes, kind: str, include_usage: bool = False) -> list[bytes] | None:
+    """The stream equivalent to a stored JSON answer (ending in [DONE]), or None."""
+    try:
+        doc = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
+        return None
+    base: dict[str, Any] = {
+        "id": doc.get("id"),
+        "created": doc.get("created"),
+        "model": doc.get("model"),
+    }
+    base["object"] = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    if doc.get("system_fingerprint") is not None:
+        base["system_fingerprint"] = doc["system_fingerprint"]
+    events: list[bytes] = []
+    for ch in doc["choices"]:
+        i = ch.get("index", 0)
+        if kind == "chat":
+            msg = ch.get("message") or {}
+            first: dict[str, Any] = {"role": msg.get("role", "assistant"), "content": ""}
+            events.append(
+                _event(
+                    {
+                        **base,
+                        "choices": [
+                            {"index": i, "delta": first, "logprobs": None, "finish_reason": None}
+                        ],
+                    }
+                )
+            )
+            delta: dict[str, Any] = {}
+            if msg.get("content"):
+                delta["content"] = msg["content"]
+            if msg.get("refusal"):
+                delta["refusal"] = msg["refusal"]
+            if msg.get("tool_calls"):
+                delta["tool_calls"] = [{"index": n, **tc} for n, tc in enumerate(msg["tool_calls"])]
+            if delta:
+                events.append(
+                    _event(
+                        {
+                            **base,
+                            "choices": [
+                                {
+                                    "index": i,
+                                    "delta": delta,
+                                    "logprobs": None,
+                                    "finish_reason": None,
+                                }
+                            ],
+                        }
+                    )
+                )
+            events.append(
+                _event(
+                    {
+                        **base,
+                        "choices": [
+                            {
+                                "index": i,
+                                "delta": {},
+                                "logprobs": None,
+                                "finish_reason": ch.get("finish_reason"),
+                            }
+                        ],
+                    }
+                )
+            )
+        else:
+            events.append(
+                _event(
+                    {
+                        **base,
+                        "choices": [
+                            {
+                                "index": i,
+                                "text": ch.get("text", ""),
+                                "logprobs": None,
+                                "finish_reason": ch.get("finish_reason"),
+                            }
+                        ],
+                    }
+                )
+            )
+    if include_usage and doc.get("usage") is not None:
+        events.append(_event({**base, "choices": [], "usage": doc["usage"]}))
+    events.append(DONE)
+    return events

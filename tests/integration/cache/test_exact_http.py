@@ -1,0 +1,191 @@
+"""The exact cache over HTTP: X-Cache/Age, Cache-Control, Set-Cookie, tenants, admin, msgpack."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import msgpack
+import pytest
+
+from tests.integration.cache.conftest import ADMIN_TOKEN, cache_config
+from tests.support.servers import RedisServer, ServerThread
+
+CHAT = {
+    "model": "m",
+    "messages": [{"role": "user", "content": "what is two plus two"}],
+    "temperature": 0,
+}
+
+
+async def _post(
+    url: str,
+    body: Any = CHAT,
+    headers: dict[str, str] | None = None,
+    path: str = "/v1/chat/completions",
+) -> tuple[int, dict[str, str], bytes]:
+    h = {"Authorization": "Bearer sk-alice", **(headers or {})}
+    async with aiohttp.ClientSession() as s:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        h.setdefault("Content-Type", "application/json")
+        async with s.post(url + path, data=data, headers=h) as r:
+            return r.status, dict(r.headers), await r.read()
+
+
+async def _upstream_calls(upstream: ServerThread, path: str = "/v1/chat/completions") -> int:
+    async with aiohttp.ClientSession() as s, s.get(upstream.url + "/_test/stats") as r:
+        return int((await r.json())["requests"].get(path, 0))
+
+
+@pytest.fixture
+def gw(upstream: ServerThread, start_gateway: Callable[..., ServerThread]) -> ServerThread:
+    return start_gateway(cache_config(upstream.url))
+
+
+async def test_miss_then_hit_with_age_and_server_timing(
+    upstream: ServerThread, gw: ServerThread
+) -> None:
+    s1, h1, b1 = await _post(gw.url)
+    s2, h2, b2 = await _post(gw.url)
+    assert (s1, s2) == (200, 200)
+    assert h1["X-Cache"] == "miss" and h2["X-Cache"] == "hit"
+    assert b1 == b2
+    assert h2["Age"] == "0" and "cache;dur=" in h2["Server-Timing"]
+    assert h2["Content-Type"].startswith("application/json")
+    assert h2["X-Upstream-Custom"] == "kept"
+    assert await _upstream_calls(upstream) == 1
+
+
+async def test_tenant_a_never_hits_tenant_b(upstream: ServerThread, gw: ServerThread) -> None:
+    await _post(gw.url, headers={"Authorization": "Bearer sk-alice"})
+    _, h, _ = await _post(gw.url, headers={"Authorization": "Bearer sk-bob"})
+    assert h["X-Cache"] == "miss"
+    _, h, _ = await _post(gw.url, headers={"Authorization": "Bearer sk-bob"})
+    assert h["X-Cache"] == "hit"
+    assert await _upstream_calls(upstream) == 2
+
+
+async def test_request_cache_control(upstream: ServerThread, gw: ServerThread) -> None:
+    _, h, _ = await _post(gw.url, headers={"Cache-Control": "no-store"})
+    assert h["X-Cache"] == "bypass"
+    _, h, _ = await _post(gw.url)
+    assert h["X-Cache"] == "miss"  # no-store did not store
+    _, h, _ = await _post(gw.url, headers={"Cache-Control": "no-cache"})
+    assert h["X-Cache"] == "bypass"  # lookup skipped: went upstream again
+    assert await _upstream_calls(upstream) == 3
+    _, h, _ = await _post(gw.url, headers={"Cache-Control": "max-age=100"})
+    assert h["X-Cache"] == "hit"
+    _, h, _ = await _post(gw.url, headers={"Cache-Control": "max-age=0"})
+    assert h["X-Cache"] == "miss"  # any age is too old for max-age=0
+    assert await _upstream_calls(upstream) == 4
+
+
+async def test_no_cache_still_stores(upstream: ServerThread, gw: ServerThread) -> None:
+    _, h, _ = await _post(gw.url, headers={"Cache-Control": "no-cache"})
+    assert h["X-Cache"] == "bypass"
+    _, h, _ = await _post(gw.url)
+    assert h["X-Cache"] == "hit"
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"X-Test-Set-Cookie": "session=1"},
+        {"X-Test-Cache-Control": "private"},
+        {"X-Test-Cache-Control": "no-store"},
+        {"X-Test-Status": "500"},
+    ],
+)
+async def test_uncacheable_responses_are_not_stored(
+    upstream: ServerThread, gw: ServerThread, header: dict[str, str]
+) -> None:
+    for _ in range(2):
+        _, h, _ = await _post(gw.url, headers=header)
+        assert h["X-Cache"] == "miss"
+    assert await _upstream_calls(upstream) == 2
+
+
+async def test_json_and_msgpack_bodies_share_an_entry(
+    upstream: ServerThread, gw: ServerThread
+) -> None:
+    await _post(gw.url, json.dumps({**CHAT, "temperature": 0.0}).encode())
+    _, h, _ = await _post(gw.url, msgpack.packb(CHAT), {"Content-Type": "application/msgpack"})
+    assert h["X-Cache"] == "hit"
+
+
+async def test_passthrough_route_with_cache(upstream: ServerThread, gw: ServerThread) -> None:
+    _, h1, b1 = await _post(gw.url, b"opaque", path="/anything?q=1")
+    _, h2, b2 = await _post(gw.url, b"opaque", path="/anything?q=1")
+    _, h3, _ = await _post(gw.url, b"opaque", path="/anything?q=2")
+    assert (h1["X-Cache"], h2["X-Cache"], h3["X-Cache"]) == ("miss", "hit", "miss")
+    assert b1 == b2 and json.loads(b1)["body_len"] == 6
+
+
+async def _admin(
+    url: str, method: str, path: str, body: Any = None, token: str | None = ADMIN_TOKEN
+) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.request(method, url + path, json=body, headers=headers) as r,
+    ):
+        return r.status, await r.json()
+
+
+async def test_admin_stats_and_purge_need_the_token(
+    upstream: ServerThread, gw: ServerThread
+) -> None:
+    await _post(gw.url)
+    await _post(gw.url)
+    await _post(gw.url, headers={"Authorization": "Bearer sk-bob"})
+    assert (await _admin(gw.url, "GET", "/admin/cache/stats", token=None))[0] == 401
+    assert (await _admin(gw.url, "GET", "/admin/cache/stats", token="wrong"))[0] == 401
+    assert (await _admin(gw.url, "POST", "/admin/cache/purge", {"all": True}, token=None))[0] == 401
+    status, stats = await _admin(gw.url, "GET", "/admin/cache/stats")
+    assert status == 200
+    assert stats["tiers"]["memory"]["entries"] == 2 and stats["tiers"]["memory"]["bytes"] > 0
+    assert stats["hits"] == 1 and stats["misses"] == 2
+    assert stats["tiers"]["memory"]["hit_ratio"] == pytest.approx(1 / 3)
+    assert (await _admin(gw.url, "POST", "/admin/cache/purge", {}))[0] == 400
+    assert (await _admin(gw.url, "POST", "/admin/cache/purge", {"route": 3}))[0] == 400
+    status, out = await _admin(gw.url, "POST", "/admin/cache/purge", {"tenant": "Bearer sk-bob"})
+    assert status == 200 and out["purged"]["memory"] == 1
+    _, h, _ = await _post(gw.url)
+    assert h["X-Cache"] == "hit"  # alice's entry survived
+    _, out = await _admin(gw.url, "POST", "/admin/cache/purge", {"route": "chat", "model": "m"})
+    assert out["purged"]["memory"] == 1
+    _, h, _ = await _post(gw.url)
+    assert h["X-Cache"] == "miss"
+    _, out = await _admin(gw.url, "POST", "/admin/cache/purge", {"all": True})
+    assert out["purged"]["memory"] == 1
+
+
+async def test_metrics_name_hits_misses_and_tiers(upstream: ServerThread, gw: ServerThread) -> None:
+    await _post(gw.url)
+    await _post(gw.url)
+    async with aiohttp.ClientSession() as s, s.get(gw.url + "/metrics") as r:
+        text = await r.text()
+    assert 'latentgate_cache_lookups_total{result="hit",route="chat",tier="memory"} 1.0' in text
+    assert 'latentgate_cache_lookups_total{result="miss",route="chat",tier="-"} 1.0' in text
+    assert 'latentgate_cache_entries{tier="memory"} 1.0' in text
+    assert "latentgate_cache_lookup_duration_seconds_bucket" in text
+
+
+async def test_redis_tier_shared_by_two_gateways_and_purged(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread], redis_server: RedisServer
+) -> None:
+    cfg = cache_config(upstream.url, redis_server.url)
+    a, b = start_gateway(cfg), start_gateway(cfg)
+    _, h, _ = await _post(a.url)
+    assert h["X-Cache"] == "miss"
+    _, h, _ = await _post(b.url)
+    assert h["X-Cache"] == "hit"
+    _, stats = await _admin(b.url, "GET", "/admin/cache/stats")
+    assert stats["tiers"]["redis"]["hits"] == 1 and stats["tiers"]["redis"]["entries"] == 1
+    _, out = await _admin(a.url, "POST", "/admin/cache/purge", {"model": "m"})
+    assert out["purged"] == {"memory": 1, "redis": 1}
+    await _admin(b.url, "POST", "/admin/cache/purge", {"model": "m"})
+    _, h, _ = await _post(b.url)
+    assert h["X-Cache"] == "miss"

@@ -1,0 +1,82 @@
+"""Cache-Control semantics, storability, the entry codec and the breaker's state machine."""
+
+from __future__ import annotations
+
+import pytest
+
+from cache.breaker import CLOSED, HALF_OPEN, OPEN, Breaker
+from cache.codec import CacheEntry, decode, encode
+from cache.errors import CodecError
+from cache.policy import request_directives, response_shareable, response_storable
+
+
+def test_request_cache_control() -> None:
+    d = request_directives(None)
+    assert d.lookup and d.store and d.acceptable(1e9)
+    d = request_directives("no-cache")
+    assert not d.lookup and d.store
+    d = request_directives("no-store")
+    assert not d.lookup and not d.store
+    d = request_directives("max-age=5")
+    assert d.lookup and d.acceptable(4.9) and not d.acceptable(5.1)
+    assert request_directives(None, "no-cache").lookup is False
+    assert not request_directives("max-age=oops").acceptable(0.5)
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "storable"),
+    [
+        (200, [("Content-Type", "application/json")], True),
+        (201, [], True),
+        (404, [], False),
+        (500, [], False),
+        (200, [("Set-Cookie", "a=b")], False),
+        (200, [("Cache-Control", "private, max-age=10")], False),
+        (200, [("cache-control", "no-store")], False),
+        (200, [("Cache-Control", "no-cache")], True),
+    ],
+)
+def test_response_storable(status: int, headers: list[tuple[str, str]], storable: bool) -> None:
+    assert response_storable(status, headers) is storable
+
+
+def test_errors_are_shared_but_private_answers_are_not() -> None:
+    assert response_shareable(500, [])
+    assert not response_shareable(200, [("Set-Cookie", "a=b")])
+    assert not response_shareable(200, [("Cache-Control", "private")])
+
+
+def test_codec_round_trip_and_garbage() -> None:
+    e = CacheEntry(
+        200,
+        [("A", "b")],
+        events=[b"data: 1", b"data: [DONE]"],
+        ttl=5,
+        model="m",
+        policy_version="v1",
+        kind="chat",
+    )
+    assert decode(encode(e)) == e
+    for bad in (b"", b"\xc1", encode(e)[:-3], b"\x93\x01\x02\x03"):
+        with pytest.raises(CodecError):
+            decode(bad)
+
+
+def test_breaker_opens_probes_and_closes() -> None:
+    now = [0.0]
+    changes: list[int] = []
+    b = Breaker(2, 1.0, on_change=changes.append, clock=lambda: now[0])
+    assert b.allow()
+    b.failure()
+    assert b.state == CLOSED
+    b.failure()
+    assert b.state == OPEN and not b.allow()
+    now[0] = 1.5
+    assert b.allow() and b.state == HALF_OPEN
+    assert not b.allow()  # one probe at a time
+    b.failure()
+    assert b.state == OPEN
+    now[0] = 3.0
+    assert b.allow()
+    b.success()
+    assert b.state == CLOSED and changes == [OPEN, HALF_OPEN, OPEN, HALF_OPEN, CLOSED]

@@ -1,0 +1,132 @@
+"""Every tier: round trip, expiry, delete, purge; memory: byte bound; redis: bad data, breaker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from cache.codec import CacheEntry
+from cache.keys import KeyBuilder, Selector
+from cache.metrics import CacheMetrics
+from cache.tiers.base import Tier
+from cache.tiers.layered import LayeredTier
+from cache.tiers.memory import MemoryTier
+from cache.tiers.redis import RedisTier
+from tests.support.servers import RedisServer
+from tests.unit.cache.conftest import redis_settings
+
+
+def _entry(
+    body: bytes = b'{"ok":1}', ttl: float = 60.0, events: list[bytes] | None = None
+) -> CacheEntry:
+    return CacheEntry(
+        200,
+        [("Content-Type", "application/json")],
+        body=None if events else body,
+        events=events,
+        ttl=ttl,
+        model="m",
+        kind="chat",
+    )
+
+
+async def test_round_trip_body_and_events(tier: Tier) -> None:
+    await tier.put("a.b.c.1", _entry())
+    await tier.put("a.b.c.2", _entry(events=[b"data: {}", b"data: [DONE]"]))
+    got = await tier.get("a.b.c.1")
+    assert (
+        got is not None
+        and got.body == b'{"ok":1}'
+        and got.headers == [("Content-Type", "application/json")]
+    )
+    got2 = await tier.get("a.b.c.2")
+    assert got2 is not None and got2.events == [b"data: {}", b"data: [DONE]"]
+    assert await tier.get("a.b.c.3") is None
+    await tier.delete("a.b.c.1")
+    assert await tier.get("a.b.c.1") is None
+
+
+async def test_expiry_is_honoured(tier: Tier) -> None:
+    await tier.put("a.b.c.1", _entry(ttl=1.0))
+    assert await tier.get("a.b.c.1") is not None
+    await asyncio.sleep(1.1)
+    assert await tier.get("a.b.c.1") is None
+
+
+async def test_purge_by_route_model_tenant_and_all(tier: Tier) -> None:
+    f = {"x": 1}
+    chat, emb = KeyBuilder("chat", ["Authorization"]), KeyBuilder("emb", ["Authorization"])
+    keys = {
+        "chat-m-alice": chat.build("m", f, {"Authorization": "alice"}),
+        "chat-m-bob": chat.build("m", f, {"Authorization": "bob"}),
+        "chat-m2-alice": chat.build("m2", f, {"Authorization": "alice"}),
+        "emb-m-alice": emb.build("m", f, {"Authorization": "alice"}),
+    }
+    for k in keys.values():
+        await tier.put(k.value, _entry())
+
+    async def present() -> set[str]:
+        return {n for n, k in keys.items() if await tier.get(k.value) is not None}
+
+    assert await tier.purge(Selector.of(tenant="bob")) >= 1
+    assert await present() == {"chat-m-alice", "chat-m2-alice", "emb-m-alice"}
+    await tier.purge(Selector.of(model="m2"))
+    assert await present() == {"chat-m-alice", "emb-m-alice"}
+    await tier.purge(Selector.of(route="emb"))
+    assert await present() == {"chat-m-alice"}
+    await tier.purge(Selector())
+    assert await present() == set()
+
+
+async def test_memory_is_bounded_in_bytes_lru(metrics: CacheMetrics) -> None:
+    mem = MemoryTier(4096, metrics)
+    for i in range(10):
+        mem.put_now(f"k{i}", _entry(body=b"x" * 900))
+        mem.get_now("k0")  # k0 stays recently used
+    assert mem.bytes <= 4096
+    assert mem.get_now("k0") is not None
+    assert mem.get_now("k1") is None
+    assert not mem.put_now("huge", _entry(body=b"x" * 5000))  # larger than the whole tier
+
+
+async def test_undecodable_redis_entry_is_a_miss_deleted_and_counted(
+    redis_server: RedisServer, metrics: CacheMetrics
+) -> None:
+    tier = RedisTier(redis_settings(redis_server.url), metrics)
+    await tier.client.set(tier.prefix + "a.b.c.bad", b"\xc1not msgpack")
+    assert await tier.get("a.b.c.bad") is None
+    await asyncio.sleep(0.1)
+    assert await tier.client.exists(tier.prefix + "a.b.c.bad") == 0
+    assert metrics.decode_errors.labels("redis")._value.get() == 1
+    await tier.aclose()
+
+
+async def test_layered_promotes_l2_hits_into_l1(
+    redis_server: RedisServer, metrics: CacheMetrics
+) -> None:
+    l1, l2 = MemoryTier(1 << 20, metrics), RedisTier(redis_settings(redis_server.url), metrics)
+    tier = LayeredTier(l1, l2, metrics)
+    await l2.put("a.b.c.1", _entry())
+    assert l1.get_now("a.b.c.1") is None
+    found = await tier.lookup("a.b.c.1")
+    assert found is not None and found[1] == "redis"
+    found = await tier.lookup("a.b.c.1")
+    assert found is not None and found[1] == "memory"
+    await l2.aclose()
+
+
+async def test_dead_redis_opens_the_breaker_and_costs_nothing_then(metrics: CacheMetrics) -> None:
+    dead = RedisServer().start()
+    url = dead.url
+    dead.stop()
+    tier = RedisTier(redis_settings(url, breaker={"failures": 2, "open_s": 30}), metrics)
+    for _ in range(2):
+        assert await tier.get("a.b.c.1") is None
+    assert tier.breaker.state == 1
+    t0 = time.perf_counter()
+    for _ in range(100):
+        assert await tier.get("a.b.c.1") is None
+        await tier.put("a.b.c.1", _entry())
+    assert time.perf_counter() - t0 < 0.5  # skipped, not attempted
+    assert metrics.breaker_state._value.get() == 1
+    await tier.aclose()
