@@ -16,6 +16,7 @@ from gptcache import Cache, Config
 from gptcache.adapter.api import get, put
 from gptcache.embedding import SBERT
 from gptcache.manager import CacheBase, VectorBase, get_data_manager
+from gptcache.processor.pre import get_prompt
 from gptcache.similarity_evaluation.distance import SearchDistanceEvaluation
 
 
@@ -32,6 +33,7 @@ def main() -> None:
     )
     cache = Cache()
     cache.init(
+        pre_embedding_func=get_prompt,
         embedding_func=emb.to_embeddings,
         data_manager=dm,
         similarity_evaluation=SearchDistanceEvaluation(),

@@ -54,10 +54,25 @@ def row(name: str, s: object) -> str:
     )
 
 
+def ensure_gptcache_venv() -> None:
+    """GPTCache in its own venv (it pins and auto-installs its own dependencies)."""
+    py = GPTCACHE_VENV / "bin" / "python"
+    if py.exists():
+        return
+    print(f"creating {GPTCACHE_VENV} (GPTCache 0.1.44, CPU torch)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(GPTCACHE_VENV)], check=True)
+    pip = [str(py), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, "torch==2.13.0"], check=True)
+    subprocess.run([*pip, "gptcache==0.1.44", "faiss-cpu", "sentence-transformers", "sqlalchemy"],
+                   check=True)
+
+
 def gptcache_peer(ps: PairSet, pool: Pool, limit: int) -> dict[str, object] | None:
     py = GPTCACHE_VENV / "bin" / "python"
-    if not py.exists():
-        return {"error": f"no GPTCache venv at {GPTCACHE_VENV}: run `make bench-gptcache-venv`"}
+    try:
+        ensure_gptcache_venv()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        return {"error": f"could not build the GPTCache venv: {exc}"}
     n = min(limit, len(ps))
     sub = ps.subset(range(n))
     sub_pool = build_pool(
@@ -119,7 +134,7 @@ def pooled(
         s = score(pool, choose_verified(pool, prob, ver.floor, ver.p_min))
         res["verifier (chosen)"] = s.__dict__
         print(row(f"verifier CHOSEN p >= {ver.p_min:.2f}", s))
-        if gpt_limit:
+        if gpt_limit and d != "stsb":
             g = gptcache_peer(ps, pool, gpt_limit)
             if g and "scores" in g:
                 print(
@@ -278,8 +293,8 @@ def main() -> None:
         default=2000,
         help="pairs per set given to GPTCache (its lookups are slow); 0 = skip",
     )
-    ap.add_argument("--latency-queries", type=int, default=300)
-    ap.add_argument("--stream-limit", type=int, default=3000)
+    ap.add_argument("--latency-queries", type=int, default=200)
+    ap.add_argument("--stream-limit", type=int, default=800)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     enc = st_encoder()

@@ -83,7 +83,8 @@ def packaged_model_dir() -> str:
     return str(get_model_path())
 
 
-def load_embedder(model: str = DEFAULT_MODEL, providers: str = "auto") -> Embedder:
+def load_embedder(model: str = DEFAULT_MODEL, providers: str = "auto",
+                  registry: Any = None) -> Embedder:
     try:
         from backends.local.text_encoder import load_text_encoder
     except ImportError:
@@ -93,6 +94,6 @@ def load_embedder(model: str = DEFAULT_MODEL, providers: str = "auto") -> Embedd
         )
         path = packaged_model_dir() if model.startswith("builtin:") else model
         return SentenceTransformersEmbedder(path)
-    enc = load_text_encoder(model=model, providers=providers)
+    enc = load_text_encoder(model=model, providers=providers, registry=registry)
     log.info("embedder: %s on ONNX Runtime, device=%s, dim=%d", model, enc.device, enc.dim)
     return TextEncoderEmbedder(enc)

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from backends import build_backends
 from cache.cache import Cache
+from cache.semantic.setup import build_semantic, semantic_routes
 from gateway import admin
 from gateway.cache_stage import CacheStage
 from gateway.config import RouteSettings, Settings
@@ -35,7 +36,11 @@ def build_app(settings: Settings) -> web.Application:
     router = Router([Route.from_settings(r, build_adapter(r)) for r in settings.routes])
     cache = Cache(settings.cache, metrics.registry)
     route_caches = {r.name: rc for r in settings.routes if (rc := cache.for_route(r.name, r.cache.exact))}
-    pipeline = Pipeline(router, backends, metrics, settings.limits, CacheStage(route_caches))
+    semantic = build_semantic(settings.cache, metrics.registry, settings.routes)
+    if semantic is not None:
+        cache.purge_listeners.append(semantic.purge)
+    stage = CacheStage(route_caches, semantic_routes(semantic))
+    pipeline = Pipeline(router, backends, metrics, settings.limits, stage)
     state = AppState(settings=settings, metrics=metrics, backends=backends, pipeline=pipeline, cache=cache)
 
     def pool_source() -> dict[str, dict[str, dict[str, int]]]:
@@ -53,7 +58,11 @@ def build_app(settings: Settings) -> web.Application:
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await cache.open()
+        if semantic is not None:
+            await semantic.open()
         yield
+        if semantic is not None:
+            await semantic.aclose()
         for backend in backends.values():
             await backend.aclose()
         await cache.aclose()

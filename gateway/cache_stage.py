@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,7 @@ from cache.policy import (
     response_shareable,
     response_storable,
 )
+from cache.semantic.route import SemanticRoute
 from gateway.errors import BadGateway, GatewayError
 from gateway.headers import downstream_headers
 from gateway.protocols import openai_sse
@@ -112,8 +113,11 @@ def render(entry: CacheEntry, call: Call, x_cache: str, server_timing: str) -> w
 
 
 class CacheStage:
-    def __init__(self, routes: dict[str, RouteCache]) -> None:
+    def __init__(
+        self, routes: dict[str, RouteCache], semantic: Mapping[str, SemanticRoute] | None = None
+    ) -> None:
         self.routes = routes
+        self.semantic = dict(semantic or {})
 
     async def serve(
         self,
@@ -137,6 +141,9 @@ class CacheStage:
                 resp = render(found[0], call, "hit", timing.header())
                 if resp is not None:
                     return resp
+            sem = await self._semantic_lookup(rc, call, key, directives, timing, t)
+            if sem is not None:
+                return sem
         else:
             rc.bypass()
             if not directives.store:
@@ -183,6 +190,7 @@ class CacheStage:
             entry = rc.entry(up.status, kept, body=up.body or b"", model=call.model, kind=call.kind)
             if storable:
                 await rc.store(key, entry)
+                await self._remember(rc, call, key)
             return Outcome(entry=entry, shareable=shareable)
         return await self._tee(
             request, rc, call, key, up, kept, storable, shareable, timing, x_cache
@@ -246,4 +254,46 @@ class CacheStage:
             entry = rc.entry(up.status, kept, body=bytes(copy), model=call.model, kind=call.kind)
         if storable:
             await rc.store(key, entry)
+            await self._remember(rc, call, key)
         return Outcome(entry=entry, shareable=shareable, response=resp)
+
+    async def _semantic_lookup(
+        self, rc: RouteCache, call: Call, key: CacheKey, directives: RequestDirectives,
+        timing: Timing, t: float,
+    ) -> web.Response | None:
+        """After an exact miss: a verified near-duplicate's stored answer, in this namespace."""
+        sr = self.semantic.get(rc.route)
+        if sr is None or not sr.applies(call):
+            return None
+        found: dict[str, CacheEntry] = {}
+
+        async def payload(exact_key: str) -> bool:
+            got = await rc.tiers.lookup(exact_key)
+            if got is not None and directives.acceptable(got[0].age()):
+                found[exact_key] = got[0]
+                return True
+            return False
+
+        try:
+            hit = await sr.lookup(call, key.tenant_h, payload)
+        except Exception:  # the cache boundary: a semantic failure is a miss, never an error
+            log.exception("semantic lookup failed on route %s", rc.route)
+            hit = None
+        timing.add("semantic", t)
+        if hit is None:
+            return None
+        resp = render(found[hit.exact_key], call, "semantic-hit", timing.header())
+        if resp is not None:
+            resp.headers["X-Cache-Similarity"] = f"{hit.similarity:.4f}"
+            resp.headers["X-Cache-Score"] = f"{hit.score:.4f}"
+            resp.headers["X-Cache-Entry"] = hit.exact_key
+        return resp
+
+    async def _remember(self, rc: RouteCache, call: Call, key: CacheKey) -> None:
+        sr = self.semantic.get(rc.route)
+        if sr is None:
+            return
+        try:
+            await sr.remember(call, key.tenant_h, key.value, rc.policy.ttl)
+        except Exception:  # the cache boundary: the response still goes out
+            log.exception("semantic store failed on route %s", rc.route)

@@ -93,6 +93,7 @@ class MlpVerifier:
         self.b2 = float(arrays["b2"].reshape(-1)[0])
         self.mean = arrays["mean"].astype(np.float32)
         self.inv_std = (1.0 / arrays["std"]).astype(np.float32)
+        self.n_inputs = int(self.w1.shape[0])  # a prefix of build_matrix's columns
         self.floor = float(meta["floor"] if floor is None else floor)
         self.p_min = float(meta["p_min"] if p_min is None else p_min)
 
@@ -121,6 +122,7 @@ class MlpVerifier:
         return build_matrix(np.asarray(cand_cos, np.float32), lex, query_vec[None, :], cand_vecs)
 
     def probabilities(self, x: np.ndarray) -> np.ndarray:
+        x = x[:, : self.n_inputs]
         h = np.maximum((x - self.mean) * self.inv_std @ self.w1 + self.b1, 0.0)
         z = h @ self.w2.reshape(-1) + self.b2
         return np.asarray(1.0 / (1.0 + np.exp(-z)), dtype=np.float32)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -14,9 +15,28 @@ from cache.semantic.stage import SemanticStage
 from cache.semantic.verifier import MlpVerifier
 
 
+class LoopFree:
+    """The session's encoder without its batcher: pytest gives each test its own event loop,
+    and the batcher's task belongs to the loop that started it (gateway tests use it fully)."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self.dim, self.device, self.backend = inner.dim, inner.device, inner.backend
+
+    async def embed(self, text: str) -> np.ndarray:
+        out: np.ndarray = self.inner.embed_sync([text])[0]
+        return out
+
+    def embed_sync(self, texts: list[str]) -> np.ndarray:
+        return self.inner.embed_sync(texts)
+
+    async def aclose(self) -> None:
+        return None
+
+
 @pytest.fixture(scope="session")
 def embedder() -> Iterator[Embedder]:
-    yield load_embedder()
+    yield LoopFree(load_embedder())
 
 
 @pytest.fixture(scope="session")

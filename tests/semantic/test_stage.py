@@ -20,12 +20,12 @@ async def test_paraphrase_hits_same_namespace_only(
     assert await stage.lookup("ns2", PARA, verifier) is None
 
 
-async def test_number_swap_is_refused_and_counted(
-    stage: SemanticStage, verifier: MlpVerifier
-) -> None:
+async def test_swaps_are_refused_and_counted(stage: SemanticStage, verifier: MlpVerifier) -> None:
     await stage.add("ns", "What is 2+3?", "k", ttl=60)
     assert await stage.lookup("ns", "What is 2+4?", verifier) is None
-    assert stage.metrics.refusals._value.get() >= 1
+    await stage.add("ns", "Is the Tabaci a tributary of the Leurda?", "k2", ttl=60)
+    assert await stage.lookup("ns", "Is the Leurda a tributary of the Tabaci?", verifier) is None
+    assert stage.metrics.refusals._value.get() >= 1  # a candidate over the floor, turned down
 
 
 async def test_expired_entry_is_a_miss_and_its_vector_goes(
@@ -64,4 +64,6 @@ async def test_wrong_hit_report_stops_that_reuse(
     assert hit is not None
     assert stage.report_wrong("k", hit.score)
     assert await stage.lookup("ns", PARA, verifier) is None
-    assert await stage.lookup("ns", Q, verifier) is not None  # the exact wording still matches
+    # The bar is that entry's own: other entries in the namespace still hit.
+    await stage.add("ns", "What is the best way to learn Python?", "k2", ttl=60)
+    assert await stage.lookup("ns", "What's the best way to learn Python?", verifier) is not None

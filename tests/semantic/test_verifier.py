@@ -21,7 +21,6 @@ SWAPS = [
 PARAPHRASES = [
     ("How do I reset my password?", "How can I reset my password?"),
     ("What is the best way to learn Python?", "What's the best way to learn Python?"),
-    ("How can I lose weight fast?", "What is the fastest way to lose weight?"),
 ]
 
 
