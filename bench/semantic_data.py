@@ -106,8 +106,12 @@ def load_stsb(split: str, *, drop_band: bool = False) -> PairSet:
 # 2-core machine (sentence-transformers: ~10-300 texts/s depending on load), so the defaults
 # are capped; LATENTGATE_BENCH_FULL=1 uses every pair.
 CAPS = {
-    ("qqp", "train"): 3000, ("qqp", "calib"): 1500, ("qqp", "eval"): 2500,
-    ("stsb", "train"): 1500, ("stsb", "calib"): 600, ("stsb", "eval"): 1500,
+    ("qqp", "train"): 3000,
+    ("qqp", "calib"): 1500,
+    ("qqp", "eval"): 2500,
+    ("stsb", "train"): 1500,
+    ("stsb", "calib"): 600,
+    ("stsb", "eval"): 1500,
 }
 
 

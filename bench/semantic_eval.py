@@ -63,8 +63,9 @@ def ensure_gptcache_venv() -> None:
     subprocess.run([sys.executable, "-m", "venv", str(GPTCACHE_VENV)], check=True)
     pip = [str(py), "-m", "pip", "install", "-q"]
     subprocess.run([*pip, "torch==2.13.0"], check=True)
-    subprocess.run([*pip, "gptcache==0.1.44", "faiss-cpu", "sentence-transformers", "sqlalchemy"],
-                   check=True)
+    subprocess.run(
+        [*pip, "gptcache==0.1.44", "faiss-cpu", "sentence-transformers", "sqlalchemy"], check=True
+    )
 
 
 def gptcache_peer(ps: PairSet, pool: Pool, limit: int) -> dict[str, object] | None:

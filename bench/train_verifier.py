@@ -156,9 +156,12 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=32)
     ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--train-on", default="qqp,paws",
-                    help="development sets whose training parts train the model (stsb: optional;"
-                    " on small QQP samples it lowered QQP precision on calib)")
+    ap.add_argument(
+        "--train-on",
+        default="qqp,paws",
+        help="development sets whose training parts train the model (stsb: optional;"
+        " on small QQP samples it lowered QQP precision on calib)",
+    )
 
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -187,8 +190,12 @@ def main() -> None:
     # (cosine + lexical), which overfits less on small training sets. Calib decides.
     for inputs, n_in in (("full", x_all.shape[1]), ("lexical", 1 + N_LEXICAL)):
         arrays = train_mlp(x_all[:, :n_in], y_all, args.hidden, args.epochs, args.seed)
-        meta = {"features_version": FEATURES_VERSION, "model": MODEL_TAG, "floor": 0.5,
-                "p_min": 0.5}
+        meta = {
+            "features_version": FEATURES_VERSION,
+            "model": MODEL_TAG,
+            "floor": 0.5,
+            "p_min": 0.5,
+        }
         ver = MlpVerifier(arrays, meta)
         curves = {d: (pool, pool_probs(ver, ps, pool, vb)) for d, (ps, pool, vb) in calib.items()}
         floor, p_min, report = choose_point(curves)
@@ -199,9 +206,17 @@ def main() -> None:
     assert best is not None
     _, arrays, floor, p_min, report, inputs = best
     meta = {"features_version": FEATURES_VERSION, "model": MODEL_TAG, "inputs": inputs}
-    meta.update(floor=floor, p_min=p_min, calib=report, hidden=args.hidden, epochs=args.epochs,
-                seed=args.seed, precision_goal=PRECISION_GOAL, paws_goal=PAWS_GOAL,
-                trained_on=f"training parts of {args.train_on} (bench/semantic_data.py splits)")
+    meta.update(
+        floor=floor,
+        p_min=p_min,
+        calib=report,
+        hidden=args.hidden,
+        epochs=args.epochs,
+        seed=args.seed,
+        precision_goal=PRECISION_GOAL,
+        paws_goal=PAWS_GOAL,
+        trained_on=f"training parts of {args.train_on} (bench/semantic_data.py splits)",
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(args.out, meta=np.asarray(json.dumps(meta)), **arrays)
     print(json.dumps({"inputs": inputs, "floor": floor, "p_min": p_min, "calib": report}))

@@ -54,22 +54,27 @@ class _Pending:
 
 
 class SemanticSetup:
-    def __init__(self, settings: CacheSettings, registry: CollectorRegistry,
-                 routes: Sequence[RouteLike]) -> None:
+    def __init__(
+        self, settings: CacheSettings, registry: CollectorRegistry, routes: Sequence[RouteLike]
+    ) -> None:
         s = settings.semantic
         self.settings = settings
         self.registry = registry
         self.metrics = SemanticMetrics(registry)
-        self.index = VectorIndex(384, flat_max=s.flat_max, hnsw_m=s.hnsw_m,
-                                 ef_search=s.ef_search, device=s.device)
+        self.index = VectorIndex(
+            384, flat_max=s.flat_max, hnsw_m=s.hnsw_m, ef_search=s.ef_search, device=s.device
+        )
         max_entries = max(r.cache.semantic.max_entries for r in routes)
         self.stage = SemanticStage(_Pending(), self.index, self.metrics, max_entries)
         self.routes: dict[str, SemanticRoute] = {}
         for r in routes:
             p = r.cache.semantic
             if not r.cache.exact.enabled:
-                log.warning("route %s: semantic caching needs the exact cache (it holds the "
-                            "payload); semantic stays off", r.name)
+                log.warning(
+                    "route %s: semantic caching needs the exact cache (it holds the "
+                    "payload); semantic stays off",
+                    r.name,
+                )
                 continue
             ver = load_verifier(p.verifier, p.threshold, p.min_score, s.verifier_artifact)
             self.routes[r.name] = SemanticRoute(self.stage, r.name, p, ver)
@@ -83,13 +88,21 @@ class SemanticSetup:
         )
         self.stage.embedder = embedder
         self.stage.metrics.device.labels(embedder.device, self.index.device).set(1)
-        log.info("semantic stage: embedder %s on %s (%s), index on %s, routes %s",
-                 s.model, embedder.device, embedder.backend, self.index.device,
-                 sorted(self.routes))
+        log.info(
+            "semantic stage: embedder %s on %s (%s), index on %s, routes %s",
+            s.model,
+            embedder.device,
+            embedder.backend,
+            self.index.device,
+            sorted(self.routes),
+        )
         redis = self.settings.redis
         if s.sync and redis is not None and redis.url:
-            self._redis = Redis.from_url(redis.url, socket_timeout=max(redis.timeouts.op, 0.5),
-                                         socket_connect_timeout=redis.timeouts.connect)
+            self._redis = Redis.from_url(
+                redis.url,
+                socket_timeout=max(redis.timeouts.op, 0.5),
+                socket_connect_timeout=redis.timeouts.connect,
+            )
             self._sync = RedisSync(self.stage, self._redis, redis.key_prefix)
             await self._sync.start()
 
@@ -108,8 +121,9 @@ class SemanticSetup:
         await self.stage.embedder.aclose()
 
 
-def build_semantic(settings: CacheSettings, registry: CollectorRegistry,
-                   routes: Sequence[RouteLike]) -> SemanticSetup | None:
+def build_semantic(
+    settings: CacheSettings, registry: CollectorRegistry, routes: Sequence[RouteLike]
+) -> SemanticSetup | None:
     enabled = [r for r in routes if r.cache.semantic.enabled]
     return SemanticSetup(settings, registry, enabled) if enabled else None
 

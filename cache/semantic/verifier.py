@@ -159,8 +159,9 @@ def build_matrix(cos: np.ndarray, lex: np.ndarray, u: np.ndarray, v: np.ndarray)
     )
 
 
-def load_verifier(kind: str, threshold: float, min_score: float | None = None,
-                  artifact: str | Path | None = None) -> Verifier:
+def load_verifier(
+    kind: str, threshold: float, min_score: float | None = None, artifact: str | Path | None = None
+) -> Verifier:
     """'on' → the trained MLP with `threshold` as its cosine floor; 'off' → cosine alone."""
     if kind == "off":
         return CosineVerifier(threshold)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-import json
-import urllib.request
 import openai
 import pytest
 
