@@ -9,7 +9,7 @@ from aiohttp import web
 from backends import build_backends
 from cache.cache import Cache
 from cache.semantic.setup import build_semantic, semantic_routes
-from gateway import admin
+from gateway import admin, admin_semantic
 from gateway.cache_stage import CacheStage
 from gateway.config import RouteSettings, Settings
 from gateway.metrics import Metrics
@@ -69,5 +69,7 @@ def build_app(settings: Settings) -> web.Application:
 
     app.cleanup_ctx.append(lifecycle)
     admin.register(app)
+    if semantic is not None:
+        admin_semantic.register(app, semantic)
     app.router.add_route("*", "/{tail:.*}", pipeline.handle)
     return app

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -80,6 +81,32 @@ def test_purge_removes_vectors(gw: ServerThread) -> None:
     with urllib.request.urlopen(req, timeout=10) as r:
         assert r.status == 200 and json.loads(r.read())["purged"]["semantic"] == 1
     assert ask(c, "How can I reset my password?", temperature=0)[1]["x-cache"] == "miss"
+
+
+def admin_post(url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(
+        f"{url}{path}",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_wrong_hit_feedback_tightens_that_entry(gw: ServerThread) -> None:
+    c = client_for(gw.url)
+    ask(c, "How do I reset my password?", temperature=0)
+    _, h = ask(c, "How can I reset my password?", temperature=0)
+    assert h["x-cache"] == "semantic-hit"
+    body = {"entry": h["x-cache-entry"], "score": float(h["x-cache-score"])}
+    assert admin_post(gw.url, "/admin/cache/semantic/wrong-hit", body)[0] == 200
+    assert ask(c, "How can I reset my password?", temperature=0)[1]["x-cache"] == "miss"
+    assert admin_post(gw.url, "/admin/cache/semantic/wrong-hit", {"entry": "nope"})[0] == 404
+    assert admin_post(gw.url, "/admin/cache/semantic/wrong-hit", {"score": 1})[0] == 400
 
 
 @pytest.mark.slow
