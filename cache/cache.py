@@ -41,6 +41,8 @@ class Cache:
         self.flights: SingleFlight[Any] = SingleFlight(self.metrics)
         self.counts = {"lookups": 0, "memory": 0, "redis": 0, "misses": 0, "bypasses": 0}
         self.routes: dict[str, RouteCache] = {}
+        # Called with each purge's selector (the semantic index drops the matching vectors).
+        self.purge_listeners: list[Callable[[Selector], Awaitable[object]]] = []
 
     def for_route(self, name: str, policy: ExactPolicy) -> RouteCache | None:
         """The route's cache, or None when its exact cache is off."""
@@ -70,6 +72,8 @@ class Cache:
     ) -> dict[str, object]:
         selector = Selector.of(route, model, tenant)
         out: dict[str, object] = {"memory": await self.memory.purge(selector)}
+        for listener in self.purge_listeners:
+            out.setdefault("semantic", await listener(selector))
         if self.redis is not None:
             try:
                 out["redis"] = await self.redis.purge(selector)

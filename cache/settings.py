@@ -38,6 +38,9 @@ class SemanticPolicy(_Frozen):
     ttl: float = Field(3600.0, gt=0)
     min_chars: int = Field(8, ge=0)
     field: str | None = None
+    # With the verifier on, `threshold` is the cosine floor for candidates and this is the
+    # verifier's acceptance score; None = the operating point stored in the trained artifact.
+    min_score: float | None = Field(None, ge=0.0, le=1.0)
 
 
 class CachePolicy(_Frozen):
@@ -85,6 +88,20 @@ class RedisSettings(_Frozen):
     key_prefix: str = "lg:"
 
 
+class SemanticIndexSettings(_Frozen):
+    """Process-wide semantic stage: embedder, index, verifier artifact (policies are per route)."""
+
+    model: str = "builtin:all-MiniLM-L6-v2"
+    providers: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    flat_max: int = Field(20_000, ge=1)
+    hnsw_m: int = Field(32, ge=4)
+    ef_search: int = Field(64, ge=1)
+    verifier_artifact: str | None = None
+    sync: bool = True  # share through Redis when cache.redis is configured
+
+
 class CacheSettings(_Frozen):
     memory: MemorySettings = MemorySettings()
     redis: RedisSettings | None = None
+    semantic: SemanticIndexSettings = SemanticIndexSettings()

@@ -11,7 +11,8 @@ from backends import Backend, build_backends
 from backends.remote.metrics import RemoteMetrics
 from backends.settings import BackendSettings
 from cache.cache import Cache
-from gateway import admin, reload
+from cache.semantic.setup import build_semantic, semantic_routes
+from gateway import admin, admin_semantic, reload
 from gateway.cache_stage import CacheStage
 from gateway.config import RouteSettings, Settings
 from gateway.metrics import Metrics
@@ -57,7 +58,10 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     router = build_router(settings)
     cache = Cache(settings.cache, metrics.registry)
     route_caches = {r.name: rc for r in settings.routes if (rc := cache.for_route(r.name, r.cache.exact))}
-    stage = CacheStage(route_caches)
+    semantic = build_semantic(settings.cache, metrics.registry, settings.routes)
+    if semantic is not None:
+        cache.purge_listeners.append(semantic.purge)
+    stage = CacheStage(route_caches, semantic_routes(semantic))
     pipeline = Pipeline(router, backends, metrics, settings.limits, stage)
     pipeline.tracing = build_tracing(settings.tracing)
     state = AppState(settings=settings, metrics=metrics, backends=backends, pipeline=pipeline, cache=cache)
@@ -85,6 +89,8 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await cache.open()
+        if semantic is not None:
+            await semantic.open()
         for backend in backends.values():
             start = getattr(backend, "start", None)  # pools start health checks; engines warm up
             if start is not None:
@@ -93,10 +99,14 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
         for backend in state.backends.values():  # the current generation's (reloads swap them)
             await backend.aclose()
         pipeline.tracing.shutdown()
+        if semantic is not None:
+            await semantic.aclose()
         await cache.aclose()
 
     app.cleanup_ctx.append(lifecycle)
     admin.register(app)
     reload.register(app, config_path, build_router, make_backends, swap_policies)
+    if semantic is not None:
+        admin_semantic.register(app, semantic)
     app.router.add_route("*", "/{tail:.*}", pipeline.handle)
     return app

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -28,6 +28,7 @@ from cache.policy import (
     response_shareable,
     response_storable,
 )
+from cache.semantic.route import SemanticRoute
 from gateway.errors import BadGateway, GatewayError
 from gateway.headers import downstream_headers
 from gateway.protocols import openai_sse
@@ -145,11 +146,14 @@ AliasKey = tuple[str, str, str, str, bytes, bytes]
 
 
 class CacheStage:
-    def __init__(self, routes: dict[str, RouteCache]) -> None:
+    def __init__(
+        self, routes: dict[str, RouteCache], semantic: Mapping[str, SemanticRoute] | None = None
+    ) -> None:
         self.routes = routes
         # only the key and the framing: the parsed body would cost several times its bytes
         self._alias: dict[AliasKey, tuple[CacheKey, Framing]] = {}
         self._alias_bytes = 0
+        self.semantic = dict(semantic or {})
 
     def replace_routes(self, routes: dict[str, RouteCache]) -> None:
         """A config reload's new policies. Aliases go too: a changed key policy could make a
@@ -226,11 +230,15 @@ class CacheStage:
             found = (hit, "memory") if hit is not None else await rc.lookup(key, directives)
         else:
             rc.bypass()
-        timing.add("cache", t)
+        t = timing.add("cache", t)
         if found is not None:
             resp = render(found[0], framing_of(call), "hit", timing.header())
             if resp is not None:
                 return resp  # (an entry that cannot take this framing is treated as a miss)
+        elif directives.lookup:
+            sem = await self._semantic_lookup(rc, call, key, directives, timing, t)
+            if sem is not None:
+                return sem
         if not directives.store:
             return await respond(await fetch(), {"X-Cache": "bypass"})
         x_cache = "miss" if directives.lookup else "bypass"
@@ -273,6 +281,7 @@ class CacheStage:
             entry = rc.entry(up.status, kept, body=up.body or b"", model=call.model, kind=call.kind)
             if storable:
                 await rc.store(key, entry)
+                await self._index_semantic(rc, call, key)
             return Outcome(entry=entry, shareable=shareable)
         return await self._tee(
             request, rc, call, key, up, kept, storable, shareable, timing, x_cache
@@ -338,4 +347,46 @@ class CacheStage:
             entry = rc.entry(up.status, kept, body=bytes(copy), model=call.model, kind=call.kind)
         if storable:
             await rc.store(key, entry)
+            await self._index_semantic(rc, call, key)
         return Outcome(entry=entry, shareable=shareable, response=resp)
+
+    async def _semantic_lookup(
+        self, rc: RouteCache, call: Call, key: CacheKey, directives: RequestDirectives,
+        timing: Timing, t: float,
+    ) -> web.Response | None:
+        """After an exact miss: a verified near-duplicate's stored answer, in this namespace."""
+        sr = self.semantic.get(rc.route)
+        if sr is None or not sr.applies(call):
+            return None
+        found: dict[str, CacheEntry] = {}
+
+        async def payload(exact_key: str) -> bool:
+            got = await rc.tiers.lookup(exact_key)
+            if got is not None and directives.acceptable(got[0].age()):
+                found[exact_key] = got[0]
+                return True
+            return False
+
+        try:
+            hit = await sr.lookup(call, key.tenant_h, payload)
+        except Exception:  # the cache boundary: a semantic failure is a miss, never an error
+            log.exception("semantic lookup failed on route %s", rc.route)
+            hit = None
+        timing.add("semantic", t)
+        if hit is None:
+            return None
+        resp = render(found[hit.exact_key], framing_of(call), "semantic-hit", timing.header())
+        if resp is not None:
+            resp.headers["X-Cache-Similarity"] = f"{hit.similarity:.4f}"
+            resp.headers["X-Cache-Score"] = f"{hit.score:.4f}"
+            resp.headers["X-Cache-Entry"] = hit.exact_key
+        return resp
+
+    async def _index_semantic(self, rc: RouteCache, call: Call, key: CacheKey) -> None:
+        sr = self.semantic.get(rc.route)
+        if sr is None:
+            return
+        try:
+            await sr.remember(call, key.tenant_h, key.value, rc.policy.ttl)
+        except Exception:  # the cache boundary: the response still goes out
+            log.exception("semantic store failed on route %s", rc.route)

@@ -1,0 +1,336 @@
+"""Semantic cache evaluation, one command: `python -m bench.semantic_eval`.
+
+Pooled (all first texts cached, every second text asked) on the held-back parts of every
+labelled set in ../shared/data (QQP dev eval part, PAWS dev eval part, STS-B dev): precision of
+hits, recall, false-hit rate on non-duplicates, for cosine alone (GPTCache's method) across
+thresholds, the verifier across operating points, and GPTCache itself (its own venv) side by
+side. Then lookup latency split into embed / search / verify, index search at 100k entries,
+and hit rates on the query streams (banking77, clinc150, bing-covid).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.semantic_data import (
+    CACHE_DIR,
+    PairSet,
+    embed_cached,
+    load_streams,
+    model_path,
+    splits,
+    st_encoder,
+)
+from bench.semantic_pooled import Pool, build_pool, choose_cosine, choose_verified, score
+from bench.train_verifier import MODEL_TAG, pool_probs
+from cache.semantic.features import text_info
+from cache.semantic.index import VectorIndex
+from cache.semantic.verifier import MlpVerifier
+
+COSINES = (0.60, 0.80, 0.85, 0.90, 0.94, 0.96, 0.98)
+P_MINS = (0.5, 0.7, 0.8, 0.9, 0.95)
+GPTCACHE_VENV = CACHE_DIR / "gptcache-venv"
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+def row(name: str, s: object) -> str:
+    d = s.__dict__
+    return (
+        f"  {name:<34} precision {d['precision']:.3f}  recall {d['recall']:.3f}  "
+        f"false-hit {d['false_hit']:.3f}  hits {d['hits']}"
+    )
+
+
+def ensure_gptcache_venv() -> None:
+    """GPTCache in its own venv (it pins and auto-installs its own dependencies)."""
+    py = GPTCACHE_VENV / "bin" / "python"
+    if py.exists():
+        return
+    print(f"creating {GPTCACHE_VENV} (GPTCache 0.1.44, CPU torch)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(GPTCACHE_VENV)], check=True)
+    pip = [str(py), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, "torch==2.13.0"], check=True)
+    subprocess.run(
+        [*pip, "gptcache==0.1.44", "faiss-cpu", "sentence-transformers", "sqlalchemy"], check=True
+    )
+
+
+def gptcache_peer(ps: PairSet, pool: Pool, limit: int) -> dict[str, object] | None:
+    py = GPTCACHE_VENV / "bin" / "python"
+    try:
+        ensure_gptcache_venv()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        return {"error": f"could not build the GPTCache venv: {exc}"}
+    n = min(limit, len(ps))
+    sub = ps.subset(range(n))
+    sub_pool = build_pool(
+        sub, pool.entry_vecs[pool.own[:n]], np.zeros((n, pool.entry_vecs.shape[1]), np.float32)
+    )
+    job = {"model": model_path(), "entries": sub_pool.entries, "queries": sub.b}
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
+        inp.write_text(json.dumps(job), encoding="utf-8")
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        proc = subprocess.run(
+            [str(py), str(Path(__file__).with_name("gptcache_peer.py")), str(inp), str(out)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1800,
+        )
+        if proc.returncode != 0:
+            return {"error": proc.stderr.strip().splitlines()[-1:] or ["failed"]}
+        res = json.loads(out.read_text(encoding="utf-8"))
+    chosen = np.asarray(res["answers"], dtype=np.int64)
+    s = score(sub_pool, chosen)
+    lat = [x * 1000 for x in res["latency_s"]]
+    return {
+        "scores": s,
+        "n": n,
+        "p50_ms": pct(lat, 50),
+        "p95_ms": pct(lat, 95),
+        "p99_ms": pct(lat, 99),
+    }
+
+
+def pooled(
+    data: dict[str, dict[str, PairSet]],
+    enc,
+    ver: MlpVerifier,  # type: ignore[no-untyped-def]
+    gpt_limit: int,
+) -> dict[str, object]:
+    results: dict[str, object] = {}
+    for d in ("qqp", "paws", "stsb"):
+        ps = data[d]["eval"]
+        va, vb = embed_cached(ps.a, enc, MODEL_TAG), embed_cached(ps.b, enc, MODEL_TAG)
+        pool = build_pool(ps, va, vb)
+        prob = pool_probs(ver, ps, pool, vb)
+        print(
+            f"\n{d}: {len(ps)} pairs ({int(ps.label.sum())} duplicates), "
+            f"{len(pool.entries)} cached entries"
+        )
+        res: dict[str, object] = {}
+        for c in COSINES:
+            s = score(pool, choose_cosine(pool, c))
+            res[f"cosine>={c}"] = s.__dict__
+            print(row(f"cosine alone >= {c:.2f}", s))
+        for p in P_MINS:
+            s = score(pool, choose_verified(pool, prob, ver.floor, p))
+            res[f"verifier p>={p}"] = s.__dict__
+            print(row(f"verifier floor {ver.floor:.2f} p >= {p:.2f}", s))
+        s = score(pool, choose_verified(pool, prob, ver.floor, ver.p_min))
+        res["verifier (chosen)"] = s.__dict__
+        print(row(f"verifier CHOSEN p >= {ver.p_min:.2f}", s))
+        if gpt_limit and d != "stsb":
+            g = gptcache_peer(ps, pool, gpt_limit)
+            if g and "scores" in g:
+                print(
+                    row(f"GPTCache 0.1.44 t=0.8 (n={g['n']})", g["scores"])
+                    + f"  lookup p50 {g['p50_ms']:.1f} ms p95 {g['p95_ms']:.1f} ms"
+                )
+                g["scores"] = g["scores"].__dict__
+            else:
+                print(f"  GPTCache: not run ({g}); cosine alone >= 0.60 is its default threshold")
+            res["gptcache"] = g
+        results[d] = res
+    return results
+
+
+def latency(
+    data: dict[str, dict[str, PairSet]],
+    enc_one,
+    ver: MlpVerifier,  # type: ignore[no-untyped-def]
+    enc,
+    n: int,
+) -> dict[str, object]:
+    ps = data["qqp"]["eval"]
+    va = embed_cached(ps.a, enc, MODEL_TAG)
+    index = VectorIndex(va.shape[1], device="cpu")
+    infos = {}
+    for i, (t, v) in enumerate(zip(ps.a, va, strict=True)):
+        index.add("ns", i, v)
+        infos[i] = text_info(t)
+    emb, srch, verf, total = [], [], [], []
+    for q in ps.b[:n]:
+        t0 = time.perf_counter()
+        qv = enc_one(q)
+        t1 = time.perf_counter()
+        hits = index.search("ns", qv, 5)
+        t2 = time.perf_counter()
+        qi = text_info(q)
+        ids = [h[0] for h in hits]
+        ver.choose(qi, qv, [infos[i] for i in ids], va[ids], np.asarray([h[1] for h in hits]))
+        t3 = time.perf_counter()
+        emb.append((t1 - t0) * 1000)
+        srch.append((t2 - t1) * 1000)
+        verf.append((t3 - t2) * 1000)
+        total.append((t3 - t0) * 1000)
+    out = {
+        name: {"p50": pct(v, 50), "p95": pct(v, 95), "p99": pct(v, 99)}
+        for name, v in (("embed", emb), ("search", srch), ("verify", verf), ("total", total))
+    }
+    print(f"\nlookup latency, one query at a time, {len(ps.a)} entries, {n} queries (ms):")
+    for name, v in out.items():
+        print(f"  {name:<7} p50 {v['p50']:.3f}  p95 {v['p95']:.3f}  p99 {v['p99']:.3f}")
+    return out
+
+
+def search_100k(data: dict[str, dict[str, PairSet]], enc, n: int = 200) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    vecs = np.concatenate(
+        [
+            embed_cached(ps.a + ps.b, enc, MODEL_TAG)
+            for parts in data.values()
+            for ps in parts.values()
+        ]
+    )
+    vecs = np.unique(vecs, axis=0)
+    rng = np.random.default_rng(0)
+    while len(vecs) < 100_000:  # top up with perturbed real vectors (clustered, like real text)
+        extra = vecs[rng.integers(0, len(vecs), 100_000 - len(vecs))]
+        extra = extra + rng.normal(0, 0.02, extra.shape).astype(np.float32)
+        vecs = np.concatenate([vecs, extra / np.linalg.norm(extra, axis=1, keepdims=True)])
+    vecs = vecs[:100_000].astype(np.float32)
+    queries = vecs[rng.integers(0, len(vecs), n)] + rng.normal(0, 0.05, (n, vecs.shape[1])).astype(
+        np.float32
+    )
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    out: dict[str, object] = {}
+    exact = vecs @ queries.T
+    truth = exact.argmax(axis=0)
+    for kind, flat_max in (("flat", 200_000), ("hnsw", 1000)):
+        idx = VectorIndex(vecs.shape[1], flat_max=flat_max, device="cpu")
+        t = time.perf_counter()
+        for i, v in enumerate(vecs):
+            idx.add("ns", i, v)
+        build = time.perf_counter() - t
+        lat, agree = [], 0
+        for j, q in enumerate(queries):
+            t = time.perf_counter()
+            r = idx.search("ns", q, 5)
+            lat.append((time.perf_counter() - t) * 1000)
+            agree += int(bool(r) and r[0][0] == truth[j])
+        out[kind] = {
+            "p50_ms": pct(lat, 50),
+            "p95_ms": pct(lat, 95),
+            "p99_ms": pct(lat, 99),
+            "recall@1": agree / n,
+            "build_s": build,
+        }
+        print(
+            f"  index {kind:<5} 100k: search p50 {pct(lat, 50):.3f} ms p95 {pct(lat, 95):.3f} "
+            f"p99 {pct(lat, 99):.3f}, recall@1 {agree / n:.3f}, build {build:.1f} s"
+        )
+    return out
+
+
+def streams(enc, ver: MlpVerifier, limit: int) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    out: dict[str, object] = {}
+    print(f"\nquery streams (first {limit} queries each; a miss is cached):")
+    for st in load_streams(limit):
+        vec = embed_cached(st.texts, enc, MODEL_TAG)
+        norm = [
+            " ".join("".join(c for c in t.lower() if c.isalnum() or c.isspace()).split())
+            for t in st.texts
+        ]
+        for method in ("exact", "cosine>=0.90", "cosine>=0.60", "verifier"):
+            seen: dict[str, int] = {}
+            ev: list[int] = []
+            infos = []
+            hits = correct = 0
+            for i, t in enumerate(st.texts):
+                j = seen.get(norm[i], -1)
+                if j < 0 and method != "exact" and ev:
+                    sims = vec[ev] @ vec[i]
+                    top = np.argsort(-sims)[:5]
+                    if method.startswith("cosine"):
+                        thr = float(method.split(">=")[1])
+                        j = ev[top[0]] if sims[top[0]] >= thr else -1
+                    else:
+                        d = ver.choose(
+                            text_info(t),
+                            vec[i],
+                            [infos[k] for k in top],
+                            vec[[ev[k] for k in top]],
+                            sims[top],
+                        )
+                        j = ev[top[d.index]] if d.index >= 0 else -1
+                if j >= 0:
+                    hits += 1
+                    if st.labels is not None:
+                        ok = st.labels[j] == st.labels[i] and st.labels[i] not in st.wrong_labels
+                        correct += int(ok)
+                else:
+                    seen.setdefault(norm[i], i)
+                    ev.append(i)
+                    infos.append(text_info(t))
+            prec = correct / hits if hits and st.labels is not None else float("nan")
+            out[f"{st.name}/{method}"] = {"hit_rate": hits / len(st.texts), "precision": prec}
+            print(
+                f"  {st.name:<14} {method:<13} hit rate {hits / len(st.texts):.3f}"
+                + (f"  same-intent precision {prec:.3f}" if st.labels is not None else "")
+            )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument(
+        "--gptcache-pairs",
+        type=int,
+        default=2000,
+        help="pairs per set given to GPTCache (its lookups are slow); 0 = skip",
+    )
+    ap.add_argument("--latency-queries", type=int, default=200)
+    ap.add_argument("--stream-limit", type=int, default=800)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    enc = st_encoder()
+    enc_one = one_query_encoder(enc)
+    ver = MlpVerifier.load()
+    print(
+        f"verifier: {ver.meta.get('trained_on')}; operating point floor {ver.floor} "
+        f"p_min {ver.p_min}"
+    )
+    data = splits()
+    res = {"pooled": pooled(data, enc, ver, args.gptcache_pairs)}
+    res["latency_ms"] = latency(data, enc_one, ver, enc, args.latency_queries)
+    print("\nindex search at 100k entries, CPU, one query at a time:")
+    res["search_100k"] = search_100k(data, enc)
+    res["streams"] = streams(enc, ver, args.stream_limit)
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1, default=float), encoding="utf-8")
+
+
+def one_query_encoder(enc):  # type: ignore[no-untyped-def]
+    """The serving embedder when issue 5's ONNX engine is present, else sentence-transformers."""
+    try:
+        from backends.local.text_encoder import load_text_encoder
+
+        te = load_text_encoder()
+        print(f"embed: ONNX Runtime text encoder on {te.device}")
+        return lambda t: te.encode([t])[0]
+    except ImportError:
+        print(
+            "embed: sentence-transformers (the ONNX text encoder is not on this branch yet)",
+            file=sys.stderr,
+        )
+        return lambda t: enc([t])[0]
+
+
+if __name__ == "__main__":
+    statistics.mean([0.0])
+    main()

@@ -1,0 +1,87 @@
+"""Pooled evaluation: cache every first text, ask every second one, score the hits.
+
+A hit is correct only when it returns the pair's own answer (the entry whose text is the
+pair's first text) and the pair is a true duplicate. Recall = correct hits / duplicate pairs;
+false-hit rate = hits on non-duplicate pairs / non-duplicate pairs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bench.semantic_data import PairSet
+
+
+@dataclass
+class Pool:
+    """The cached side (distinct first texts) and, per query, its top-k candidates."""
+
+    entries: list[str]
+    entry_vecs: np.ndarray
+    own: np.ndarray  # per query: index of its own entry
+    cand: np.ndarray  # (n, k) entry indices, best first
+    cand_cos: np.ndarray  # (n, k)
+    label: np.ndarray
+
+
+def build_pool(ps: PairSet, va: np.ndarray, vb: np.ndarray, k: int = 5) -> Pool:
+    index: dict[str, int] = {}
+    first_row: list[int] = []
+    own = np.empty(len(ps), dtype=np.int64)
+    for i, t in enumerate(ps.a):
+        if t not in index:
+            index[t] = len(first_row)
+            first_row.append(i)
+        own[i] = index[t]
+    ev = va[first_row]
+    cand = np.empty((len(ps), k), dtype=np.int64)
+    ccos = np.empty((len(ps), k), dtype=np.float32)
+    for s in range(0, len(ps), 2048):
+        sims = vb[s : s + 2048] @ ev.T
+        top = np.argpartition(-sims, min(k, sims.shape[1] - 1), axis=1)[:, :k]
+        tsim = np.take_along_axis(sims, top, axis=1)
+        order = np.argsort(-tsim, axis=1)
+        cand[s : s + 2048] = np.take_along_axis(top, order, axis=1)
+        ccos[s : s + 2048] = np.take_along_axis(tsim, order, axis=1)
+    return Pool([ps.a[i] for i in first_row], ev, own, cand, ccos, ps.label)
+
+
+@dataclass
+class Scores:
+    precision: float
+    recall: float
+    false_hit: float
+    hit_rate: float
+    hits: int
+
+
+def score(pool: Pool, chosen: np.ndarray) -> Scores:
+    """chosen: per query the entry index served, or -1 for a miss."""
+    hit = chosen >= 0
+    dup = pool.label == 1
+    correct = hit & dup & (chosen == pool.own)
+    n_hit = int(hit.sum())
+    return Scores(
+        precision=float(correct.sum() / n_hit) if n_hit else float("nan"),
+        recall=float(correct.sum() / max(int(dup.sum()), 1)),
+        false_hit=float((hit & ~dup).sum() / max(int((~dup).sum()), 1)),
+        hit_rate=float(n_hit / len(chosen)),
+        hits=n_hit,
+    )
+
+
+def choose_cosine(pool: Pool, threshold: float) -> np.ndarray:
+    best = pool.cand[:, 0].copy()
+    best[pool.cand_cos[:, 0] < threshold] = -1
+    return best
+
+
+def choose_verified(pool: Pool, prob: np.ndarray, floor: float, p_min: float) -> np.ndarray:
+    """prob: (n, k) verifier probability per candidate. Serve the most probable one over p_min."""
+    p = np.where(pool.cand_cos >= floor, prob, -1.0)
+    j = np.argmax(p, axis=1)
+    best = pool.cand[np.arange(len(j)), j].copy()
+    best[p[np.arange(len(j)), j] < p_min] = -1
+    return best

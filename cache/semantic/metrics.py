@@ -1,0 +1,51 @@
+"""Prometheus metrics of the semantic stage, registered on the app's own registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.05, 0.2)
+_SIM_BUCKETS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.99, 1.0)
+
+
+class SemanticMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        p = "latentgate_semantic_"
+        self.lookups = Counter(
+            p + "lookups",
+            "Semantic lookups by result (hit, miss, stale)",
+            ["result"],
+            registry=registry,
+        )
+        self.refusals = Counter(
+            p + "verifier_refusals", "Candidates the verifier turned down", registry=registry
+        )
+        self.similarity = Histogram(
+            p + "similarity",
+            "Best candidate cosine per lookup",
+            buckets=_SIM_BUCKETS,
+            registry=registry,
+        )
+        self.latency = Histogram(
+            p + "stage_seconds",
+            "Semantic lookup time by step",
+            ["step"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.size = Gauge(p + "index_entries", "Vectors in the local index", registry=registry)
+        self.device = Gauge(
+            p + "device_info",
+            "Where the embedder and the index run (1 = in use)",
+            ["embedder", "index"],
+            registry=registry,
+        )
+        self.feedback = Counter(
+            p + "wrong_hit_reports", "Client reports of a wrong semantic hit", registry=registry
+        )
+        self.sync = Counter(
+            p + "sync_events",
+            "Replication events by direction and outcome",
+            ["direction", "outcome"],
+            registry=registry,
+        )

@@ -1,0 +1,67 @@
+"""One route's semantic policy applied to a Call: when it may look up or store, and where.
+
+The HTTP-side cache stage calls `lookup` after an exact miss and `remember` after an exact
+store; this module knows the policy (enabled, min_chars, only_deterministic, ttl) and the
+namespace, never HTTP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from cache.semantic.namespace import namespace_of
+from cache.semantic.stage import SemanticHit, SemanticStage
+from cache.semantic.verifier import Verifier
+from cache.settings import SemanticPolicy
+
+
+class CallLike(Protocol):
+    """The fields of gateway.protocols.base.Call this needs (cache must not import gateway)."""
+
+    model: str | None
+    deterministic: bool
+    semantic_text: str | None
+    context: Any
+
+
+class SemanticRoute:
+    def __init__(
+        self, stage: SemanticStage, route: str, policy: SemanticPolicy, verifier: Verifier
+    ) -> None:
+        self.stage = stage
+        self.route = route
+        self.policy = policy
+        self.verifier = verifier
+
+    def applies(self, call: CallLike) -> bool:
+        text = call.semantic_text
+        if not self.policy.enabled or text is None or len(text.strip()) < self.policy.min_chars:
+            return False
+        return call.deterministic or not self.policy.only_deterministic
+
+    def namespace(self, call: CallLike, tenant: str) -> str:
+        return namespace_of(self.route, call.model, call.context, tenant)
+
+    async def lookup(
+        self,
+        call: CallLike,
+        tenant: str,
+        payload_exists: Callable[[str], Awaitable[bool]] | None = None,
+    ) -> SemanticHit | None:
+        if not self.applies(call):
+            return None
+        assert call.semantic_text is not None
+        return await self.stage.lookup(
+            self.namespace(call, tenant), call.semantic_text, self.verifier, payload_exists
+        )
+
+    async def remember(
+        self, call: CallLike, tenant: str, exact_key: str, exact_ttl: float | None = None
+    ) -> bool:
+        if not self.applies(call):
+            return False
+        assert call.semantic_text is not None
+        ttl = self.policy.ttl if exact_ttl is None else min(self.policy.ttl, exact_ttl)
+        await self.stage.add(self.namespace(call, tenant), call.semantic_text, exact_key, ttl)
+        return True

@@ -1,0 +1,158 @@
+"""Share the semantic index across gateway processes through Redis.
+
+Entries live in a Redis hash (`{prefix}sem:entries`, exact key → msgpack record) and every add
+and removal is also appended to a Redis Stream (`{prefix}sem:log`). At start-up a process
+rebuilds its local index from the hash, then tails the stream from the id it saw before the
+scan (replays are idempotent). Redis failures are logged and counted; the local index keeps
+serving, and the tail reconnects with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+import uuid
+from typing import Any
+
+import msgpack
+import numpy as np
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from cache.semantic.stage import Entry, SemanticStage
+
+log = logging.getLogger("latentgate.semantic.sync")
+
+STREAM_MAXLEN = 200_000
+
+
+def _pack(entry: Entry) -> bytes:
+    raw: bytes = msgpack.packb(
+        {
+            "ns": entry.namespace,
+            "k": entry.exact_key,
+            "t": entry.text,
+            "v": np.asarray(entry.vector, np.float32).tobytes(),
+            "x": entry.expires_at,
+        }
+    )
+    return raw
+
+
+def _unpack(raw: bytes) -> Entry:
+    d = msgpack.unpackb(raw, raw=False)
+    return Entry(d["ns"], d["k"], d["t"], np.frombuffer(d["v"], dtype=np.float32).copy(), d["x"])
+
+
+class RedisSync:
+    """Replicator for SemanticStage; `start()` rebuilds and starts the tail task."""
+
+    def __init__(
+        self, stage: SemanticStage, redis: Redis, prefix: str = "lg:", block_ms: int = 500
+    ) -> None:
+        self.stage = stage
+        self.redis = redis
+        self.entries_key = f"{prefix}sem:entries"
+        self.stream_key = f"{prefix}sem:log"
+        self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.block_ms = block_ms
+        self.last_id = "0-0"
+        self._task: asyncio.Task[None] | None = None
+        self._m = stage.metrics.sync
+
+    async def start(self) -> None:
+        try:
+            await self.rebuild()
+        except (RedisError, OSError) as exc:
+            log.warning("semantic sync: rebuild from Redis failed (%s); starting empty", exc)
+            self._m.labels("rebuild", "error").inc()
+        self.stage.replicator = self
+        self._task = asyncio.create_task(self._tail(), name="semantic-sync-tail")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.stage.replicator = None
+
+    async def rebuild(self) -> int:
+        last = await self.redis.xrevrange(self.stream_key, count=1)
+        self.last_id = last[0][0].decode() if last else "0-0"  # type: ignore[union-attr]
+        now, n = time.time(), 0
+        async for _key, raw in self.redis.hscan_iter(self.entries_key, count=1000):
+            entry = _unpack(raw)
+            if entry.expires_at > now:
+                self.stage.apply_add(entry)
+                n += 1
+        log.info("semantic sync: rebuilt %d entries from Redis", n)
+        return n
+
+    async def publish_add(self, entry: Entry) -> None:
+        raw = _pack(entry)
+        ttl = max(int(entry.expires_at - time.time()) + 1, 1)
+        try:
+            async with self.redis.pipeline(transaction=False) as p:
+                p.hset(self.entries_key, entry.exact_key, raw)
+                p.xadd(
+                    self.stream_key,
+                    {"op": "add", "o": self.origin, "e": raw},
+                    maxlen=STREAM_MAXLEN,
+                    approximate=True,
+                )
+                await p.execute()
+            self._m.labels("publish", "ok").inc()
+        except (RedisError, OSError) as exc:
+            log.warning("semantic sync: publish add failed (%s); kept locally (ttl %ds)", exc, ttl)
+            self._m.labels("publish", "error").inc()
+
+    async def publish_remove(self, exact_key: str) -> None:
+        try:
+            async with self.redis.pipeline(transaction=False) as p:
+                p.hdel(self.entries_key, exact_key)
+                p.xadd(
+                    self.stream_key,
+                    {"op": "del", "o": self.origin, "k": exact_key},
+                    maxlen=STREAM_MAXLEN,
+                    approximate=True,
+                )
+                await p.execute()
+            self._m.labels("publish", "ok").inc()
+        except (RedisError, OSError) as exc:
+            log.warning("semantic sync: publish remove failed (%s)", exc)
+            self._m.labels("publish", "error").inc()
+
+    def _apply(self, fields: dict[bytes, bytes]) -> None:
+        if fields.get(b"o", b"").decode() == self.origin:
+            return
+        op = fields.get(b"op")
+        if op == b"add":
+            self.stage.apply_add(_unpack(fields[b"e"]))
+        elif op == b"del":
+            self.stage.apply_remove(fields[b"k"].decode())
+        self._m.labels("apply", "ok").inc()
+
+    async def _tail(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                resp: Any = await self.redis.xread(
+                    {self.stream_key: self.last_id}, block=self.block_ms, count=500
+                )
+                backoff = 0.1
+                for _stream, items in resp or []:
+                    for ident, fields in items:
+                        self.last_id = ident.decode()
+                        self._apply(fields)
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError) as exc:
+                self._m.labels("tail", "error").inc()
+                log.warning(
+                    "semantic sync: stream tail failed (%s); retrying in %.1fs", exc, backoff
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)

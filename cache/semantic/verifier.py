@@ -1,0 +1,168 @@
+"""Second stage of a semantic lookup: does the cached answer truly answer the new question?
+
+Nearest neighbours are only candidates. `MlpVerifier` scores each (query, candidate) pair with
+a small MLP over cosine, lexical/structural signals (cache.semantic.features) and the embedding
+interactions (u*v, |u-v|), trained by bench/train_verifier.py; the artifact is a small .npz.
+`CosineVerifier` is the verifier-off policy: the cosine threshold alone decides.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from cache.semantic.features import FEATURES_VERSION, TextInfo, pair_features
+
+DEFAULT_ARTIFACT = Path(__file__).with_name("verifier.npz")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """index: the chosen candidate or -1 (refused); score: what the decision was based on."""
+
+    index: int
+    score: float
+    refused: int  # candidates over the cosine floor that the verifier turned down
+
+
+class Verifier(Protocol):
+    name: str
+    floor: float
+
+    def choose(
+        self,
+        query: TextInfo,
+        query_vec: np.ndarray,
+        cands: Sequence[TextInfo],
+        cand_vecs: np.ndarray,
+        cand_cos: np.ndarray,
+        tighten: Sequence[float] = (),
+    ) -> Decision: ...
+
+
+class CosineVerifier:
+    """No second stage: the best candidate at or above the cosine threshold is served."""
+
+    name = "off"
+
+    def __init__(self, threshold: float) -> None:
+        self.floor = threshold
+
+    def choose(
+        self,
+        query: TextInfo,
+        query_vec: np.ndarray,
+        cands: Sequence[TextInfo],
+        cand_vecs: np.ndarray,
+        cand_cos: np.ndarray,
+        tighten: Sequence[float] = (),
+    ) -> Decision:
+        for i, c in enumerate(cand_cos):
+            need = max(self.floor, tighten[i] if i < len(tighten) else 0.0)
+            if c >= need:
+                return Decision(i, float(c), i)
+        return Decision(-1, float(cand_cos[0]) if len(cand_cos) else 0.0, 0)
+
+
+class MlpVerifier:
+    """Scores candidates over the cosine floor; serves the most probable one over p_min."""
+
+    name = "mlp"
+
+    def __init__(
+        self,
+        arrays: dict[str, np.ndarray],
+        meta: dict[str, Any],
+        floor: float | None = None,
+        p_min: float | None = None,
+    ) -> None:
+        if meta.get("features_version") != FEATURES_VERSION:
+            raise ValueError(
+                f"verifier artifact has features v{meta.get('features_version')}, code has "
+                f"v{FEATURES_VERSION}: retrain with `python -m bench.train_verifier`"
+            )
+        self.meta = meta
+        self.w1 = arrays["w1"].astype(np.float32)
+        self.b1 = arrays["b1"].astype(np.float32)
+        self.w2 = arrays["w2"].astype(np.float32)
+        self.b2 = float(arrays["b2"].reshape(-1)[0])
+        self.mean = arrays["mean"].astype(np.float32)
+        self.inv_std = (1.0 / arrays["std"]).astype(np.float32)
+        self.n_inputs = int(self.w1.shape[0])  # a prefix of build_matrix's columns
+        self.floor = float(meta["floor"] if floor is None else floor)
+        self.p_min = float(meta["p_min"] if p_min is None else p_min)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path = DEFAULT_ARTIFACT,
+        *,
+        floor: float | None = None,
+        p_min: float | None = None,
+    ) -> MlpVerifier:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files if k != "meta"}
+            meta = json.loads(str(z["meta"]))
+        return cls(arrays, meta, floor, p_min)
+
+    def features(
+        self,
+        query: TextInfo,
+        query_vec: np.ndarray,
+        cands: Sequence[TextInfo],
+        cand_vecs: np.ndarray,
+        cand_cos: np.ndarray,
+    ) -> np.ndarray:
+        lex = np.stack([pair_features(query, c) for c in cands])
+        return build_matrix(np.asarray(cand_cos, np.float32), lex, query_vec[None, :], cand_vecs)
+
+    def probabilities(self, x: np.ndarray) -> np.ndarray:
+        x = x[:, : self.n_inputs]
+        h = np.maximum((x - self.mean) * self.inv_std @ self.w1 + self.b1, 0.0)
+        z = h @ self.w2.reshape(-1) + self.b2
+        return np.asarray(1.0 / (1.0 + np.exp(-z)), dtype=np.float32)
+
+    def choose(
+        self,
+        query: TextInfo,
+        query_vec: np.ndarray,
+        cands: Sequence[TextInfo],
+        cand_vecs: np.ndarray,
+        cand_cos: np.ndarray,
+        tighten: Sequence[float] = (),
+    ) -> Decision:
+        keep = [i for i, c in enumerate(cand_cos) if c >= self.floor]
+        if not keep:
+            return Decision(-1, 0.0, 0)
+        x = self.features(
+            query, query_vec, [cands[i] for i in keep], cand_vecs[keep], np.asarray(cand_cos)[keep]
+        )
+        prob = self.probabilities(x)
+        best, best_p = -1, 0.0
+        for j, i in enumerate(keep):
+            need = max(self.p_min, tighten[i] if i < len(tighten) else 0.0)
+            if prob[j] >= need and prob[j] > best_p:
+                best, best_p = i, float(prob[j])
+        refused = len(keep) - (1 if best >= 0 else 0)
+        return Decision(best, best_p if best >= 0 else float(prob.max()), refused)
+
+
+def build_matrix(cos: np.ndarray, lex: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """[cos, lexical..., u*v, |u-v|] per row; u broadcasts against v's rows."""
+    return np.concatenate([cos.reshape(-1, 1), lex, u * v, np.abs(u - v)], axis=1).astype(
+        np.float32
+    )
+
+
+def load_verifier(
+    kind: str, threshold: float, min_score: float | None = None, artifact: str | Path | None = None
+) -> Verifier:
+    """'on' → the trained MLP with `threshold` as its cosine floor; 'off' → cosine alone."""
+    if kind == "off":
+        return CosineVerifier(threshold)
+    return MlpVerifier.load(artifact or DEFAULT_ARTIFACT, floor=threshold, p_min=min_score)

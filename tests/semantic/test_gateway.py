@@ -1,0 +1,130 @@
+"""Semantic caching through the real gateway with the real openai SDK and a real upstream."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import openai
+import pytest
+
+from tests.integration.cache.conftest import ADMIN_TOKEN, cache_config
+from tests.support.servers import GatewayProcess, RedisServer, ServerThread
+
+
+def semantic_config(
+    upstream_url: str, redis_url: str | None = None, **semantic: Any
+) -> dict[str, Any]:
+    cfg = cache_config(upstream_url, redis_url, routes=("chat",))
+    for r in cfg["routes"]:
+        if r["name"] == "chat":
+            r["cache"]["semantic"] = {"enabled": True, **semantic}
+    return cfg
+
+
+def ask(client: openai.OpenAI, text: str, **extra: Any) -> tuple[str, Any]:
+    raw = client.chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": text}], **extra
+    )
+    return raw.parse().choices[0].message.content or "", raw.headers
+
+
+def client_for(url: str, key: str = "sk-alice") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+
+
+@pytest.fixture
+def gw(upstream: ServerThread, start_gateway: Callable[..., ServerThread]) -> ServerThread:
+    return start_gateway(semantic_config(upstream.url))
+
+
+def test_paraphrase_is_a_semantic_hit_with_the_cached_answer(gw: ServerThread) -> None:
+    c = client_for(gw.url)
+    first, h1 = ask(c, "How do I reset my password?", temperature=0)
+    assert h1["x-cache"] == "miss"
+    again, h2 = ask(c, "How can I reset my password?", temperature=0)
+    assert h2["x-cache"] == "semantic-hit" and again == first
+    assert float(h2["x-cache-similarity"]) > 0.9
+    assert "semantic;dur=" in h2["server-timing"]
+
+
+def test_refusals_other_tenants_and_sampled_calls_miss(gw: ServerThread) -> None:
+    c = client_for(gw.url)
+    ask(c, "What is 2+3?", temperature=0)
+    assert ask(c, "What is 2+4?", temperature=0)[1]["x-cache"] == "miss"
+    ask(c, "Is the Tabaci a tributary of the Leurda?", temperature=0)
+    assert ask(c, "Is the Leurda a tributary of the Tabaci?", temperature=0)[1]["x-cache"] == "miss"
+    ask(c, "How do I reset my password?", temperature=0)
+    assert (
+        ask(client_for(gw.url, "sk-bob"), "How can I reset my password?", temperature=0)[1][
+            "x-cache"
+        ]
+        == "miss"
+    )
+    assert ask(c, "How can I reset my password?", temperature=0.8)[1]["x-cache"] == "miss"
+
+
+def test_purge_removes_vectors(gw: ServerThread) -> None:
+    c = client_for(gw.url)
+    ask(c, "How do I reset my password?", temperature=0)
+    req = urllib.request.Request(
+        f"{gw.url}/admin/cache/purge",
+        data=json.dumps({"all": True}).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200 and json.loads(r.read())["purged"]["semantic"] == 1
+    assert ask(c, "How can I reset my password?", temperature=0)[1]["x-cache"] == "miss"
+
+
+def admin_post(url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(
+        f"{url}{path}",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_wrong_hit_feedback_tightens_that_entry(gw: ServerThread) -> None:
+    c = client_for(gw.url)
+    ask(c, "How do I reset my password?", temperature=0)
+    _, h = ask(c, "How can I reset my password?", temperature=0)
+    assert h["x-cache"] == "semantic-hit"
+    body = {"entry": h["x-cache-entry"], "score": float(h["x-cache-score"])}
+    assert admin_post(gw.url, "/admin/cache/semantic/wrong-hit", body)[0] == 200
+    assert ask(c, "How can I reset my password?", temperature=0)[1]["x-cache"] == "miss"
+    assert admin_post(gw.url, "/admin/cache/semantic/wrong-hit", {"entry": "nope"})[0] == 404
+    assert admin_post(gw.url, "/admin/cache/semantic/wrong-hit", {"score": 1})[0] == 400
+
+
+@pytest.mark.slow
+def test_two_processes_share_through_redis(
+    upstream: ServerThread, redis_server: RedisServer
+) -> None:
+    cfg = semantic_config(upstream.url, redis_server.url)
+    cfg["cache"]["redis"]["key_prefix"] = f"sem{uuid.uuid4().hex[:8]}:"
+    a, b = GatewayProcess(cfg).start(), GatewayProcess(cfg).start()
+    try:
+        text = ask(client_for(a.url), "How do I reset my password?", temperature=0)[0]
+        deadline = time.monotonic() + 1.0
+        while True:
+            got, h = ask(client_for(b.url), "How can I reset my password?", temperature=0)
+            if h["x-cache"] == "semantic-hit" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert h["x-cache"] == "semantic-hit" and got == text
+    finally:
+        a.stop()
+        b.stop()

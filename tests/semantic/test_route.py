@@ -1,0 +1,51 @@
+"""Route policy: deterministic-only by default, min_chars, and namespaces from real OpenAI calls."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cache.semantic.route import SemanticRoute
+from cache.semantic.stage import SemanticStage
+from cache.semantic.verifier import MlpVerifier
+from cache.settings import SemanticPolicy
+from gateway.protocols.base import Call
+from gateway.protocols.openai import OpenAIAdapter
+
+
+def chat(text: str, **extra: Any) -> Call:
+    body = {"model": "m", "messages": [{"role": "user", "content": text}], **extra}
+    call = OpenAIAdapter().parse(
+        "POST", "/v1/chat/completions", "", "application/json", json.dumps(body).encode()
+    )
+    assert call is not None
+    return call
+
+
+async def test_deterministic_only_by_default(stage: SemanticStage, verifier: MlpVerifier) -> None:
+    route = SemanticRoute(stage, "chat", SemanticPolicy(enabled=True), verifier)
+    assert not await route.remember(chat("How do I reset my password?"), "t", "k0")  # temp 1.0
+    assert await route.remember(chat("How do I reset my password?", temperature=0), "t", "k1")
+    assert await route.lookup(chat("How can I reset my password?", temperature=0.7), "t") is None
+    hit = await route.lookup(chat("How can I reset my password?", temperature=0), "t")
+    assert hit is not None and hit.exact_key == "k1"
+    # A seed makes a sampled call repeatable, so it is cacheable too (in its own namespace).
+    assert route.applies(chat("How can I reset my password?", temperature=0.7, seed=3))
+
+
+async def test_policy_can_allow_sampled_calls(stage: SemanticStage, verifier: MlpVerifier) -> None:
+    route = SemanticRoute(
+        stage, "chat", SemanticPolicy(enabled=True, only_deterministic=False), verifier
+    )
+    assert route.applies(chat("How do I reset my password?", temperature=0.9))
+
+
+async def test_short_texts_and_other_tenants_miss(
+    stage: SemanticStage, verifier: MlpVerifier
+) -> None:
+    route = SemanticRoute(stage, "chat", SemanticPolicy(enabled=True, min_chars=8), verifier)
+    assert not route.applies(chat("hi", temperature=0))
+    await route.remember(chat("How do I reset my password?", temperature=0), "tenant-a", "k")
+    assert (
+        await route.lookup(chat("How can I reset my password?", temperature=0), "tenant-b") is None
+    )

@@ -1,0 +1,60 @@
+"""The verifier refuses near-duplicates that differ (numbers, names, order); keeps paraphrases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cache.embedder import Embedder
+from cache.semantic.features import text_info
+from cache.semantic.verifier import CosineVerifier, MlpVerifier
+
+SWAPS = [
+    ("What is 2+3?", "What is 2+4?"),
+    ("How many calories are in 100 grams of rice?", "How many calories are in 250 grams of rice?"),
+    ("Is the Tabaci a tributary of the Leurda?", "Is the Leurda a tributary of the Tabaci?"),
+    ("What is the capital of Austria?", "What is the capital of Australia?"),
+    ("Who was the first president of France?", "Who was the first president of Finland?"),
+    ("Does a dog chase a cat?", "Does a cat chase a dog?"),
+    ("Can I take ibuprofen with alcohol?", "Can I not take ibuprofen with alcohol?"),
+]
+PARAPHRASES = [
+    ("How do I reset my password?", "How can I reset my password?"),
+    ("What is the best way to learn Python?", "What's the best way to learn Python?"),
+]
+
+
+def decide(ver: MlpVerifier | CosineVerifier, emb: Embedder, q: str, c: str) -> int:
+    v = emb.embed_sync([q, c])
+    cos = np.asarray([float(v[0] @ v[1])], dtype=np.float32)
+    return ver.choose(text_info(q), v[0], [text_info(c)], v[1:], cos).index
+
+
+@pytest.mark.parametrize(("cached", "asked"), SWAPS)
+def test_refuses_swaps_that_cosine_alone_serves(
+    verifier: MlpVerifier, embedder: Embedder, cached: str, asked: str
+) -> None:
+    assert decide(verifier, embedder, asked, cached) == -1
+
+
+def test_cosine_alone_would_serve_most_swaps(embedder: Embedder) -> None:
+    # The reason the verifier exists: at GPTCache's default (cosine >= 0.6) these all hit.
+    served = sum(decide(CosineVerifier(0.6), embedder, a, c) == 0 for c, a in SWAPS)
+    assert served >= len(SWAPS) - 1
+
+
+@pytest.mark.parametrize(("cached", "asked"), PARAPHRASES)
+def test_serves_paraphrases(
+    verifier: MlpVerifier, embedder: Embedder, cached: str, asked: str
+) -> None:
+    assert decide(verifier, embedder, asked, cached) == 0
+
+
+def test_wrong_hit_report_tightens_one_entry(verifier: MlpVerifier, embedder: Embedder) -> None:
+    q, c = PARAPHRASES[0][1], PARAPHRASES[0][0]
+    v = embedder.embed_sync([q, c])
+    cos = np.asarray([float(v[0] @ v[1])], dtype=np.float32)
+    first = verifier.choose(text_info(q), v[0], [text_info(c)], v[1:], cos)
+    assert first.index == 0
+    again = verifier.choose(text_info(q), v[0], [text_info(c)], v[1:], cos, [first.score + 0.01])
+    assert again.index == -1
