@@ -83,8 +83,9 @@ def packaged_model_dir() -> str:
     return str(get_model_path())
 
 
-def load_embedder(model: str = DEFAULT_MODEL, providers: str = "auto",
-                  registry: Any = None) -> Embedder:
+def load_embedder(
+    model: str = DEFAULT_MODEL, providers: str = "auto", registry: Any = None, metrics: Any = None
+) -> Embedder:
     try:
         from backends.local.text_encoder import load_text_encoder
     except ImportError:
@@ -94,6 +95,8 @@ def load_embedder(model: str = DEFAULT_MODEL, providers: str = "auto",
         )
         path = packaged_model_dir() if model.startswith("builtin:") else model
         return SentenceTransformersEmbedder(path)
-    enc = load_text_encoder(model=model, providers=providers, registry=registry)
+    enc = load_text_encoder(
+        model=model, providers=providers, registry=None if metrics else registry, metrics=metrics
+    )
     log.info("embedder: %s on ONNX Runtime, device=%s, dim=%d", model, enc.device, enc.dim)
     return TextEncoderEmbedder(enc)

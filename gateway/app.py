@@ -42,23 +42,27 @@ def build_router(settings: Settings) -> Router:
 def build_app(settings: Settings, config_path: str | None = None) -> web.Application:
     metrics = Metrics()
     remote_metrics = RemoteMetrics(metrics.registry)  # one set per registry; reloads reuse it
-    local_metrics: list[Any] = []  # created on the first local backend, then reused
+    local_metrics: list[Any] = []  # one set per registry: local backends and the embedder share it
 
-    def make_backends(specs: Mapping[str, BackendSettings]) -> dict[str, Backend]:
-        if not local_metrics and any(s.kind != "remote" for s in specs.values()):
+    def engine_metrics() -> Any:
+        if not local_metrics:
             from backends.local.metrics import LocalMetrics
 
             local_metrics.append(LocalMetrics(metrics.registry))
+        return local_metrics[0]
+
+    def make_backends(specs: Mapping[str, BackendSettings]) -> dict[str, Backend]:
+        local = any(s.kind != "remote" for s in specs.values())
         return build_backends(
             specs, metrics.registry, remote_metrics=remote_metrics,
-            local_metrics=local_metrics[0] if local_metrics else None,
+            local_metrics=engine_metrics() if local else None,
         )
 
     backends = make_backends(settings.backends)
     router = build_router(settings)
     cache = Cache(settings.cache, metrics.registry)
     route_caches = {r.name: rc for r in settings.routes if (rc := cache.for_route(r.name, r.cache.exact))}
-    semantic = build_semantic(settings.cache, metrics.registry, settings.routes)
+    semantic = build_semantic(settings.cache, metrics.registry, settings.routes, engine_metrics)
     if semantic is not None:
         cache.purge_listeners.append(semantic.purge)
     stage = CacheStage(route_caches, semantic_routes(semantic))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
@@ -55,11 +55,17 @@ class _Pending:
 
 class SemanticSetup:
     def __init__(
-        self, settings: CacheSettings, registry: CollectorRegistry, routes: Sequence[RouteLike]
+        self,
+        settings: CacheSettings,
+        registry: CollectorRegistry,
+        routes: Sequence[RouteLike],
+        engine_metrics: Callable[[], Any] | None = None,
     ) -> None:
         s = settings.semantic
         self.settings = settings
         self.registry = registry
+        # The engine layer's metrics are registered once per app; the embedder shares them.
+        self._engine_metrics = engine_metrics
         self.metrics = SemanticMetrics(registry)
         self.index = VectorIndex(
             384, flat_max=s.flat_max, hnsw_m=s.hnsw_m, ef_search=s.ef_search, device=s.device
@@ -83,8 +89,9 @@ class SemanticSetup:
 
     async def open(self) -> None:
         s = self.settings.semantic
+        shared = self._engine_metrics() if self._engine_metrics is not None else None
         embedder: Embedder = await asyncio.to_thread(
-            load_embedder, s.model, s.providers, self.registry
+            load_embedder, s.model, s.providers, self.registry, shared
         )
         self.stage.embedder = embedder
         self.stage.metrics.device.labels(embedder.device, self.index.device).set(1)
@@ -122,10 +129,13 @@ class SemanticSetup:
 
 
 def build_semantic(
-    settings: CacheSettings, registry: CollectorRegistry, routes: Sequence[RouteLike]
+    settings: CacheSettings,
+    registry: CollectorRegistry,
+    routes: Sequence[RouteLike],
+    engine_metrics: Callable[[], Any] | None = None,
 ) -> SemanticSetup | None:
     enabled = [r for r in routes if r.cache.semantic.enabled]
-    return SemanticSetup(settings, registry, enabled) if enabled else None
+    return SemanticSetup(settings, registry, enabled, engine_metrics) if enabled else None
 
 
 def semantic_routes(setup: SemanticSetup | None) -> Mapping[str, SemanticRoute]:

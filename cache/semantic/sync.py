@@ -61,6 +61,7 @@ class RedisSync:
         self.block_ms = block_ms
         self.last_id = "0-0"
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
         self._m = stage.metrics.sync
 
     async def start(self) -> None:
@@ -73,6 +74,7 @@ class RedisSync:
         self._task = asyncio.create_task(self._tail(), name="semantic-sync-tail")
 
     async def aclose(self) -> None:
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -137,7 +139,7 @@ class RedisSync:
 
     async def _tail(self) -> None:
         backoff = 0.1
-        while True:
+        while not self._closing:
             try:
                 resp: Any = await self.redis.xread(
                     {self.stream_key: self.last_id}, block=self.block_ms, count=500
@@ -150,6 +152,11 @@ class RedisSync:
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError) as exc:
+                task = asyncio.current_task()
+                if self._closing or (task is not None and task.cancelling()):
+                    # redis-py can turn a cancellation mid-read into a connection error:
+                    # swallowing it here would leave aclose() waiting on this loop forever.
+                    raise asyncio.CancelledError from exc
                 self._m.labels("tail", "error").inc()
                 log.warning(
                     "semantic sync: stream tail failed (%s); retrying in %.1fs", exc, backoff
