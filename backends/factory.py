@@ -30,7 +30,8 @@ def preflight(settings: Mapping[str, BackendSettings]) -> list[str]:
 
 
 def build_backends(
-    settings: Mapping[str, BackendSettings], registry: CollectorRegistry | None = None,
+    settings: Mapping[str, BackendSettings],
+    registry: CollectorRegistry | None = None,
     remote_metrics: RemoteMetrics | None = None,
     local_metrics: LocalMetrics | None = None,
 ) -> dict[str, Backend]:

@@ -10,13 +10,15 @@ from aiohttp import web
 
 from gateway.errors import BadRequest, GatewayError, NotFound, Unauthorized, error_body
 from gateway.redact import redact
-from gateway.state import AppState, STATE
+from gateway.state import STATE, AppState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _json(data: object, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=json.dumps(data).encode(), content_type="application/json")
+    return web.Response(
+        status=status, body=json.dumps(data).encode(), content_type="application/json"
+    )
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -27,12 +29,16 @@ async def readyz(request: web.Request) -> web.Response:
     state = request.app[STATE]
     backends = {name: {"ready": b.ready(), **b.describe()} for name, b in state.backends.items()}
     ready = not state.draining and all(v["ready"] for v in backends.values())
-    return _json({"ready": ready, "draining": state.draining, "backends": backends}, 200 if ready else 503)
+    return _json(
+        {"ready": ready, "draining": state.draining, "backends": backends}, 200 if ready else 503
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:
     body = request.app[STATE].metrics.render()
-    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    return web.Response(
+        body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+    )
 
 
 def check_admin(state: AppState, request: web.Request) -> None:
@@ -41,7 +47,9 @@ def check_admin(state: AppState, request: web.Request) -> None:
     given = request.headers.get("Authorization", "")
     if not token:
         raise Unauthorized("the admin API is disabled: set admin.token or LATENTGATE_ADMIN_TOKEN")
-    if not given.startswith("Bearer ") or not hmac.compare_digest(given[7:].encode(), token.encode()):
+    if not given.startswith("Bearer ") or not hmac.compare_digest(
+        given[7:].encode(), token.encode()
+    ):
         raise Unauthorized("missing or wrong admin bearer token")
 
 
@@ -52,7 +60,9 @@ def guarded(handler: Handler) -> Handler:
             return await handler(request)
         except GatewayError as err:
             return web.Response(
-                status=err.status, body=error_body("admin", err), content_type="application/json",
+                status=err.status,
+                body=error_body("admin", err),
+                content_type="application/json",
                 headers={"WWW-Authenticate": "Bearer"} if err.status == 401 else None,
             )
 
@@ -80,7 +90,8 @@ async def admin_cache_stats(request: web.Request) -> web.Response:
 
 
 async def admin_cache_purge(request: web.Request) -> web.Response:
-    """Body: {"route": r} | {"model": m} | {"tenant": t} (any combination, all must match) | {"all": true}.
+    """Body: {"route": r} | {"model": m} | {"tenant": t} (any combination, all must match)
+    | {"all": true}.
 
     tenant is the tenant header's value as clients send it (a list when a route names several
     headers); it is hashed here exactly as keys hash it.

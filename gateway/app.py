@@ -54,21 +54,27 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     def make_backends(specs: Mapping[str, BackendSettings]) -> dict[str, Backend]:
         local = any(s.kind != "remote" for s in specs.values())
         return build_backends(
-            specs, metrics.registry, remote_metrics=remote_metrics,
+            specs,
+            metrics.registry,
+            remote_metrics=remote_metrics,
             local_metrics=engine_metrics() if local else None,
         )
 
     backends = make_backends(settings.backends)
     router = build_router(settings)
     cache = Cache(settings.cache, metrics.registry)
-    route_caches = {r.name: rc for r in settings.routes if (rc := cache.for_route(r.name, r.cache.exact))}
+    route_caches = {
+        r.name: rc for r in settings.routes if (rc := cache.for_route(r.name, r.cache.exact))
+    }
     semantic = build_semantic(settings.cache, metrics.registry, settings.routes, engine_metrics)
     if semantic is not None:
         cache.purge_listeners.append(semantic.purge)
     stage = CacheStage(route_caches, semantic_routes(semantic))
     pipeline = Pipeline(router, backends, metrics, settings.limits, stage)
     pipeline.tracing = build_tracing(settings.tracing)
-    state = AppState(settings=settings, metrics=metrics, backends=backends, pipeline=pipeline, cache=cache)
+    state = AppState(
+        settings=settings, metrics=metrics, backends=backends, pipeline=pipeline, cache=cache
+    )
 
     def swap_policies(new: Settings) -> None:
         """A reload's cache policies: each route's cache rebuilt from its new exact policy."""

@@ -351,8 +351,13 @@ class CacheStage:
         return Outcome(entry=entry, shareable=shareable, response=resp)
 
     async def _semantic_lookup(
-        self, rc: RouteCache, call: Call, key: CacheKey, directives: RequestDirectives,
-        timing: Timing, t: float,
+        self,
+        rc: RouteCache,
+        call: Call,
+        key: CacheKey,
+        directives: RequestDirectives,
+        timing: Timing,
+        t: float,
     ) -> web.Response | None:
         """After an exact miss: a verified near-duplicate's stored answer, in this namespace."""
         sr = self.semantic.get(rc.route)

@@ -19,10 +19,12 @@ def _apply_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     if args.host is not None or args.port is not None:
         tcp = [lst for lst in listeners if lst.unix is None]
         base = tcp[0] if tcp else ListenerSettings(host="127.0.0.1", port=8080)
-        new = base.model_copy(update={
-            "host": args.host if args.host is not None else base.host,
-            "port": args.port if args.port is not None else base.port,
-        })
+        new = base.model_copy(
+            update={
+                "host": args.host if args.host is not None else base.host,
+                "port": args.port if args.port is not None else base.port,
+            }
+        )
         listeners = [new] + [lst for lst in listeners if lst.unix is not None]
     if args.uds:
         listeners.append(ListenerSettings(name="uds", unix=args.uds))
@@ -64,9 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         from backends.local.build import run_build
 
-        return run_build(args.model, args.precision, calibration=args.calibration,
-                         validation=args.validation, min_cosine=args.min_cosine,
-                         artifacts_dir=args.artifacts)
+        return run_build(
+            args.model,
+            args.precision,
+            calibration=args.calibration,
+            validation=args.validation,
+            min_cosine=args.min_cosine,
+            artifacts_dir=args.artifacts,
+        )
 
     if args.command == "profile":
         from gateway.profile import main as profile_main

@@ -205,7 +205,9 @@ def _interpolate_tree(value: Any, environ: Mapping[str, str]) -> Any:
     return value
 
 
-def parse_settings(text: str, source: str = "<config>", environ: Mapping[str, str] | None = None) -> Settings:
+def parse_settings(
+    text: str, source: str = "<config>", environ: Mapping[str, str] | None = None
+) -> Settings:
     """Validate a YAML document; raise ConfigError listing every problem with its line."""
     env = os.environ if environ is None else environ
     try:

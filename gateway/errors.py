@@ -9,7 +9,9 @@ class GatewayError(Exception):
     status = 500
     error_type = "internal_error"
 
-    def __init__(self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
-})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
 # Recomputed by whoever writes the next hop's framing.
 _FRAMING = frozenset({"content-length", "host"})
 # Built once: the hot path does one set lookup per header.
@@ -21,7 +29,11 @@ def _connection_tokens(value: str) -> frozenset[str]:
 
 
 def upstream_headers(
-    raw: Iterable[tuple[str, str]], *, client_ip: str | None, proto: str, host: str | None,
+    raw: Iterable[tuple[str, str]],
+    *,
+    client_ip: str | None,
+    proto: str,
+    host: str | None,
     keep_length: bool = False,
 ) -> list[tuple[str, str]]:
     drop = _DROP_UP_KEEP_LENGTH if keep_length else _DROP_UP

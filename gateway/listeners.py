@@ -12,7 +12,7 @@ from gateway.config import ListenerSettings
 
 
 def bind_unix(path: str) -> socket.socket:
-    """Bind a unix socket, replacing a stale one left by a crashed process (never a regular file)."""
+    """Bind a unix socket, replacing a stale one a crashed process left (never a regular file)."""
     try:
         if stat.S_ISSOCK(os.stat(path).st_mode):
             os.unlink(path)
@@ -27,7 +27,9 @@ def bind_unix(path: str) -> socket.socket:
 
 
 def make_sites(
-    runner: web.AppRunner, listeners: list[ListenerSettings], unix_socks: dict[str, socket.socket],
+    runner: web.AppRunner,
+    listeners: list[ListenerSettings],
+    unix_socks: dict[str, socket.socket],
     reuse_port: bool,
 ) -> list[web.BaseSite]:
     sites: list[web.BaseSite] = []
@@ -37,6 +39,12 @@ def make_sites(
             sites.append(web.SockSite(runner, sock))
         else:
             sites.append(
-                web.TCPSite(runner, lst.host or "127.0.0.1", lst.port or 0, reuse_port=reuse_port or None, backlog=1024)
+                web.TCPSite(
+                    runner,
+                    lst.host or "127.0.0.1",
+                    lst.port or 0,
+                    reuse_port=reuse_port or None,
+                    backlog=1024,
+                )
             )
     return sites

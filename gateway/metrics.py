@@ -9,7 +9,23 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (
-    0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+    0.0002,
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
 )
 
 
@@ -35,20 +51,31 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
-            "latentgate_requests", "Requests by route, backend and status",
-            ["route", "backend", "status"], registry=r,
+            "latentgate_requests",
+            "Requests by route, backend and status",
+            ["route", "backend", "status"],
+            registry=r,
         )
         self.latency = Histogram(
-            "latentgate_request_duration_seconds", "Time to the last byte, per route and backend",
-            ["route", "backend"], buckets=LATENCY_BUCKETS, registry=r,
+            "latentgate_request_duration_seconds",
+            "Time to the last byte, per route and backend",
+            ["route", "backend"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.upstream_latency = Histogram(
-            "latentgate_upstream_duration_seconds", "Time to upstream response headers",
-            ["backend"], buckets=LATENCY_BUCKETS, registry=r,
+            "latentgate_upstream_duration_seconds",
+            "Time to upstream response headers",
+            ["backend"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.in_flight = Gauge("latentgate_in_flight_requests", "Requests being served", registry=r)
         self.upstream_errors = Counter(
-            "latentgate_upstream_errors", "Upstream failures by kind", ["backend", "kind"], registry=r,
+            "latentgate_upstream_errors",
+            "Upstream failures by kind",
+            ["backend", "kind"],
+            registry=r,
         )
         self._children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
 

@@ -54,7 +54,7 @@ _STREAM_BODY_OVER = 1 << 20
 class Timing:
     """Stage durations for Server-Timing, in insertion order."""
 
-    __slots__ = ("start", "stages")
+    __slots__ = ("stages", "start")
 
     def __init__(self) -> None:
         self.start = time.perf_counter()
@@ -74,7 +74,11 @@ class Timing:
 
 class Pipeline:
     def __init__(
-        self, router: Router, backends: Mapping[str, Backend], metrics: Metrics, limits: LimitSettings,
+        self,
+        router: Router,
+        backends: Mapping[str, Backend],
+        metrics: Metrics,
+        limits: LimitSettings,
         cache: CacheStage | None = None,
     ) -> None:
         self.cache = cache
@@ -135,18 +139,24 @@ class Pipeline:
             status = err.status
             return self._error(protocol, err, timing)
         finally:
-            self.metrics.observe_request(route_name, backend_name, status, time.perf_counter() - timing.start)
+            self.metrics.observe_request(
+                route_name, backend_name, status, time.perf_counter() - timing.start
+            )
             self.in_flight -= 1
             if self.in_flight == 0:
                 self.idle.set()
 
-    async def _serve(self, request: web.Request, candidates: list[Route], timing: Timing) -> web.StreamResponse:
+    async def _serve(
+        self, request: web.Request, candidates: list[Route], timing: Timing
+    ) -> web.StreamResponse:
         route = candidates[0]
         t = timing.start
         body: bytes | AsyncIterator[bytes]
         length = request.content_length
         if length is not None and length > self.limits.max_body_bytes:
-            raise PayloadTooLarge(f"request body of {length} bytes exceeds {self.limits.max_body_bytes}")
+            raise PayloadTooLarge(
+                f"request body of {length} bytes exceeds {self.limits.max_body_bytes}"
+            )
         cached = route.policy.exact.enabled  # a key needs the whole body, even on passthrough
         parsed = route.protocol != "passthrough" or len(candidates) > 1 or cached
         if parsed or (length is not None and length <= _STREAM_BODY_OVER):
@@ -161,13 +171,19 @@ class Pipeline:
         call: Call | None = None
         if isinstance(body, bytes) and (route.protocol != "passthrough" or cached):
             call = route.adapter.parse(
-                request.method, request.path, request.query_string,
-                request.headers.get("Content-Type", ""), body, request.headers,
+                request.method,
+                request.path,
+                request.query_string,
+                request.headers.get("Content-Type", ""),
+                body,
+                request.headers,
             )
             if len(candidates) > 1:
                 picked = Router.pick_by_model(candidates, call.model if call else None)
                 if picked is None:
-                    raise NotFound(f"no route for model {call.model if call else None!r} on {request.path}")
+                    raise NotFound(
+                        f"no route for model {call.model if call else None!r} on {request.path}"
+                    )
                 route = picked
             t = timing.add("parse", t)
 
@@ -177,19 +193,38 @@ class Pipeline:
                 path_qs=request.raw_path,
                 headers=upstream_headers(
                     [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers],
-                    client_ip=request.remote, proto=request.scheme, host=request.host,
+                    client_ip=request.remote,
+                    proto=request.scheme,
+                    host=request.host,
                     keep_length=not isinstance(body, bytes),
                 ),
-                body=body if (isinstance(body, bytes) and body) or not isinstance(body, bytes) else None,
+                body=body
+                if (isinstance(body, bytes) and body) or not isinstance(body, bytes)
+                else None,
                 policy=route.upstream,
             )
 
         # Exact-cache stage: between parse and dispatch; the stage calls the backend on a miss.
-        rc = self.cache.routes.get(route.name) if self.cache is not None and call is not None else None
-        if rc is not None and call is not None and self.cache is not None and isinstance(body, bytes):
+        rc = (
+            self.cache.routes.get(route.name)
+            if self.cache is not None and call is not None
+            else None
+        )
+        if (
+            rc is not None
+            and call is not None
+            and self.cache is not None
+            and isinstance(body, bytes)
+        ):
             return await self.cache.serve(
-                request, rc, call, body, lambda: self._send(route, upstream_request()),
-                lambda up, extra: self._respond(request, up, timing, extra), timing, t,
+                request,
+                rc,
+                call,
+                body,
+                lambda: self._send(route, upstream_request()),
+                lambda up, extra: self._respond(request, up, timing, extra),
+                timing,
+                t,
             )
         upstream = await self._send(route, upstream_request())
         t = timing.add("upstream", t)
@@ -231,7 +266,9 @@ class Pipeline:
             async with asyncio.timeout(self.limits.body_read_timeout_s):
                 return await request.read()
         except web.HTTPRequestEntityTooLarge:
-            raise PayloadTooLarge(f"request body exceeds {self.limits.max_body_bytes} bytes") from None
+            raise PayloadTooLarge(
+                f"request body exceeds {self.limits.max_body_bytes} bytes"
+            ) from None
         except TimeoutError:
             raise RequestTimeout("the request body did not arrive in time") from None
 
@@ -244,7 +281,10 @@ class Pipeline:
             yield chunk
 
     async def _respond(
-        self, request: web.Request, up: UpstreamResponse, timing: Timing,
+        self,
+        request: web.Request,
+        up: UpstreamResponse,
+        timing: Timing,
         extra: Mapping[str, str] | None = None,
     ) -> web.StreamResponse:
         headers = downstream_headers(up.headers)
@@ -278,5 +318,9 @@ class Pipeline:
         return resp
 
     def _error(self, protocol: str, err: GatewayError, timing: Timing) -> web.Response:
-        headers = {"Content-Type": "application/json", "Server-Timing": timing.header(), **err.headers}
+        headers = {
+            "Content-Type": "application/json",
+            "Server-Timing": timing.header(),
+            **err.headers,
+        }
         return web.Response(status=err.status, body=error_body(protocol, err), headers=headers)

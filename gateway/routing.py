@@ -38,8 +38,13 @@ class Route:
     @classmethod
     def from_settings(cls, s: RouteSettings, adapter: Adapter) -> Route:
         return cls(
-            name=s.name, protocol=s.protocol, backend=s.backend, policy=s.cache, adapter=adapter,
-            path=s.match.path, prefix=s.match.prefix,
+            name=s.name,
+            protocol=s.protocol,
+            backend=s.backend,
+            policy=s.cache,
+            adapter=adapter,
+            path=s.match.path,
+            prefix=s.match.prefix,
             methods=frozenset(m.upper() for m in s.match.methods) if s.match.methods else None,
             model=s.match.model,
             upstream=_upstream_policy(s),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -68,8 +69,11 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, app[RELOADER].schedule, "SIGHUP")
     await stop.wait()
-    log.info("draining: no new connections; waiting up to %.0fs for %d in-flight requests",
-             limits.shutdown_grace_s, state.pipeline.in_flight)
+    log.info(
+        "draining: no new connections; waiting up to %.0fs for %d in-flight requests",
+        limits.shutdown_grace_s,
+        state.pipeline.in_flight,
+    )
     state.draining = True
     for site in sites:
         await site.stop()
@@ -80,8 +84,9 @@ async def serve(
         log.warning("grace period over with %d requests in flight", state.pipeline.in_flight)
     await runner.cleanup()
     for lst in [*settings.listeners, settings.admin.listener]:
-        if lst is not None and lst.unix is not None and os.path.exists(lst.unix):
-            os.unlink(lst.unix)
+        if lst is not None and lst.unix is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lst.unix)
     log.info("stopped")
 
 
@@ -121,10 +126,8 @@ def run(settings: Settings, workers: int = 1, config_path: str | None = None) ->
 
     def forward(signum: int, _frame: object) -> None:
         for child in children:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signum)
-            except ProcessLookupError:
-                pass
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)

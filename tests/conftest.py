@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -18,17 +19,39 @@ from tests.support.upstream import build_upstream
 def base_config(upstream_url: str, **overrides: Any) -> dict[str, Any]:
     """The default routes pointed at one upstream; tests override what they exercise."""
     cfg: dict[str, Any] = {
-        "backends": {"upstream": {"kind": "remote", "replicas": [upstream_url],
-                                  "timeouts": {"connect": 1, "read": 5, "total": 10}}},
+        "backends": {
+            "upstream": {
+                "kind": "remote",
+                "replicas": [upstream_url],
+                "timeouts": {"connect": 1, "read": 5, "total": 10},
+            }
+        },
         "routes": [
-            {"name": "chat", "match": {"path": "/v1/chat/completions", "methods": ["POST"]},
-             "protocol": "openai", "backend": "upstream"},
-            {"name": "completions", "match": {"path": "/v1/completions", "methods": ["POST"]},
-             "protocol": "openai", "backend": "upstream"},
-            {"name": "embeddings", "match": {"path": "/v1/embeddings", "methods": ["POST"]},
-             "protocol": "openai", "backend": "upstream"},
+            {
+                "name": "chat",
+                "match": {"path": "/v1/chat/completions", "methods": ["POST"]},
+                "protocol": "openai",
+                "backend": "upstream",
+            },
+            {
+                "name": "completions",
+                "match": {"path": "/v1/completions", "methods": ["POST"]},
+                "protocol": "openai",
+                "backend": "upstream",
+            },
+            {
+                "name": "embeddings",
+                "match": {"path": "/v1/embeddings", "methods": ["POST"]},
+                "protocol": "openai",
+                "backend": "upstream",
+            },
             {"name": "v2", "match": {"prefix": "/v2/"}, "protocol": "v2", "backend": "upstream"},
-            {"name": "default", "match": {"prefix": "/"}, "protocol": "passthrough", "backend": "upstream"},
+            {
+                "name": "default",
+                "match": {"prefix": "/"},
+                "protocol": "passthrough",
+                "backend": "upstream",
+            },
         ],
     }
     cfg.update(overrides)
@@ -44,7 +67,7 @@ def upstream() -> Iterator[ServerThread]:
 
 @pytest.fixture
 def start_gateway() -> Iterator[Callable[..., ServerThread]]:
-    """start_gateway(config_dict, uds=None) → a running in-process gateway (own thread, own loop)."""
+    """start_gateway(config_dict, uds=None) → a running in-process gateway (own thread and loop)."""
     started: list[ServerThread] = []
 
     def start(config: dict[str, Any], uds: str | None = None) -> ServerThread:
@@ -76,8 +99,6 @@ def tmp_sock_dir() -> Iterator[str]:
     d = tempfile.mkdtemp(prefix="lg-", dir="/tmp")
     yield d
     for f in os.listdir(d):
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(os.path.join(d, f))
-        except OSError:
-            pass
     os.rmdir(d)

@@ -11,7 +11,9 @@ import msgpack
 
 from gateway.errors import BadRequest
 
-MSGPACK_TYPES = frozenset({"application/msgpack", "application/x-msgpack", "application/vnd.msgpack"})
+MSGPACK_TYPES = frozenset(
+    {"application/msgpack", "application/x-msgpack", "application/vnd.msgpack"}
+)
 
 
 @dataclass(slots=True)
@@ -39,7 +41,12 @@ class Adapter(Protocol):
     name: str
 
     def parse(
-        self, method: str, path: str, query: str, content_type: str, body: bytes,
+        self,
+        method: str,
+        path: str,
+        query: str,
+        content_type: str,
+        body: bytes,
         headers: Mapping[str, str] | None = None,
     ) -> Call | None:
         """Return the Call, None when this path is not a parsed endpoint, or raise BadRequest."""

@@ -10,7 +10,11 @@ from gateway.protocols.base import Call, decode_body
 
 # Fields that change only the framing or the bookkeeping, never the answer.
 IGNORED_FIELDS = frozenset({"stream", "stream_options", "user"})
-_KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
+_KINDS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+}
 
 
 def _text_of(content: Any) -> str | None:
@@ -35,7 +39,12 @@ class OpenAIAdapter:
         self._ignored = IGNORED_FIELDS | extra_ignored
 
     def parse(
-        self, method: str, path: str, query: str, content_type: str, body: bytes,
+        self,
+        method: str,
+        path: str,
+        query: str,
+        content_type: str,
+        body: bytes,
         headers: Mapping[str, str] | None = None,
     ) -> Call | None:
         kind = _KINDS.get(path.rstrip("/"))
@@ -44,13 +53,19 @@ class OpenAIAdapter:
         doc = decode_body(content_type, body)
         _require(isinstance(doc, dict), "request body must be a JSON object", "body")
         model = doc.get("model")
-        _require(isinstance(model, str) and model != "", "'model' is required and must be a string", "model")
+        _require(
+            isinstance(model, str) and model != "",
+            "'model' is required and must be a string",
+            "model",
+        )
         stream = doc.get("stream", False)
         _require(isinstance(stream, bool), "'stream' must be a boolean", "stream")
         key_fields = {k: v for k, v in doc.items() if k not in self._ignored}
         call = Call("openai", model, key_fields, stream=stream, kind=kind)
         options = doc.get("stream_options")
-        call.extra["include_usage"] = isinstance(options, dict) and bool(options.get("include_usage"))
+        call.extra["include_usage"] = isinstance(options, dict) and bool(
+            options.get("include_usage")
+        )
         if kind == "chat":
             self._chat(doc, call)
         elif kind == "completions":

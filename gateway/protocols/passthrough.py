@@ -12,11 +12,19 @@ class PassthroughAdapter:
     name = "passthrough"
 
     def parse(
-        self, method: str, path: str, query: str, content_type: str, body: bytes,
+        self,
+        method: str,
+        path: str,
+        query: str,
+        content_type: str,
+        body: bytes,
         headers: Mapping[str, str] | None = None,
     ) -> Call | None:
         digest = hashlib.blake2b(body, digest_size=16).hexdigest()
         return Call(
-            "passthrough", None, {"method": method, "path": path, "query": query, "body": digest},
-            deterministic=method in ("GET", "HEAD"), kind="raw",
+            "passthrough",
+            None,
+            {"method": method, "path": path, "query": query, "body": digest},
+            deterministic=method in ("GET", "HEAD"),
+            kind="raw",
         )

@@ -6,6 +6,7 @@ tensor contents are reduced to their raw little-endian bytes and hashed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -62,12 +63,16 @@ def _bytes_elements(raw: bytes, name: str) -> list[bytes]:
     return out
 
 
-def tensor_from_json(name: str, datatype: str, shape: list[int], data: Any) -> tuple[bytes, list[bytes] | None]:
+def tensor_from_json(
+    name: str, datatype: str, shape: list[int], data: Any
+) -> tuple[bytes, list[bytes] | None]:
     """Raw bytes of a JSON tensor in the binary extension's layout; and its strings for BYTES."""
     flat = _flatten(data)
     count = int(np.prod(shape)) if shape else 1
     if len(flat) != count:
-        raise BadRequest(f"input '{name}': shape {shape} needs {count} elements, data has {len(flat)}")
+        raise BadRequest(
+            f"input '{name}': shape {shape} needs {count} elements, data has {len(flat)}"
+        )
     if datatype == "BYTES":
         elems = []
         for v in flat:
@@ -96,14 +101,21 @@ class V2Adapter:
         self._semantic_field = semantic_field
 
     def parse(
-        self, method: str, path: str, query: str, content_type: str, body: bytes,
+        self,
+        method: str,
+        path: str,
+        query: str,
+        content_type: str,
+        body: bytes,
         headers: Mapping[str, str] | None = None,
     ) -> Call | None:
         m = INFER_PATH.match(path)
         if m is None or method != "POST":
             return None
         binary: bytes = b""
-        hlen = (headers or {}).get(BINARY_HEADER) or (headers or {}).get("Inference-Header-Content-Length")
+        hlen = (headers or {}).get(BINARY_HEADER) or (headers or {}).get(
+            "Inference-Header-Content-Length"
+        )
         if hlen is not None:
             try:
                 n = int(hlen)
@@ -133,7 +145,9 @@ class V2Adapter:
             if not isinstance(datatype, str) or datatype not in DTYPES:
                 raise BadRequest(f"input '{name}': unknown datatype {datatype!r}")
             if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-                raise BadRequest(f"input '{name}': 'shape' must be an array of non-negative integers")
+                raise BadRequest(
+                    f"input '{name}': 'shape' must be an array of non-negative integers"
+                )
             if not isinstance(inp.get("parameters") or {}, dict):
                 raise BadRequest(f"input '{name}': 'parameters' must be an object")
             params = dict(inp.get("parameters") or {})
@@ -149,14 +163,17 @@ class V2Adapter:
                     raise BadRequest(f"input '{name}': 'data' is required without binary_data_size")
                 raw, elems = tensor_from_json(name, datatype, shape, inp["data"])
             if elems:
-                try:
+                with contextlib.suppress(UnicodeDecodeError):
                     texts[name] = elems[0].decode()
-                except UnicodeDecodeError:
-                    pass
-            key_inputs.append({
-                "name": name, "shape": shape, "datatype": datatype, "parameters": params,
-                "data": hashlib.blake2b(raw, digest_size=16).hexdigest(),
-            })
+            key_inputs.append(
+                {
+                    "name": name,
+                    "shape": shape,
+                    "datatype": datatype,
+                    "parameters": params,
+                    "data": hashlib.blake2b(raw, digest_size=16).hexdigest(),
+                }
+            )
         key_fields = {
             "model": m.group("name"),
             "version": m.group("version") or "",

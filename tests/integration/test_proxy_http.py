@@ -13,13 +13,23 @@ from tests.support.servers import ServerThread, free_port
 
 
 async def test_headers_hop_by_hop_and_forwarded(gateway: ServerThread) -> None:
-    async with aiohttp.ClientSession() as s:
-        async with s.put(gateway.url + "/any/path?x=1&y=2", data=b"payload",
-                         headers={"Connection": "keep-alive, X-Drop-Me", "X-Drop-Me": "1", "X-Keep": "yes",
-                                  "Authorization": "Bearer abc", "X-Forwarded-For": "10.0.0.9"}) as r:
-            assert r.status == 200
-            assert r.headers["X-Upstream-Custom"] == "kept"
-            echo = await r.json()
+    async with (
+        aiohttp.ClientSession() as s,
+        s.put(
+            gateway.url + "/any/path?x=1&y=2",
+            data=b"payload",
+            headers={
+                "Connection": "keep-alive, X-Drop-Me",
+                "X-Drop-Me": "1",
+                "X-Keep": "yes",
+                "Authorization": "Bearer abc",
+                "X-Forwarded-For": "10.0.0.9",
+            },
+        ) as r,
+    ):
+        assert r.status == 200
+        assert r.headers["X-Upstream-Custom"] == "kept"
+        echo = await r.json()
     got = {k.lower(): v for k, v in echo["headers"]}
     assert echo["method"] == "PUT" and echo["path"] == "/any/path" and echo["query"] == "x=1&y=2"
     assert echo["body_len"] == 7
@@ -57,17 +67,29 @@ async def test_malformed_bodies_are_400_json(gateway: ServerThread) -> None:
             (b"[1,2]", "application/json", "JSON object"),
             (b"\xc1\xff\x00", "application/msgpack", "msgpack"),
             (json.dumps({"messages": []}).encode(), "application/json", "'model'"),
-            (json.dumps({"model": "m", "messages": "hi"}).encode(), "application/json", "'messages'"),
-            (json.dumps({"model": "m", "messages": [], "stream": "yes"}).encode(), "application/json", "'stream'"),
+            (
+                json.dumps({"model": "m", "messages": "hi"}).encode(),
+                "application/json",
+                "'messages'",
+            ),
+            (
+                json.dumps({"model": "m", "messages": [], "stream": "yes"}).encode(),
+                "application/json",
+                "'stream'",
+            ),
             (b"", "application/json", "empty"),
         ]
         for body, ctype, needle in cases:
-            async with s.post(gateway.url + "/v1/chat/completions", data=body, headers={"Content-Type": ctype}) as r:
+            async with s.post(
+                gateway.url + "/v1/chat/completions", data=body, headers={"Content-Type": ctype}
+            ) as r:
                 assert r.status == 400, body
                 err = await r.json()
                 assert needle in err["error"]["message"], (needle, err)
                 assert err["error"]["type"] == "invalid_request_error"
-        async with s.post(gateway.url + "/v2/models/add/infer", data=b'{"inputs": [{"name": "x"}]}') as r:
+        async with s.post(
+            gateway.url + "/v2/models/add/infer", data=b'{"inputs": [{"name": "x"}]}'
+        ) as r:
             assert r.status == 400
             assert "datatype" in (await r.json())["error"]
 
@@ -75,21 +97,31 @@ async def test_malformed_bodies_are_400_json(gateway: ServerThread) -> None:
 async def test_msgpack_body_forwarded(gateway: ServerThread, upstream: ServerThread) -> None:
     body = msgpack.packb({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
     async with aiohttp.ClientSession() as s:
-        async with s.post(gateway.url + "/v1/embeddings", data=msgpack.packb({"model": "m"}),
-                          headers={"Content-Type": "application/msgpack"}) as r:
+        async with s.post(
+            gateway.url + "/v1/embeddings",
+            data=msgpack.packb({"model": "m"}),
+            headers={"Content-Type": "application/msgpack"},
+        ) as r:
             assert r.status == 400
             assert "'input'" in (await r.json())["error"]["message"]
-        async with s.post(gateway.url + "/other", data=body, headers={"Content-Type": "application/msgpack"}) as r:
+        async with s.post(
+            gateway.url + "/other", data=body, headers={"Content-Type": "application/msgpack"}
+        ) as r:
             assert (await r.json())["body_len"] == len(body)
 
 
 async def test_oversize_is_413(upstream: ServerThread, start_gateway) -> None:
     gw = start_gateway(base_config(upstream.url, limits={"max_body_bytes": 1000}))
-    async with aiohttp.ClientSession() as s:
-        async with s.post(gw.url + "/v1/chat/completions", data=b"x" * 5000,
-                          headers={"Content-Type": "application/json"}) as r:
-            assert r.status == 413
-            assert "exceeds" in (await r.json())["error"]["message"]
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            gw.url + "/v1/chat/completions",
+            data=b"x" * 5000,
+            headers={"Content-Type": "application/json"},
+        ) as r,
+    ):
+        assert r.status == 413
+        assert "exceeds" in (await r.json())["error"]["message"]
 
 
 async def test_slow_upstream_504_unreachable_502(upstream: ServerThread, start_gateway) -> None:
@@ -102,8 +134,11 @@ async def test_slow_upstream_504_unreachable_502(upstream: ServerThread, start_g
 
     async with aiohttp.ClientSession() as s:
         t0 = time.monotonic()
-        async with s.post(gw.url + "/v1/chat/completions", headers={"X-Test-Delay": "3"},
-                          json={"model": "m", "messages": [{"role": "user", "content": "x"}]}) as r:
+        async with s.post(
+            gw.url + "/v1/chat/completions",
+            headers={"X-Test-Delay": "3"},
+            json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+        ) as r:
             assert r.status == 504
             assert (await r.json())["error"]["type"] == "upstream_timeout"
         assert time.monotonic() - t0 < 2.0
@@ -132,8 +167,10 @@ async def test_health_ready_metrics_and_server_timing(gateway: ServerThread) -> 
             ready = await r.json()
             assert r.status == 200 and ready["ready"] is True
             assert "upstream" in ready["backends"]
-        async with s.post(gateway.url + "/v1/chat/completions",
-                          json={"model": "m", "messages": [{"role": "user", "content": "x"}]}) as r:
+        async with s.post(
+            gateway.url + "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+        ) as r:
             timing = r.headers["Server-Timing"]
             assert "parse;dur=" in timing and "upstream;dur=" in timing and "total;dur=" in timing
         async with s.get(gateway.url + "/metrics") as r:
@@ -153,11 +190,15 @@ async def test_unix_socket_listener_and_upstream(start_gateway, tmp_sock_dir: st
     try:
         gw = start_gateway(base_config(f"unix:{up_sock}"), uds=gw_sock)
         conn = aiohttp.UnixConnector(path=gw_sock)
-        async with aiohttp.ClientSession(connector=conn) as s:
-            async with s.post("http://gw/v1/chat/completions",
-                              json={"model": "m", "messages": [{"role": "user", "content": "via uds"}]}) as r:
-                assert r.status == 200
-                assert (await r.json())["choices"][0]["message"]["content"] == "echo(up): via uds"
+        async with (
+            aiohttp.ClientSession(connector=conn) as s,
+            s.post(
+                "http://gw/v1/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": "via uds"}]},
+            ) as r,
+        ):
+            assert r.status == 200
+            assert (await r.json())["choices"][0]["message"]["content"] == "echo(up): via uds"
         async with aiohttp.ClientSession() as s, s.get(gw.url + "/x") as r:  # TCP at the same time
             assert r.status == 200
     finally:

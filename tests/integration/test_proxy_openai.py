@@ -10,7 +10,10 @@ import pytest
 
 from tests.support.servers import ServerThread
 
-MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there gateway"}]
+MESSAGES = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "hello there gateway"},
+]
 
 
 def _client(url: str) -> openai.OpenAI:
@@ -18,7 +21,9 @@ def _client(url: str) -> openai.OpenAI:
 
 
 def test_chat_sync_same_as_direct(upstream: ServerThread, gateway: ServerThread) -> None:
-    direct = _client(upstream.url).chat.completions.create(model="m", messages=MESSAGES, temperature=0)
+    direct = _client(upstream.url).chat.completions.create(
+        model="m", messages=MESSAGES, temperature=0
+    )
     via = _client(gateway.url).chat.completions.create(model="m", messages=MESSAGES, temperature=0)
     assert via.model_dump() == direct.model_dump()
     assert via.choices[0].message.content == "echo(up): hello there gateway"
@@ -46,13 +51,18 @@ async def test_async_sdk_stream_and_plain(upstream: ServerThread, gateway: Serve
     await client.close()
 
 
-async def test_sse_event_boundaries_byte_identical(upstream: ServerThread, gateway: ServerThread) -> None:
+async def test_sse_event_boundaries_byte_identical(
+    upstream: ServerThread, gateway: ServerThread
+) -> None:
     body = {"model": "m", "messages": MESSAGES, "stream": True}
     headers = {"X-Test-Event-Delay": "0.02"}
 
     async def chunks(url: str) -> tuple[list[bytes], str]:
         got: list[bytes] = []
-        async with aiohttp.ClientSession() as s, s.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(url + "/v1/chat/completions", json=body, headers=headers) as r,
+        ):
             async for data, _ in r.content.iter_chunks():
                 got.append(data)
             return got, r.headers["Content-Type"]
@@ -67,18 +77,27 @@ async def test_sse_event_boundaries_byte_identical(upstream: ServerThread, gatew
 def test_error_status_and_body_verbatim(upstream: ServerThread, gateway: ServerThread) -> None:
     for url in (upstream.url, gateway.url):
         with pytest.raises(openai.RateLimitError) as info:
-            _client(url).with_options(default_headers={"X-Test-Status": "429"}).chat.completions.create(
-                model="m", messages=MESSAGES)
+            _client(url).with_options(
+                default_headers={"X-Test-Status": "429"}
+            ).chat.completions.create(model="m", messages=MESSAGES)
         assert info.value.status_code == 429
-        assert info.value.body == {"message": "injected 429", "type": "test_error", "param": None, "code": 429}
+        assert info.value.body == {
+            "message": "injected 429",
+            "type": "test_error",
+            "param": None,
+            "code": 429,
+        }
 
 
 async def test_raw_error_body_and_headers(upstream: ServerThread, gateway: ServerThread) -> None:
     async with aiohttp.ClientSession() as s:
         results = []
         for url in (upstream.url, gateway.url):
-            async with s.post(url + "/v1/chat/completions", json={"model": "m", "messages": MESSAGES},
-                              headers={"X-Test-Status": "503"}) as r:
+            async with s.post(
+                url + "/v1/chat/completions",
+                json={"model": "m", "messages": MESSAGES},
+                headers={"X-Test-Status": "503"},
+            ) as r:
                 results.append((r.status, await r.read(), r.headers.get("X-Upstream")))
         assert results[0] == results[1]
 
@@ -97,13 +116,19 @@ async def _stats(server: ServerThread) -> dict[str, object]:
         return dict(await r.json())
 
 
-async def test_concurrent_requests_reuse_pool(upstream: ServerThread, gateway: ServerThread) -> None:
+async def test_concurrent_requests_reuse_pool(
+    upstream: ServerThread, gateway: ServerThread
+) -> None:
     client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="k", max_retries=0)
     for _ in range(3):
-        await asyncio.gather(*[
-            client.chat.completions.create(model="m", messages=[{"role": "user", "content": str(i)}])
-            for i in range(8)
-        ])
+        await asyncio.gather(
+            *[
+                client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": str(i)}]
+                )
+                for i in range(8)
+            ]
+        )
     await client.close()
     async with aiohttp.ClientSession() as s, s.get(upstream.url + "/_test/stats") as r:
         stats = await r.json()

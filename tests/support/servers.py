@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -41,8 +42,14 @@ def wait_port(host: str, port: int, timeout: float = 20.0) -> None:
 class ServerThread:
     """Runs an aiohttp app on its own event loop in a daemon thread, on TCP and/or a unix socket."""
 
-    def __init__(self, factory: Callable[[], web.Application], *, uds: str | None = None,
-                 tcp: bool = True, runner_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        factory: Callable[[], web.Application],
+        *,
+        uds: str | None = None,
+        tcp: bool = True,
+        runner_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         self._factory = factory
         self._uds = uds
         self._tcp = tcp
@@ -80,10 +87,9 @@ class ServerThread:
 
     def stop(self) -> None:
         if self._runner is not None:
-            try:
+            # a server that failed half-way still has to let the test finish
+            with contextlib.suppress(Exception):
                 self.call(self._runner.cleanup(), 30)
-            except Exception:
-                pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
 
@@ -94,7 +100,9 @@ class RedisServer:
     def __init__(self) -> None:
         exe = os.environ.get("LATENTGATE_REDIS_SERVER") or shutil.which("redis-server")
         if exe is None:
-            raise RuntimeError("redis-server not found: `make test` installs it (Debian's redis-server)")
+            raise RuntimeError(
+                "redis-server not found: `make test` installs it (Debian's redis-server)"
+            )
         self.exe = exe
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="lg-redis-")
@@ -106,9 +114,23 @@ class RedisServer:
 
     def start(self) -> RedisServer:
         self.proc = subprocess.Popen(
-            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir, "--protected-mode", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                self.exe,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+                "--protected-mode",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         wait_port("127.0.0.1", self.port)
         return self
@@ -130,8 +152,14 @@ class RedisServer:
 class GatewayProcess:
     """`python -m gateway serve` as a real process, from a config dict written to a temp file."""
 
-    def __init__(self, config: dict[str, Any], *, workers: int = 1, env: dict[str, str] | None = None,
-                 extra_args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        *,
+        workers: int = 1,
+        env: dict[str, str] | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
         self.port = free_port()
         cfg = dict(config)
         listeners = [x for x in cfg.get("listeners", []) if "unix" in x]
@@ -150,11 +178,23 @@ class GatewayProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> GatewayProcess:
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop(), it outlives start()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--config", self.config_path,
-             "--workers", str(self.workers), *self.extra_args],
-            cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "serve",
+                "--config",
+                self.config_path,
+                "--workers",
+                str(self.workers),
+                *self.extra_args,
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
         try:
             wait_port("127.0.0.1", self.port, 60)

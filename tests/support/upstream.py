@@ -48,8 +48,17 @@ async def _common(request: web.Request) -> web.StreamResponse | None:
         await asyncio.sleep(float(delay))
     status = request.headers.get("X-Test-Status") or faults.get("fail_status")
     if status:
-        body = {"error": {"message": f"injected {status}", "type": "test_error", "param": None, "code": int(status)}}
-        return web.json_response(body, status=int(status), headers={"X-Upstream": request.app[NAME]})
+        body = {
+            "error": {
+                "message": f"injected {status}",
+                "type": "test_error",
+                "param": None,
+                "code": int(status),
+            }
+        }
+        return web.json_response(
+            body, status=int(status), headers={"X-Upstream": request.app[NAME]}
+        )
     return None
 
 
@@ -67,8 +76,13 @@ def _answer(text: str, app_name: str) -> str:
 
 
 async def _sse(request: web.Request, chunks: list[dict[str, Any]]) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                       **_extra_headers(request)})
+    resp = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            **_extra_headers(request),
+        }
+    )
     await resp.prepare(request)
     gap = float(request.headers.get("X-Test-Event-Delay", "0"))
     cut = request.headers.get("X-Test-Cut-Stream")
@@ -96,19 +110,61 @@ async def chat(request: web.Request) -> web.StreamResponse:
         model = body.get("model", "m")
         if body.get("stream"):
             words = text.split(" ")
-            chunks = [{"id": rid, "object": "chat.completion.chunk", "created": 1700000000, "model": model,
-                       "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}]
+            chunks = [
+                {
+                    "id": rid,
+                    "object": "chat.completion.chunk",
+                    "created": 1700000000,
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": ""},
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+            ]
             for i, w in enumerate(words):
                 piece = w if i == 0 else " " + w
-                chunks.append({"id": rid, "object": "chat.completion.chunk", "created": 1700000000, "model": model,
-                               "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
-            chunks.append({"id": rid, "object": "chat.completion.chunk", "created": 1700000000, "model": model,
-                           "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+                chunks.append(
+                    {
+                        "id": rid,
+                        "object": "chat.completion.chunk",
+                        "created": 1700000000,
+                        "model": model,
+                        "choices": [
+                            {"index": 0, "delta": {"content": piece}, "finish_reason": None}
+                        ],
+                    }
+                )
+            chunks.append(
+                {
+                    "id": rid,
+                    "object": "chat.completion.chunk",
+                    "created": 1700000000,
+                    "model": model,
+                    "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                }
+            )
             return await _sse(request, chunks)
         out = {
-            "id": rid, "object": "chat.completion", "created": 1700000000, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": len(text.split()), "total_tokens": 3 + len(text.split())},
+            "id": rid,
+            "object": "chat.completion",
+            "created": 1700000000,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": 3,
+                "completion_tokens": len(text.split()),
+                "total_tokens": 3 + len(text.split()),
+            },
         }
         return web.json_response(out, headers=_extra_headers(request))
     finally:
@@ -121,8 +177,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
             return early
         body = await request.json()
         text = _answer(str(body.get("prompt", "")), request.app[NAME])
-        out = {"id": "cmpl-1", "object": "text_completion", "created": 1700000000, "model": body.get("model"),
-               "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}]}
+        out = {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "created": 1700000000,
+            "model": body.get("model"),
+            "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}],
+        }
         return web.json_response(out, headers=_extra_headers(request))
     finally:
         _stats(request.app)["in_flight"] -= 1
@@ -138,15 +199,28 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
         for i, text in enumerate(inputs):
             seed = int.from_bytes(hashlib.sha1(str(text).encode()).digest()[:4], "little")
             vec = np.random.default_rng(seed).standard_normal(8)
-            data.append({"object": "embedding", "index": i, "embedding": [float(x) for x in vec / np.linalg.norm(vec)]})
-        out = {"object": "list", "data": data, "model": body.get("model"), "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+            data.append(
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": [float(x) for x in vec / np.linalg.norm(vec)],
+                }
+            )
+        out = {
+            "object": "list",
+            "data": data,
+            "model": body.get("model"),
+            "usage": {"prompt_tokens": 1, "total_tokens": 1},
+        }
         return web.json_response(out, headers=_extra_headers(request))
     finally:
         _stats(request.app)["in_flight"] -= 1
 
 
 async def models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "test"}]})
+    return web.json_response(
+        {"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "test"}]}
+    )
 
 
 async def health(request: web.Request) -> web.Response:
@@ -155,16 +229,22 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def v2_server(request: web.Request) -> web.Response:
-    return web.json_response({"name": "test-upstream", "version": "1", "extensions": ["binary_tensor_data"]})
+    return web.json_response(
+        {"name": "test-upstream", "version": "1", "extensions": ["binary_tensor_data"]}
+    )
 
 
 async def v2_model(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    return web.json_response({
-        "name": name, "versions": ["1"], "platform": "test",
-        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, -1]}],
-        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, -1]}],
-    })
+    return web.json_response(
+        {
+            "name": name,
+            "versions": ["1"],
+            "platform": "test",
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, -1]}],
+            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, -1]}],
+        }
+    )
 
 
 async def v2_infer(request: web.Request) -> web.StreamResponse:
@@ -174,18 +254,18 @@ async def v2_infer(request: web.Request) -> web.StreamResponse:
             return early
         raw = await request.read()
         hlen = request.headers.get("Inference-Header-Content-Length")
-        header, binary = (raw[: int(hlen)], raw[int(hlen):]) if hlen else (raw, b"")
+        header, binary = (raw[: int(hlen)], raw[int(hlen) :]) if hlen else (raw, b"")
         doc = json.loads(header)
         arrays, off = [], 0
         for inp in doc["inputs"]:
             size = (inp.get("parameters") or {}).get("binary_data_size")
             if inp["datatype"] == "BYTES":
                 if size is not None:
-                    chunk, off = binary[off: off + size], off + size
+                    chunk, off = binary[off : off + size], off + size
                     vals, i = [], 0
                     while i < len(chunk):
                         (n,) = struct.unpack_from("<I", chunk, i)
-                        vals.append(chunk[i + 4: i + 4 + n].decode())
+                        vals.append(chunk[i + 4 : i + 4 + n].decode())
                         i += 4 + n
                 else:
                     vals = list(np.array(inp["data"]).reshape(-1))
@@ -193,16 +273,21 @@ async def v2_infer(request: web.Request) -> web.StreamResponse:
                 continue
             dt = np.dtype(_DT[inp["datatype"]])
             if size is not None:
-                arr = np.frombuffer(binary[off: off + size], dtype=dt)
+                arr = np.frombuffer(binary[off : off + size], dtype=dt)
                 off += size
             else:
                 arr = np.asarray(inp["data"], dtype=dt).reshape(-1)
             arrays.append((inp, arr * 2))
         want_binary = bool((doc.get("parameters") or {}).get("binary_data_output")) or any(
-            (o.get("parameters") or {}).get("binary_data") for o in doc.get("outputs") or [])
+            (o.get("parameters") or {}).get("binary_data") for o in doc.get("outputs") or []
+        )
         outputs, blobs = [], []
         for i, (inp, arr) in enumerate(arrays):
-            out: dict[str, Any] = {"name": f"OUTPUT{i}", "datatype": inp["datatype"], "shape": inp["shape"]}
+            out: dict[str, Any] = {
+                "name": f"OUTPUT{i}",
+                "datatype": inp["datatype"],
+                "shape": inp["shape"],
+            }
             if want_binary:
                 if inp["datatype"] == "BYTES":
                     blob = b"".join(struct.pack("<I", len(s.encode())) + s.encode() for s in arr)
@@ -220,8 +305,11 @@ async def v2_infer(request: web.Request) -> web.StreamResponse:
         headers = _extra_headers(request)
         if want_binary:
             headers["Inference-Header-Content-Length"] = str(len(head))
-            return web.Response(body=head + b"".join(blobs), headers=headers,
-                                content_type="application/octet-stream")
+            return web.Response(
+                body=head + b"".join(blobs),
+                headers=headers,
+                content_type="application/octet-stream",
+            )
         return web.Response(body=head, headers=headers, content_type="application/json")
     finally:
         _stats(request.app)["in_flight"] -= 1
@@ -237,18 +325,29 @@ async def echo(request: web.Request) -> web.Response:
         return early  # type: ignore[return-value]
     st["in_flight"] -= 1
     body = await request.read()
-    return web.json_response({
-        "method": request.method, "path": request.path, "query": request.query_string,
-        "raw_path": request.raw_path,
-        "headers": [[k, v] for k, v in request.headers.items()], "body_len": len(body),
-        "body_sha1": hashlib.sha1(body).hexdigest(),
-    }, headers=_extra_headers(request))
+    return web.json_response(
+        {
+            "method": request.method,
+            "path": request.path,
+            "query": request.query_string,
+            "raw_path": request.raw_path,
+            "headers": [[k, v] for k, v in request.headers.items()],
+            "body_len": len(body),
+            "body_sha1": hashlib.sha1(body).hexdigest(),
+        },
+        headers=_extra_headers(request),
+    )
 
 
 async def test_stats(request: web.Request) -> web.Response:
     st = _stats(request.app)
-    return web.json_response({"connections": len(st["connections"]), "requests": dict(st["requests"]),
-                              "in_flight": st["in_flight"]})
+    return web.json_response(
+        {
+            "connections": len(st["connections"]),
+            "requests": dict(st["requests"]),
+            "in_flight": st["in_flight"],
+        }
+    )
 
 
 async def test_reset(request: web.Request) -> web.Response:
@@ -297,6 +396,7 @@ def main() -> None:
     args = ap.parse_args()
     try:
         import uvloop
+
         uvloop.install()
     except ImportError:
         pass
