@@ -2,8 +2,10 @@
 
 Trains on the development splits only (QQP dev train part, PAWS dev train part, STS-B train part)
 plus pooled hard negatives (each second text's nearest other first texts); chooses the operating
-point (cosine floor, p_min) on the held-back calib parts: the highest QQP pooled recall with
-precision >= PRECISION_GOAL and PAWS non-duplicate hits <= PAWS_GOAL. Deterministic (seeded).
+point (cosine floor, p_min) on the held-back calib parts: PAWS non-duplicate hits <= PAWS_GOAL,
+then the first QQP goal in GOALS that calib reaches (most recall there), else the most QQP
+precision. The idf table of the lexical features is fitted on the training texts only and stored
+in the artifact. Deterministic (seeded). `LATENTGATE_BENCH_FULL=1` trains on every dev pair.
 """
 
 from __future__ import annotations
@@ -17,18 +19,24 @@ import numpy as np
 
 from bench.semantic_data import PairSet, embed_cached, splits, st_encoder
 from bench.semantic_pooled import Pool, build_pool, choose_verified, score
-from cache.semantic.features import FEATURES_VERSION, N_LEXICAL, pair_features, text_info
+from cache.semantic.features import FEATURES_VERSION, N_LEXICAL, Idf, pair_features, text_info
 from cache.semantic.verifier import DEFAULT_ARTIFACT, MlpVerifier, build_matrix
 
 MODEL_TAG = "all-MiniLM-L6-v2"
-PRECISION_GOAL = 0.96
 PAWS_GOAL = 0.02
-MIN_RECALL = 0.15
+# (QQP calib precision, min recall), first reachable wins; a wrong hit is worse than a miss, so
+# after the issue's target (0.95 at 0.30) come precision-first fallbacks with a little slack
+# over 0.90 for calib noise.
+GOALS = ((0.95, 0.30), (0.93, 0.10), (0.90, 0.10))
+MIN_RECALL = 0.10
+PRECISION_GOAL = GOALS[0][0]
 HARD_NEG_K = 5
 HARD_NEG_COS = 0.55
 
 
-def pair_matrix(a: list[str], b: list[str], va: np.ndarray, vb: np.ndarray) -> np.ndarray:
+def pair_matrix(
+    a: list[str], b: list[str], va: np.ndarray, vb: np.ndarray, idf: Idf | None
+) -> np.ndarray:
     infos: dict[str, object] = {}
 
     def info(t: str):  # type: ignore[no-untyped-def]
@@ -36,14 +44,16 @@ def pair_matrix(a: list[str], b: list[str], va: np.ndarray, vb: np.ndarray) -> n
             infos[t] = text_info(t)
         return infos[t]
 
-    lex = np.stack([pair_features(info(x), info(y)) for x, y in zip(a, b, strict=True)])
+    lex = np.stack([pair_features(info(x), info(y), idf) for x, y in zip(a, b, strict=True)])
     cos = np.sum(va * vb, axis=1)
     return build_matrix(cos, lex, va, vb)
 
 
-def training_rows(ps: PairSet, va: np.ndarray, vb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def training_rows(
+    ps: PairSet, va: np.ndarray, vb: np.ndarray, idf: Idf
+) -> tuple[np.ndarray, np.ndarray]:
     """Labelled pairs plus pooled hard negatives (another pair's first text near a second text)."""
-    x = [pair_matrix(ps.a, ps.b, va, vb)]
+    x = [pair_matrix(ps.a, ps.b, va, vb, idf)]
     y = [ps.label.astype(np.float32)]
     pool = build_pool(ps, va, vb, k=HARD_NEG_K)
     known = {(a, b): int(lab) for a, b, lab in zip(ps.a, ps.b, ps.label, strict=True)}
@@ -60,7 +70,7 @@ def training_rows(ps: PairSet, va: np.ndarray, vb: np.ndarray) -> tuple[np.ndarr
             hva.append(pool.entry_vecs[j])
             hvb.append(vb[i])
     if ha:
-        x.append(pair_matrix(ha, hb, np.stack(hva), np.stack(hvb)))
+        x.append(pair_matrix(ha, hb, np.stack(hva), np.stack(hvb), idf))
         y.append(np.asarray(hy, np.float32))
     return np.concatenate(x), np.concatenate(y)
 
@@ -114,46 +124,55 @@ def pool_probs(ver: MlpVerifier, ps: PairSet, pool: Pool, vb: np.ndarray) -> np.
     b = [t for t in ps.b for _ in range(k)]
     va = pool.entry_vecs[pool.cand.reshape(-1)]
     vbb = np.repeat(vb, k, axis=0)
-    return ver.probabilities(pair_matrix(a, b, va, vbb)).reshape(n, k)
+    return ver.probabilities(pair_matrix(a, b, va, vbb, ver.idf)).reshape(n, k)
 
 
 def choose_point(
     curves: dict[str, tuple[Pool, np.ndarray]],
-) -> tuple[float, float, dict[str, object]]:
-    """PAWS false hits <= PAWS_GOAL first. Then, if QQP precision >= PRECISION_GOAL is reachable
-    with recall >= MIN_RECALL, the most QQP recall there; else the most QQP precision with
-    recall >= MIN_RECALL (a verifier that almost never hits is safe but useless)."""
+) -> tuple[float, float, dict[str, object], tuple[int, float]]:
+    """PAWS false hits <= PAWS_GOAL first. Then the first of GOALS that calib reaches, with the
+    most QQP recall there; else the most QQP precision with recall >= MIN_RECALL. Returns the
+    point, its calib report and a rank (higher = better) to compare models."""
     qpool, qprob = curves["qqp"]
     ppool, pprob = curves["paws"]
-    meets: list[tuple[float, float, float]] = []
+    tiers: list[list[tuple[float, float, float]]] = [[] for _ in GOALS]
     fallback: list[tuple[float, float, float]] = []
-    for floor in (0.5, 0.6, 0.7, 0.75, 0.8, 0.85):
-        for p_min in np.arange(0.30, 0.995, 0.01):
+    for floor in (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.88, 0.9):
+        for p_min in np.arange(0.30, 0.999, 0.005):
             sq = score(qpool, choose_verified(qpool, qprob, floor, float(p_min)))
-            sp = score(ppool, choose_verified(ppool, pprob, floor, float(p_min)))
-            if sp.false_hit > PAWS_GOAL or not sq.hits:
+            if not sq.hits or sq.recall < MIN_RECALL:
                 continue
-            if sq.precision >= PRECISION_GOAL and sq.recall >= MIN_RECALL:
-                meets.append((sq.recall, floor, float(p_min)))
-            elif sq.recall >= MIN_RECALL:
-                fallback.append((sq.precision, floor, float(p_min)))
-    if meets:
-        _, floor, p_min = max(meets)
-    elif fallback:
-        _, floor, p_min = max(fallback)
+            sp = score(ppool, choose_verified(ppool, pprob, floor, float(p_min)))
+            if sp.false_hit > PAWS_GOAL:
+                continue
+            for t, (prec, rec) in enumerate(GOALS):
+                if sq.precision >= prec and sq.recall >= rec:
+                    tiers[t].append((sq.recall, floor, round(float(p_min), 3)))
+                    break
+            else:
+                fallback.append((sq.precision, floor, round(float(p_min), 3)))
+    rank: tuple[int, float] = (-1, 0.0)
+    floor, p_min = 0.85, 0.99
+    for t, got in enumerate(tiers):
+        if got:
+            best = max(got)
+            rank, floor, p_min = (len(GOALS) - t, best[0]), best[1], best[2]
+            break
     else:
-        floor, p_min = 0.8, 0.99
+        if fallback:
+            best = max(fallback)
+            rank, floor, p_min = (0, best[0]), best[1], best[2]
     report = {
         name: score(pool, choose_verified(pool, prob, floor, p_min)).__dict__
         for name, (pool, prob) in curves.items()
     }
-    return floor, p_min, report
+    return floor, p_min, report, rank
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT)
-    ap.add_argument("--hidden", type=int, default=32)
+    ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument(
@@ -161,6 +180,14 @@ def main() -> None:
         default="qqp,paws",
         help="development sets whose training parts train the model (stsb: optional;"
         " on small QQP samples it lowered QQP precision on calib)",
+    )
+    ap.add_argument("--inputs", default="full,lexical", help="input sets to try; calib decides")
+    ap.add_argument(
+        "--paws-weight",
+        type=int,
+        default=1,
+        help="repeat PAWS training rows this often (20 was tried on the full dev data: calib"
+        " got worse on both QQP precision and PAWS false hits)",
     )
 
     args = ap.parse_args()
@@ -173,23 +200,33 @@ def main() -> None:
         for s, ps in parts.items()
     }
     print(f"embedded in {time.perf_counter() - t0:.0f}s")
+    # idf from the training texts of every development set (never calib or eval)
+    train_texts = sorted({t for d in data for t in data[d]["train"].a + data[d]["train"].b})
+    idf = Idf.fit(train_texts)
+    print(f"idf: {len(idf.table)} words from {len(train_texts)} training texts")
     xs, ys = [], []
     for d in args.train_on.split(","):
-        x, y = training_rows(data[d]["train"], *vecs[(d, "train")])
+        x, y = training_rows(data[d]["train"], *vecs[(d, "train")], idf)
         print(f"{d}: {len(y)} training rows ({int(y.sum())} positive)")
-        xs.append(x)
-        ys.append(y)
+        rep = args.paws_weight if d == "paws" else 1
+        xs.append(np.tile(x, (rep, 1)))
+        ys.append(np.tile(y, rep))
     x_all, y_all = np.concatenate(xs), np.concatenate(ys)
     calib = {}
     for d in ("qqp", "paws", "stsb"):
         ps = data[d]["calib"]
         va, vb = vecs[(d, "calib")]
         calib[d] = (ps, build_pool(ps, va, vb), vb)
-    best: tuple[float, dict[str, np.ndarray], float, float, dict[str, object], str] | None = None
+    best: (
+        tuple[tuple[int, float], dict[str, np.ndarray], float, float, dict[str, object], str] | None
+    ) = None
     # Two input sets: everything (cosine + lexical + u*v, |u-v|) and the low-dimensional prefix
     # (cosine + lexical), which overfits less on small training sets. Calib decides.
-    for inputs, n_in in (("full", x_all.shape[1]), ("lexical", 1 + N_LEXICAL)):
+    sets = {"full": x_all.shape[1], "lexical": 1 + N_LEXICAL}
+    for inputs in args.inputs.split(","):
+        n_in = sets[inputs]
         arrays = train_mlp(x_all[:, :n_in], y_all, args.hidden, args.epochs, args.seed)
+        arrays.update(idf.arrays())
         meta = {
             "features_version": FEATURES_VERSION,
             "model": MODEL_TAG,
@@ -198,11 +235,19 @@ def main() -> None:
         }
         ver = MlpVerifier(arrays, meta)
         curves = {d: (pool, pool_probs(ver, ps, pool, vb)) for d, (ps, pool, vb) in calib.items()}
-        floor, p_min, report = choose_point(curves)
-        recall = float(report["qqp"]["recall"])  # type: ignore[index]
-        print(f"inputs={inputs}: floor {floor} p_min {p_min:.2f} calib {json.dumps(report)}")
-        if best is None or recall > best[0]:
-            best = (recall, arrays, floor, p_min, report, inputs)
+        floor, p_min, report, rank = choose_point(curves)
+        (qp, qpr), (pp, ppr) = curves["qqp"], curves["paws"]
+        for pm in (0.5, 0.7, 0.8, 0.9, 0.95, 0.98):
+            sq = score(qp, choose_verified(qp, qpr, 0.8, pm))
+            sp = score(pp, choose_verified(pp, ppr, 0.8, pm))
+            print(
+                f"  calib floor 0.8 p>={pm}: qqp P {sq.precision:.3f} R {sq.recall:.3f}; "
+                f"paws false-hit {sp.false_hit:.3f}"
+            )
+        print(f"inputs={inputs}: floor {floor} p_min {p_min:.3f} rank {rank}")
+        print(f"  calib {json.dumps(report)}")
+        if best is None or rank > best[0]:
+            best = (rank, arrays, floor, p_min, report, inputs)
     assert best is not None
     _, arrays, floor, p_min, report, inputs = best
     meta = {"features_version": FEATURES_VERSION, "model": MODEL_TAG, "inputs": inputs}
@@ -214,7 +259,9 @@ def main() -> None:
         epochs=args.epochs,
         seed=args.seed,
         precision_goal=PRECISION_GOAL,
+        goals=GOALS,
         paws_goal=PAWS_GOAL,
+        paws_weight=args.paws_weight,
         trained_on=f"training parts of {args.train_on} (bench/semantic_data.py splits)",
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)

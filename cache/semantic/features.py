@@ -14,7 +14,7 @@ from itertools import pairwise
 
 import numpy as np
 
-FEATURES_VERSION = 1
+FEATURES_VERSION = 2
 
 _TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+(?:'[^\W\d_]+)?|[^\w\s]", re.UNICODE)
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
@@ -99,7 +99,55 @@ _STOP = frozenset(
 )
 _MATH = frozenset("+-*/^=<>%")
 
-N_LEXICAL = 23
+N_BASE = 23
+N_IDF = 9
+N_LEXICAL = N_BASE + N_IDF
+
+
+class Idf:
+    """Inverse document frequencies of (stemmed) content words, from the verifier's training
+    texts; stored in the artifact (idf_words, idf_vals). Unknown words count as rare."""
+
+    __slots__ = ("default", "table")
+
+    def __init__(self, words: list[str], vals: np.ndarray, default: float) -> None:
+        self.table = dict(zip(words, (float(v) for v in vals), strict=True))
+        self.default = float(default)
+
+    @classmethod
+    def fit(cls, texts: list[str], min_df: int = 2) -> Idf:
+        df: dict[str, int] = {}
+        for t in texts:
+            for w in text_info(t).stems:
+                df[w] = df.get(w, 0) + 1
+        n = max(len(texts), 1)
+        words = sorted(w for w, c in df.items() if c >= min_df)
+        vals = np.asarray([np.log((n + 1) / (df[w] + 1)) + 1.0 for w in words], np.float32)
+        return cls(words, vals, float(np.log((n + 1) / (min_df)) + 1.0))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        words = list(self.table)
+        return {
+            "idf_words": np.asarray(words),
+            "idf_vals": np.asarray([self.table[w] for w in words], np.float16),
+            "idf_default": np.asarray([self.default], np.float32),
+        }
+
+    def __call__(self, w: str) -> float:
+        return self.table.get(w, self.default)
+
+
+def _stem(t: str) -> str:
+    """Crude plural/inflection folding so "cars"/"car", "learning"/"learn" match."""
+    if len(t) > 5 and t.endswith("ing"):
+        return t[:-3]
+    if len(t) > 4 and t.endswith("ed"):
+        return t[:-2]
+    if len(t) > 4 and t.endswith("es"):
+        return t[:-2]
+    if len(t) > 3 and t.endswith("s") and not t.endswith("ss"):
+        return t[:-1]
+    return t
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +163,9 @@ class TextInfo:
     qword: str
     ops: frozenset[str]
     chars: int
+    stems: frozenset[str] = frozenset()
+    seq: tuple[str, ...] = ()  # content stems in order
+    qnext: str = ""  # the word after the question word ("how many" vs "how do")
 
 
 def text_info(text: str) -> TextInfo:
@@ -128,6 +179,11 @@ def text_info(text: str) -> TextInfo:
         if (tok[:1].isupper() and mid_sentence) or (len(tok) > 1 and tok.isupper()):
             caps.add(tok.lower())
     qword = next((t for t in lower if t in _QWORDS), "")
+    seq = tuple(_stem(t) for t in lower if t not in _STOP and t.isalnum())
+    qnext = ""
+    if qword:
+        qi = lower.index(qword)
+        qnext = lower[qi + 1] if qi + 1 < len(lower) else ""
     return TextInfo(
         tokens=tokens,
         lower=lower,
@@ -138,6 +194,9 @@ def text_info(text: str) -> TextInfo:
         qword=qword,
         ops=frozenset(c for c in text if c in _MATH),
         chars=len(text),
+        stems=frozenset(seq),
+        seq=seq,
+        qnext=qnext,
     )
 
 
@@ -192,7 +251,32 @@ def _position_shift(a: tuple[str, ...], b: tuple[str, ...]) -> float:
     return sum(abs(pa[t] - pb[t]) for t in shared) / len(shared)
 
 
-def pair_features(a: TextInfo, b: TextInfo) -> np.ndarray:
+def _idf_features(a: TextInfo, b: TextInfo, idf: Idf | None) -> list[float]:
+    """What the texts do *not* share, weighted by rarity: "same topic" pairs share the rare
+    topic word and differ in another rare one; "same question" pairs differ only in common ones."""
+    w = idf if idf is not None else (lambda _t: 1.0)
+    sa, sb = a.stems, b.stems
+    shared, only_a, only_b = sa & sb, sa - sb, sb - sa
+    m_sh = sum(w(t) for t in shared)
+    m_a = sum(w(t) for t in only_a)
+    m_b = sum(w(t) for t in only_b)
+    cov_a = m_sh / (m_sh + m_a) if m_sh + m_a else 1.0
+    cov_b = m_sh / (m_sh + m_b) if m_sh + m_b else 1.0
+    diff = [w(t) for t in only_a | only_b]
+    return [
+        m_sh / (m_sh + m_a + m_b) if m_sh + m_a + m_b else 1.0,
+        min(cov_a, cov_b),
+        max(cov_a, cov_b),
+        m_a + m_b,
+        max(diff) if diff else 0.0,
+        float(sum(1 for x in diff if x > 6.0)),
+        float(bool(a.seq) and bool(b.seq) and a.seq[0] == b.seq[0]),
+        float(bool(a.seq) and bool(b.seq) and a.seq[-1] == b.seq[-1]),
+        float(a.qword == b.qword and a.qnext == b.qnext),
+    ]
+
+
+def pair_features(a: TextInfo, b: TextInfo, idf: Idf | None = None) -> np.ndarray:
     """N_LEXICAL symmetric features of a text pair (order of a and b does not matter)."""
     ca, cb = a.content, b.content
     only_a, only_b = ca - cb, cb - ca
@@ -224,5 +308,6 @@ def pair_features(a: TextInfo, b: TextInfo) -> np.ndarray:
         float(abs(la - lb)),
         float(np.log1p(min(la, lb))),
         float(a.lower == b.lower),
+        *_idf_features(a, b, idf),
     ]
     return np.asarray(feats, dtype=np.float32)

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from cache.semantic.features import FEATURES_VERSION, TextInfo, pair_features
+from cache.semantic.features import FEATURES_VERSION, Idf, TextInfo, pair_features
 
 DEFAULT_ARTIFACT = Path(__file__).with_name("verifier.npz")
 
@@ -93,6 +93,13 @@ class MlpVerifier:
         self.b2 = float(arrays["b2"].reshape(-1)[0])
         self.mean = arrays["mean"].astype(np.float32)
         self.inv_std = (1.0 / arrays["std"]).astype(np.float32)
+        self.idf: Idf | None = None
+        if "idf_words" in arrays:
+            self.idf = Idf(
+                arrays["idf_words"].tolist(),
+                arrays["idf_vals"].astype(np.float32),
+                float(arrays["idf_default"].reshape(-1)[0]),
+            )
         self.n_inputs = int(self.w1.shape[0])  # a prefix of build_matrix's columns
         self.floor = float(meta["floor"] if floor is None else floor)
         self.p_min = float(meta["p_min"] if p_min is None else p_min)
@@ -118,7 +125,7 @@ class MlpVerifier:
         cand_vecs: np.ndarray,
         cand_cos: np.ndarray,
     ) -> np.ndarray:
-        lex = np.stack([pair_features(query, c) for c in cands])
+        lex = np.stack([pair_features(query, c, self.idf) for c in cands])
         return build_matrix(np.asarray(cand_cos, np.float32), lex, query_vec[None, :], cand_vecs)
 
     def probabilities(self, x: np.ndarray) -> np.ndarray:
