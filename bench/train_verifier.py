@@ -50,12 +50,14 @@ def pair_matrix(
 
 
 def training_rows(
-    ps: PairSet, va: np.ndarray, vb: np.ndarray, idf: Idf
+    ps: PairSet, va: np.ndarray, vb: np.ndarray, idf: Idf, hard_k: int = HARD_NEG_K
 ) -> tuple[np.ndarray, np.ndarray]:
     """Labelled pairs plus pooled hard negatives (another pair's first text near a second text)."""
     x = [pair_matrix(ps.a, ps.b, va, vb, idf)]
     y = [ps.label.astype(np.float32)]
-    pool = build_pool(ps, va, vb, k=HARD_NEG_K)
+    if hard_k <= 0:
+        return x[0], y[0]
+    pool = build_pool(ps, va, vb, k=hard_k)
     known = {(a, b): int(lab) for a, b, lab in zip(ps.a, ps.b, ps.label, strict=True)}
     ha, hb, hy, hva, hvb = [], [], [], [], []
     for i in range(len(ps)):
@@ -182,6 +184,7 @@ def main() -> None:
         " on small QQP samples it lowered QQP precision on calib)",
     )
     ap.add_argument("--inputs", default="full,lexical", help="input sets to try; calib decides")
+    ap.add_argument("--hard-neg-k", type=int, default=HARD_NEG_K, help="pooled hard negatives")
     ap.add_argument(
         "--paws-weight",
         type=int,
@@ -206,7 +209,7 @@ def main() -> None:
     print(f"idf: {len(idf.table)} words from {len(train_texts)} training texts")
     xs, ys = [], []
     for d in args.train_on.split(","):
-        x, y = training_rows(data[d]["train"], *vecs[(d, "train")], idf)
+        x, y = training_rows(data[d]["train"], *vecs[(d, "train")], idf, args.hard_neg_k)
         print(f"{d}: {len(y)} training rows ({int(y.sum())} positive)")
         rep = args.paws_weight if d == "paws" else 1
         xs.append(np.tile(x, (rep, 1)))
