@@ -1,0 +1,29 @@
+"""The codebase holds its own standards: ruff (lint and format) and mypy --strict stay clean."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+PATHS = ["gateway", "cache", "backends", "tests", "bench", "scripts"]
+
+
+def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("mode", ["check", "format"])
+def test_ruff_clean(mode: str) -> None:
+    args = ["check", "--output-format", "concise"] if mode == "check" else ["format", "--check"]
+    result = _run(str(BIN / "ruff"), *args, *PATHS)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_strict_clean() -> None:
+    result = _run(str(BIN / "mypy"))
+    assert result.returncode == 0, result.stdout + result.stderr
