@@ -26,16 +26,28 @@ from bench.semantic_data import (
     CACHE_DIR,
     PairSet,
     embed_cached,
+    load_qqp,
     load_streams,
     model_path,
     splits,
     st_encoder,
 )
-from bench.semantic_pooled import Pool, build_pool, choose_cosine, choose_verified, score
+from bench.semantic_pooled import (
+    Pool,
+    build_pool,
+    choose_cosine,
+    choose_verified,
+    label_roots,
+    score,
+    score_labelled,
+)
+from bench.train_cross_encoder import pool_scores
 from bench.train_verifier import MODEL_TAG, pool_probs
+from cache.semantic.cross_encoder import CrossEncoder
 from cache.semantic.features import text_info
 from cache.semantic.index import VectorIndex
-from cache.semantic.verifier import MlpVerifier
+from cache.semantic.verifier import DEFAULT_ARTIFACT as DEFAULT_FEATURES
+from cache.semantic.verifier import CrossEncoderVerifier, MlpVerifier, Verifier
 
 COSINES = (0.60, 0.80, 0.85, 0.90, 0.94, 0.96, 0.98)
 P_MINS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.98)
@@ -107,34 +119,61 @@ def gptcache_peer(ps: PairSet, pool: Pool, limit: int) -> dict[str, object] | No
     }
 
 
+class Reporter:
+    """Scores one choice of hits under both protocols, prints a row and keeps it."""
+
+    def __init__(
+        self, pool: Pool, queries: list[str], roots: dict[str, str], out: dict[str, object]
+    ) -> None:
+        self.pool, self.queries, self.roots, self.out = pool, queries, roots, out
+
+    def __call__(self, name: str, chosen: np.ndarray) -> None:
+        s = score(self.pool, chosen)
+        g = score_labelled(self.pool, chosen, self.queries, self.roots)
+        self.out[name] = {**s.__dict__, "labelled": g.__dict__}
+        print(row(name, s) + f"  | P {g.precision:.3f} R {g.recall:.3f} FH {g.false_hit:.3f}")
+
+
+def candidate_probs(ver: Verifier, ps: PairSet, pool: Pool, vb: np.ndarray) -> np.ndarray:
+    if isinstance(ver, MlpVerifier):
+        return pool_probs(ver, ps, pool, vb)
+    assert isinstance(ver, CrossEncoderVerifier) and ver.model is not None
+    return pool_scores(ver.model, ps, pool, min(0.7, ver.floor))
+
+
 def pooled(
     data: dict[str, dict[str, PairSet]],
-    enc,
-    ver: MlpVerifier,  # type: ignore[no-untyped-def]
+    enc,  # type: ignore[no-untyped-def]
+    verifiers: dict[str, Verifier],
     gpt_limit: int,
 ) -> dict[str, object]:
     results: dict[str, object] = {}
+    # Ground truth for the labelled protocol: every labelled QQP development edge.
+    roots = label_roots(load_qqp())
     for d in ("qqp", "paws", "stsb"):
         ps = data[d]["eval"]
         va, vb = embed_cached(ps.a, enc, MODEL_TAG), embed_cached(ps.b, enc, MODEL_TAG)
         pool = build_pool(ps, va, vb)
-        prob = pool_probs(ver, ps, pool, vb)
+        droots = roots if d == "qqp" else label_roots(ps)
         print(
             f"\n{d}: {len(ps)} pairs ({int(ps.label.sum())} duplicates), "
-            f"{len(pool.entries)} cached entries"
+            f"{len(pool.entries)} cached entries; strict protocol | labelled protocol"
         )
         res: dict[str, object] = {}
+        report = Reporter(pool, ps.b, droots, res)
         for c in COSINES:
-            s = score(pool, choose_cosine(pool, c))
-            res[f"cosine>={c}"] = s.__dict__
-            print(row(f"cosine alone >= {c:.2f}", s))
-        for p in P_MINS:
-            s = score(pool, choose_verified(pool, prob, ver.floor, p))
-            res[f"verifier p>={p}"] = s.__dict__
-            print(row(f"verifier floor {ver.floor:.2f} p >= {p:.2f}", s))
-        s = score(pool, choose_verified(pool, prob, ver.floor, ver.p_min))
-        res["verifier (chosen)"] = s.__dict__
-        print(row(f"verifier CHOSEN p >= {ver.p_min:.2f}", s))
+            report(f"cosine>={c}", choose_cosine(pool, c))
+        for vname, ver in verifiers.items():
+            t = time.perf_counter()
+            prob = candidate_probs(ver, ps, pool, vb)
+            took = time.perf_counter() - t
+            print(f"  ({vname}: scored the candidates in {took:.0f} s)")
+            for p in P_MINS:
+                report(f"{vname} p>={p}", choose_verified(pool, prob, ver.floor, p))
+            report(
+                f"{vname} CHOSEN (floor {ver.floor}, p>={ver.p_min:g})",
+                choose_verified(pool, prob, ver.floor, ver.p_min),
+            )
         if gpt_limit and d != "stsb":
             g = gptcache_peer(ps, pool, gpt_limit)
             if g and "scores" in g:
@@ -152,8 +191,8 @@ def pooled(
 
 def latency(
     data: dict[str, dict[str, PairSet]],
-    enc_one,
-    ver: MlpVerifier,  # type: ignore[no-untyped-def]
+    enc_one,  # type: ignore[no-untyped-def]
+    ver: Verifier,
     enc,
     n: int,
 ) -> dict[str, object]:
@@ -237,7 +276,7 @@ def search_100k(data: dict[str, dict[str, PairSet]], enc, n: int = 200) -> dict[
     return out
 
 
-def streams(enc, ver: MlpVerifier, limit: int) -> dict[str, object]:  # type: ignore[no-untyped-def]
+def streams(enc, ver: Verifier, limit: int) -> dict[str, object]:  # type: ignore[no-untyped-def]
     out: dict[str, object] = {}
     print(f"\nquery streams (first {limit} queries each; a miss is cached):")
     for st in load_streams(limit):
@@ -297,7 +336,13 @@ def main() -> None:
     ap.add_argument("--latency-queries", type=int, default=200)
     ap.add_argument("--stream-limit", type=int, default=800)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--artifact", type=Path, default=None, help="verifier .npz (default: served)")
+    ap.add_argument("--artifact", type=Path, default=None, help="features .npz (default: shipped)")
+    ap.add_argument("--ce-artifact", type=Path, default=None, help="cross-encoder .npz")
+    ap.add_argument(
+        "--verifiers",
+        default="features,cross-encoder",
+        help="verifiers to score side by side; latency and streams use the last",
+    )
     ap.add_argument(
         "--parts",
         default="pooled,latency,search100k,streams",
@@ -306,15 +351,22 @@ def main() -> None:
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     enc = st_encoder()
-    ver = MlpVerifier.load(args.artifact) if args.artifact else MlpVerifier.load()
-    print(
-        f"verifier: {ver.meta.get('trained_on')}; operating point floor {ver.floor} "
-        f"p_min {ver.p_min}"
-    )
+    verifiers: dict[str, Verifier] = {}
+    for name in args.verifiers.split(","):
+        if name == "features":
+            verifiers[name] = MlpVerifier.load(args.artifact or DEFAULT_FEATURES)
+        else:
+            ce = CrossEncoder.load(args.ce_artifact)
+            cv = CrossEncoderVerifier(ce.artifact, None, None)
+            cv.attach(ce)
+            verifiers[name] = cv
+        v = verifiers[name]
+        print(f"verifier {name}: floor {v.floor} p_min {v.p_min}")
+    ver = list(verifiers.values())[-1]
     data = splits()
     res: dict[str, object] = {}
     if "pooled" in parts:
-        res["pooled"] = pooled(data, enc, ver, args.gptcache_pairs)
+        res["pooled"] = pooled(data, enc, verifiers, args.gptcache_pairs)
     if "latency" in parts:
         res["latency_ms"] = latency(data, one_query_encoder(enc), ver, enc, args.latency_queries)
     if "search100k" in parts:

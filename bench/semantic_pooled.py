@@ -72,6 +72,52 @@ def score(pool: Pool, chosen: np.ndarray) -> Scores:
     )
 
 
+def label_roots(*sets: PairSet) -> dict[str, str]:
+    """Union-find roots over every labelled duplicate edge (lower-cased texts)."""
+    parent: dict[str, str] = {}
+
+    def root(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for ps in sets:
+        for a, b, lab in zip(ps.a, ps.b, ps.label, strict=True):
+            ra, rb = root(a.lower()), root(b.lower())
+            if lab == 1:
+                parent[ra] = rb
+    return {t: root(t) for t in list(parent)}
+
+
+def score_labelled(
+    pool: Pool, chosen: np.ndarray, queries: list[str], roots: dict[str, str]
+) -> Scores:
+    """Like `score`, but a hit on another entry is also correct when the labels say (directly or
+    through a chain of labelled duplicates) that the served entry asks the same as the query.
+    QQP repeats questions across pairs, so the strict protocol counts many right answers wrong;
+    pairs the labels do not connect still count as wrong."""
+    hit = chosen >= 0
+    dup = pool.label == 1
+    same = np.array(
+        [
+            c >= 0 and roots.get(pool.entries[c].lower(), "a") == roots.get(q.lower(), "b")
+            for c, q in zip(chosen, queries, strict=True)
+        ],
+        dtype=bool,
+    )
+    correct = hit & ((dup & (chosen == pool.own)) | same)
+    n_hit = int(hit.sum())
+    return Scores(
+        precision=float(correct.sum() / n_hit) if n_hit else float("nan"),
+        recall=float((hit & dup & ((chosen == pool.own) | same)).sum() / max(int(dup.sum()), 1)),
+        false_hit=float((hit & ~dup & ~same).sum() / max(int((~dup).sum()), 1)),
+        hit_rate=float(n_hit / len(chosen)),
+        hits=n_hit,
+    )
+
+
 def choose_cosine(pool: Pool, threshold: float) -> np.ndarray:
     best = pool.cand[:, 0].copy()
     best[pool.cand_cos[:, 0] < threshold] = -1

@@ -131,6 +131,7 @@ def pool_probs(ver: MlpVerifier, ps: PairSet, pool: Pool, vb: np.ndarray) -> np.
 
 def choose_point(
     curves: dict[str, tuple[Pool, np.ndarray]],
+    p_grid: np.ndarray | None = None,
 ) -> tuple[float, float, dict[str, object], tuple[int, float]]:
     """PAWS false hits <= PAWS_GOAL first. Then the first of GOALS that calib reaches, with the
     most QQP recall there; else the most QQP precision with recall >= MIN_RECALL. Returns the
@@ -140,7 +141,7 @@ def choose_point(
     tiers: list[list[tuple[float, float, float]]] = [[] for _ in GOALS]
     fallback: list[tuple[float, float, float]] = []
     for floor in (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.88, 0.9):
-        for p_min in np.arange(0.30, 0.999, 0.005):
+        for p_min in np.arange(0.30, 0.999, 0.005) if p_grid is None else p_grid:
             sq = score(qpool, choose_verified(qpool, qprob, floor, float(p_min)))
             if not sq.hits or sq.recall < MIN_RECALL:
                 continue

@@ -84,7 +84,12 @@ def packaged_model_dir() -> str:
 
 
 def load_embedder(
-    model: str = DEFAULT_MODEL, providers: str = "auto", registry: Any = None, metrics: Any = None
+    model: str = DEFAULT_MODEL,
+    providers: str = "auto",
+    registry: Any = None,
+    metrics: Any = None,
+    artifacts_dir: str | None = None,
+    batching: Any = None,
 ) -> Embedder:
     try:
         from backends.local.text_encoder import load_text_encoder
@@ -96,7 +101,12 @@ def load_embedder(
         path = packaged_model_dir() if model.startswith("builtin:") else model
         return SentenceTransformersEmbedder(path)
     enc = load_text_encoder(
-        model=model, providers=providers, registry=None if metrics else registry, metrics=metrics
+        model=model,
+        providers=providers,
+        artifacts_dir=artifacts_dir,
+        batching=batching,
+        registry=None if metrics else registry,
+        metrics=metrics,
     )
     log.info("embedder: %s on ONNX Runtime, device=%s, dim=%d", model, enc.device, enc.dim)
     return TextEncoderEmbedder(enc)

@@ -32,7 +32,9 @@ class ExactPolicy(_Frozen):
 class SemanticPolicy(_Frozen):
     enabled: bool = False
     threshold: float = Field(0.90, ge=-1.0, le=1.0)
-    verifier: Literal["on", "off"] = "on"
+    # "on" = "features" (the MLP over cosine + lexical signals, ~0.2 ms); "cross-encoder" = a
+    # trained cross-encoder (cache.semantic.cross_encoder_artifact); "off" = cosine alone.
+    verifier: Literal["on", "cross-encoder", "features", "off"] = "on"
     only_deterministic: bool = True
     max_entries: int = Field(100_000, ge=1)
     ttl: float = Field(3600.0, gt=0)
@@ -97,7 +99,18 @@ class SemanticIndexSettings(_Frozen):
     flat_max: int = Field(20_000, ge=1)
     hnsw_m: int = Field(32, ge=4)
     ef_search: int = Field(64, ge=1)
-    verifier_artifact: str | None = None
+    # Concurrent lookups are embedded together: up to batch_max texts, waiting at most
+    # batch_max_delay_ms; with batch_target_p95_ms set the wait adapts to the arrival rate and
+    # is zero when lookups come one at a time (no latency added to a lone request).
+    batch_max: int = Field(32, ge=1)
+    batch_max_delay_ms: float = Field(2.0, ge=0)
+    batch_target_p95_ms: float | None = Field(20.0, gt=0)
+    verifier_artifact: str | None = None  # the "features" MLP (.npz)
+    # the cross-encoder (.npz from bench/train_cross_encoder.py); None = its default output path
+    cross_encoder_artifact: str | None = None
+    # ONNX Runtime threads for the cross-encoder (1: the other core stays with the event loop)
+    cross_encoder_threads: int = Field(1, ge=0)
+    artifacts_dir: str | None = None  # where exported ONNX models are cached
     sync: bool = True  # share through Redis when cache.redis is configured
 
 

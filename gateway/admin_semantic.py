@@ -27,7 +27,7 @@ def register(app: web.Application, semantic: SemanticSetup) -> None:
         score = doc.get("score", 0.0)
         if not isinstance(score, int | float) or isinstance(score, bool):
             raise BadRequest("'score' must be a number (the X-Cache-Score header)")
-        if not semantic.stage.report_wrong(doc["entry"], float(score)):
+        if not await semantic.stage.report_wrong(doc["entry"], float(score)):
             raise NotFound("no semantic entry with that key")
         return web.Response(
             status=200, body=b'{"tightened": true}', content_type="application/json"

@@ -8,6 +8,7 @@ import os
 import sys
 
 from backends import preflight
+from cache.semantic.setup import preflight as semantic_preflight
 from gateway.config import ConfigError, ListenerSettings, Settings, load_settings
 from gateway.redact import install_redaction
 
@@ -88,8 +89,10 @@ def main(argv: list[str] | None = None) -> int:
             for issue in err.issues:
                 print(f"  {issue}", file=sys.stderr)
             return 1
-        if problems := preflight(checked.backends):
-            print(f"{args.path}: {len(problems)} backend(s) cannot start here", file=sys.stderr)
+        if problems := preflight(checked.backends) + semantic_preflight(
+            checked.cache, checked.routes
+        ):
+            print(f"{args.path}: {len(problems)} problem(s): cannot start here", file=sys.stderr)
             for problem in problems:
                 print(f"  {problem}", file=sys.stderr)
             return 1
@@ -102,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         for issue in err.issues:
             print(f"{err.source}: {issue}", file=sys.stderr)
         return 2
-    if problems := preflight(settings.backends):
+    if problems := preflight(settings.backends) + semantic_preflight(
+        settings.cache, settings.routes
+    ):
         for problem in problems:
             print(f"{args.config}: refusing to start: {problem}", file=sys.stderr)
         return 2

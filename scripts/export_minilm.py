@@ -1,4 +1,5 @@
-"""Build the ONNX artifact of the packaged all-MiniLM-L6-v2 into an artifacts directory, exactly
+"""Build the ONNX artifacts of the packaged all-MiniLM-L6-v2 (the embedder, and the semantic
+cache's cross-encoder when one was trained) into an artifacts directory, exactly
 where the serving side's `backends.local.artifacts.resolve` looks for it (named by weight hash),
 and check it against sentence-transformers before an image ships it.
 
@@ -45,6 +46,12 @@ def build(artifacts: Path) -> Path:
         raise SystemExit(f"exported model disagrees with sentence-transformers: cosine {cosine}")
     print(f"{art.onnx_path}")
     print(f"cosine to sentence-transformers: {cosine:.6f}")
+    # A trained cross-encoder verifier, when there is one: rebuilt from the packaged weights
+    # plus its artifact, exported here so the serving image never needs torch.
+    from cache.semantic.cross_encoder import DEFAULT_ARTIFACT, build_onnx
+
+    if DEFAULT_ARTIFACT.is_file():
+        print(build_onnx(DEFAULT_ARTIFACT, artifacts))
     return art.onnx_path
 
 

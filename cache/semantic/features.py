@@ -166,6 +166,7 @@ class TextInfo:
     stems: frozenset[str] = frozenset()
     seq: tuple[str, ...] = ()  # content stems in order
     qnext: str = ""  # the word after the question word ("how many" vs "how do")
+    text: str = ""  # the text itself (the cross-encoder reads it whole)
 
 
 def text_info(text: str) -> TextInfo:
@@ -197,6 +198,7 @@ def text_info(text: str) -> TextInfo:
         stems=frozenset(seq),
         seq=seq,
         qnext=qnext,
+        text=text,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
@@ -17,12 +18,13 @@ from redis.asyncio import Redis
 
 from cache.embedder import Embedder, load_embedder
 from cache.keys import Selector
+from cache.semantic.cross_encoder import CrossEncoder
 from cache.semantic.index import VectorIndex
 from cache.semantic.metrics import SemanticMetrics
 from cache.semantic.route import SemanticRoute
 from cache.semantic.stage import SemanticStage
 from cache.semantic.sync import RedisSync
-from cache.semantic.verifier import load_verifier
+from cache.semantic.verifier import CrossEncoderVerifier, load_verifier
 from cache.settings import CachePolicy, CacheSettings
 
 log = logging.getLogger("latentgate.semantic")
@@ -82,16 +84,26 @@ class SemanticSetup:
                     r.name,
                 )
                 continue
-            ver = load_verifier(p.verifier, p.threshold, p.min_score, s.verifier_artifact)
+            ver = load_verifier(
+                p.verifier, p.threshold, p.min_score, s.verifier_artifact, s.cross_encoder_artifact
+            )
             self.routes[r.name] = SemanticRoute(self.stage, r.name, p, ver)
         self._sync: RedisSync | None = None
         self._redis: Redis | None = None
+        self._cross_encoder: CrossEncoder | None = None
 
     async def open(self) -> None:
         s = self.settings.semantic
         shared = self._engine_metrics() if self._engine_metrics is not None else None
+        from backends.settings import BatcherSettings
+
+        batching = BatcherSettings(
+            max_batch=s.batch_max,
+            max_delay_ms=s.batch_max_delay_ms,
+            target_p95_ms=s.batch_target_p95_ms,
+        )
         embedder: Embedder = await asyncio.to_thread(
-            load_embedder, s.model, s.providers, self.registry, shared
+            load_embedder, s.model, s.providers, self.registry, shared, s.artifacts_dir, batching
         )
         self.stage.embedder = embedder
         self.stage.metrics.device.labels(embedder.device, self.index.device).set(1)
@@ -103,6 +115,7 @@ class SemanticSetup:
             self.index.device,
             sorted(self.routes),
         )
+        await self._open_cross_encoder()
         redis = self.settings.redis
         if s.sync and redis is not None and redis.url:
             self._redis = Redis.from_url(
@@ -112,6 +125,32 @@ class SemanticSetup:
             )
             self._sync = RedisSync(self.stage, self._redis, redis.key_prefix)
             await self._sync.start()
+
+    async def _open_cross_encoder(self) -> None:
+        """One cross-encoder per process, shared by the routes whose verifier uses it."""
+        users = [
+            r.verifier for r in self.routes.values() if isinstance(r.verifier, CrossEncoderVerifier)
+        ]
+        if not users:
+            return
+        s = self.settings.semantic
+        model = await asyncio.to_thread(
+            CrossEncoder.load,
+            users[0].artifact,
+            artifacts_dir=s.artifacts_dir,
+            providers=s.providers,
+            threads=s.cross_encoder_threads,
+        )
+        took = await asyncio.to_thread(model.warmup)
+        for v in users:
+            v.attach(model)
+        self._cross_encoder = model
+        log.info(
+            "semantic verifier: cross-encoder (%s layers) on %s, warm in %.0f ms",
+            model.meta.get("layers"),
+            model.device,
+            took * 1e3,
+        )
 
     async def purge(self, selector: Selector) -> int:
         """Remove the vectors whose exact entries a purge removed."""
@@ -126,6 +165,26 @@ class SemanticSetup:
         if self._redis is not None:
             await self._redis.aclose()
         await self.stage.embedder.aclose()
+        if self._cross_encoder is not None:
+            self._cross_encoder.close()
+
+
+def preflight(settings: CacheSettings, routes: Sequence[RouteLike]) -> list[str]:
+    """What would stop the semantic stage from starting here (check-config and serve say it)."""
+    from cache.semantic.cross_encoder import DEFAULT_ARTIFACT
+
+    problems = []
+    for r in routes:
+        p = r.cache.semantic
+        if p.enabled and p.verifier == "cross-encoder":
+            path = settings.semantic.cross_encoder_artifact or str(DEFAULT_ARTIFACT)
+            if not Path(path).is_file():
+                problems.append(
+                    f"route {r.name}: verifier 'cross-encoder' needs its artifact {path}: train "
+                    "it with `python -m bench.train_cross_encoder` (or set "
+                    "cache.semantic.cross_encoder_artifact)"
+                )
+    return problems
 
 
 def build_semantic(

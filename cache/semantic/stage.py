@@ -61,6 +61,8 @@ class Replicator(Protocol):
 
     async def publish_remove(self, exact_key: str) -> None: ...
 
+    async def publish_bar(self, entry: Entry) -> None: ...
+
 
 class SemanticStage:
     """One per gateway process; routes share it, namespaces keep them apart."""
@@ -115,7 +117,7 @@ class SemanticStage:
             self.metrics.lookups.labels("miss").inc()
             return None
         cos = np.asarray(sims, dtype=np.float32)
-        decision = verifier.choose(
+        decision = await verifier.decide(
             text_info(text),
             vec,
             [c.info for c in cands],
@@ -172,13 +174,24 @@ class SemanticStage:
             await self.replicator.publish_remove(exact_key)
         return removed
 
-    def report_wrong(self, exact_key: str, score: float) -> bool:
-        """A client said this hit was wrong: only a closer match than `score` may reuse it."""
+    async def report_wrong(self, exact_key: str, score: float) -> bool:
+        """A client said this hit was wrong: only a closer match than `score` may reuse it, in
+        every process that shares the index."""
         e = self.entries.get(entry_id(exact_key))
         if e is None:
             return False
-        e.bar = min(max(e.bar, score + TIGHTEN_STEP), 1.01)
+        self.apply_bar(exact_key, score + TIGHTEN_STEP)
         self.metrics.feedback.inc()
+        if self.replicator is not None:
+            await self.replicator.publish_bar(e)
+        return True
+
+    def apply_bar(self, exact_key: str, bar: float) -> bool:
+        """Raise (never lower) one entry's bar; local only (also what replication calls)."""
+        e = self.entries.get(entry_id(exact_key))
+        if e is None:
+            return False
+        e.bar = min(max(e.bar, bar), 1.01)
         return True
 
     def purge_expired(self) -> int:

@@ -1,8 +1,8 @@
 """Share the semantic index across gateway processes through Redis.
 
-Entries live in a Redis hash (`{prefix}sem:entries`, exact key → msgpack record) and every add
-and removal is also appended to a Redis Stream (`{prefix}sem:log`). At start-up a process
-rebuilds its local index from the hash, then tails the stream from the id it saw before the
+Entries live in a Redis hash (`{prefix}sem:entries`, exact key → msgpack record) and every add,
+removal and wrong-hit bar is also appended to a Redis Stream (`{prefix}sem:log`). At start-up a
+process rebuilds its local index from the hash, then tails the stream from the id it saw before the
 scan (replays are idempotent). Redis failures are logged and counted; the local index keeps
 serving, and the tail reconnects with backoff.
 """
@@ -37,6 +37,7 @@ def _pack(entry: Entry) -> bytes:
             "t": entry.text,
             "v": np.asarray(entry.vector, np.float32).tobytes(),
             "x": entry.expires_at,
+            "b": entry.bar,
         }
     )
     return raw
@@ -44,7 +45,9 @@ def _pack(entry: Entry) -> bytes:
 
 def _unpack(raw: bytes) -> Entry:
     d = msgpack.unpackb(raw, raw=False)
-    return Entry(d["ns"], d["k"], d["t"], np.frombuffer(d["v"], dtype=np.float32).copy(), d["x"])
+    entry = Entry(d["ns"], d["k"], d["t"], np.frombuffer(d["v"], dtype=np.float32).copy(), d["x"])
+    entry.bar = float(d.get("b", 0.0))
+    return entry
 
 
 class RedisSync:
@@ -111,6 +114,24 @@ class RedisSync:
             log.warning("semantic sync: publish add failed (%s); kept locally (ttl %ds)", exc, ttl)
             self._m.labels("publish", "error").inc()
 
+    async def publish_bar(self, entry: Entry) -> None:
+        """A wrong-hit report: the record in the hash carries the new bar (for rebuilds), the
+        stream tells the live processes."""
+        try:
+            async with self.redis.pipeline(transaction=False) as p:
+                p.hset(self.entries_key, entry.exact_key, _pack(entry))
+                p.xadd(
+                    self.stream_key,
+                    {"op": "bar", "o": self.origin, "k": entry.exact_key, "b": repr(entry.bar)},
+                    maxlen=STREAM_MAXLEN,
+                    approximate=True,
+                )
+                await p.execute()
+            self._m.labels("publish", "ok").inc()
+        except (RedisError, OSError) as exc:
+            log.warning("semantic sync: publish wrong-hit bar failed (%s); local only", exc)
+            self._m.labels("publish", "error").inc()
+
     async def publish_remove(self, exact_key: str) -> None:
         try:
             async with self.redis.pipeline(transaction=False) as p:
@@ -135,6 +156,8 @@ class RedisSync:
             self.stage.apply_add(_unpack(fields[b"e"]))
         elif op == b"del":
             self.stage.apply_remove(fields[b"k"].decode())
+        elif op == b"bar":
+            self.stage.apply_bar(fields[b"k"].decode(), float(fields[b"b"]))
         self._m.labels("apply", "ok").inc()
 
     async def _tail(self) -> None:

@@ -1,13 +1,19 @@
 """Second stage of a semantic lookup: does the cached answer truly answer the new question?
 
-Nearest neighbours are only candidates. `MlpVerifier` scores each (query, candidate) pair with
-a small MLP over cosine, lexical/structural signals (cache.semantic.features) and the embedding
-interactions (u*v, |u-v|), trained by bench/train_verifier.py; the artifact is a small .npz.
-`CosineVerifier` is the verifier-off policy: the cosine threshold alone decides.
+Nearest neighbours are only candidates. Three verifiers, one per route policy:
+- `MlpVerifier` ("features", the default "on"): a small MLP over cosine and lexical/structural
+  signals (cache.semantic.features), trained by bench/train_verifier.py; a 105 KB .npz, ~0.2 ms.
+- `CrossEncoderVerifier` ("cross-encoder", opt-in): a MiniLM cross-encoder reads the asked and
+  the cached question together (cache.semantic.cross_encoder); one ONNX Runtime call over the
+  candidates above the cosine floor, off the event loop. Its artifact is trained with
+  `python -m bench.train_cross_encoder` and not shipped: the one trained on this CPU did not
+  beat the features MLP (docs/benchmarks.md).
+- `CosineVerifier` ("off"): the cosine threshold alone decides.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,6 +22,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from cache.semantic.cross_encoder import DEFAULT_ARTIFACT as CE_ARTIFACT
+from cache.semantic.cross_encoder import CrossEncoder, read_meta
 from cache.semantic.features import FEATURES_VERSION, Idf, TextInfo, pair_features
 
 DEFAULT_ARTIFACT = Path(__file__).with_name("verifier.npz")
@@ -32,7 +40,8 @@ class Decision:
 
 class Verifier(Protocol):
     name: str
-    floor: float
+    floor: float  # the cosine a candidate needs to be considered
+    p_min: float  # the verifier score it needs to be served (cosine alone: unused)
 
     def choose(
         self,
@@ -44,11 +53,48 @@ class Verifier(Protocol):
         tighten: Sequence[float] = (),
     ) -> Decision: ...
 
+    async def decide(
+        self,
+        query: TextInfo,
+        query_vec: np.ndarray,
+        cands: Sequence[TextInfo],
+        cand_vecs: np.ndarray,
+        cand_cos: np.ndarray,
+        tighten: Sequence[float] = (),
+    ) -> Decision: ...
 
-class CosineVerifier:
+
+class _Inline:
+    """decide() for verifiers cheap enough to run on the event loop."""
+
+    def choose(
+        self,
+        query: TextInfo,
+        query_vec: np.ndarray,
+        cands: Sequence[TextInfo],
+        cand_vecs: np.ndarray,
+        cand_cos: np.ndarray,
+        tighten: Sequence[float] = (),
+    ) -> Decision:
+        raise NotImplementedError
+
+    async def decide(
+        self,
+        query: TextInfo,
+        query_vec: np.ndarray,
+        cands: Sequence[TextInfo],
+        cand_vecs: np.ndarray,
+        cand_cos: np.ndarray,
+        tighten: Sequence[float] = (),
+    ) -> Decision:
+        return self.choose(query, query_vec, cands, cand_vecs, cand_cos, tighten)
+
+
+class CosineVerifier(_Inline):
     """No second stage: the best candidate at or above the cosine threshold is served."""
 
     name = "off"
+    p_min = 0.0
 
     def __init__(self, threshold: float) -> None:
         self.floor = threshold
@@ -69,7 +115,7 @@ class CosineVerifier:
         return Decision(-1, float(cand_cos[0]) if len(cand_cos) else 0.0, 0)
 
 
-class MlpVerifier:
+class MlpVerifier(_Inline):
     """Scores candidates over the cosine floor; serves the most probable one over p_min."""
 
     name = "mlp"
@@ -149,14 +195,7 @@ class MlpVerifier:
         x = self.features(
             query, query_vec, [cands[i] for i in keep], cand_vecs[keep], np.asarray(cand_cos)[keep]
         )
-        prob = self.probabilities(x)
-        best, best_p = -1, 0.0
-        for j, i in enumerate(keep):
-            need = max(self.p_min, tighten[i] if i < len(tighten) else 0.0)
-            if prob[j] >= need and prob[j] > best_p:
-                best, best_p = i, float(prob[j])
-        refused = len(keep) - (1 if best >= 0 else 0)
-        return Decision(best, best_p if best >= 0 else float(prob.max()), refused)
+        return _pick(self.probabilities(x), keep, self.p_min, tighten)
 
 
 def build_matrix(cos: np.ndarray, lex: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -166,10 +205,84 @@ def build_matrix(cos: np.ndarray, lex: np.ndarray, u: np.ndarray, v: np.ndarray)
     )
 
 
+def _pick(
+    prob: np.ndarray, keep: Sequence[int], p_min: float, tighten: Sequence[float]
+) -> Decision:
+    """The most probable kept candidate at or over its bar (p_min, or a raised per-entry bar)."""
+    best, best_p = -1, 0.0
+    for j, i in enumerate(keep):
+        need = max(p_min, tighten[i] if i < len(tighten) else 0.0)
+        if prob[j] >= need and prob[j] > best_p:
+            best, best_p = i, float(prob[j])
+    refused = len(keep) - (1 if best >= 0 else 0)
+    return Decision(best, best_p if best >= 0 else float(prob.max()), refused)
+
+
+class CrossEncoderVerifier:
+    """Candidates over the cosine floor go to the cross-encoder together; the most probable one
+    over p_min is served. The model is attached at start-up (`attach`), after its ONNX build."""
+
+    name = "cross-encoder"
+
+    def __init__(self, artifact: Path, floor: float | None, p_min: float | None) -> None:
+        meta = read_meta(artifact)
+        self.artifact = artifact
+        self.floor = float(meta["floor"] if floor is None else floor)
+        self.p_min = float(meta["p_min"] if p_min is None else p_min)
+        self.model: CrossEncoder | None = None
+
+    def attach(self, model: CrossEncoder) -> None:
+        self.model = model
+
+    def choose(
+        self,
+        query: TextInfo,
+        query_vec: np.ndarray,
+        cands: Sequence[TextInfo],
+        cand_vecs: np.ndarray,
+        cand_cos: np.ndarray,
+        tighten: Sequence[float] = (),
+    ) -> Decision:
+        keep = [i for i, c in enumerate(cand_cos) if c >= self.floor]
+        if not keep or self.model is None:
+            return Decision(-1, 0.0, len(keep))
+        prob = self.model.score_pairs_sync([query.text] * len(keep), [cands[i].text for i in keep])
+        return _pick(prob, keep, self.p_min, tighten)
+
+    async def decide(
+        self,
+        query: TextInfo,
+        query_vec: np.ndarray,
+        cands: Sequence[TextInfo],
+        cand_vecs: np.ndarray,
+        cand_cos: np.ndarray,
+        tighten: Sequence[float] = (),
+    ) -> Decision:
+        if not any(c >= self.floor for c in cand_cos):
+            return Decision(-1, 0.0, 0)  # nothing to verify: no thread hop
+        return await asyncio.to_thread(
+            self.choose, query, query_vec, cands, cand_vecs, cand_cos, tighten
+        )
+
+
 def load_verifier(
-    kind: str, threshold: float, min_score: float | None = None, artifact: str | Path | None = None
+    kind: str,
+    threshold: float,
+    min_score: float | None = None,
+    artifact: str | Path | None = None,
+    cross_encoder_artifact: str | Path | None = None,
 ) -> Verifier:
-    """'on' → the trained MLP with `threshold` as its cosine floor; 'off' → cosine alone."""
+    """'on' / 'features' → the MLP; 'cross-encoder' → the cross-encoder; 'off' → cosine alone.
+    With a verifier, `threshold` is its cosine floor and `min_score` its acceptance bar."""
     if kind == "off":
         return CosineVerifier(threshold)
+    if kind == "cross-encoder":
+        path = Path(cross_encoder_artifact) if cross_encoder_artifact else CE_ARTIFACT
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"verifier 'cross-encoder' needs its artifact {path}: train it with "
+                "`python -m bench.train_cross_encoder` (or set "
+                "cache.semantic.cross_encoder_artifact)"
+            )
+        return CrossEncoderVerifier(path, threshold, min_score)
     return MlpVerifier.load(artifact or DEFAULT_ARTIFACT, floor=threshold, p_min=min_score)

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+import yaml
 
 from tests.integration.cache.conftest import ADMIN_TOKEN, cache_config
 from tests.support.servers import GatewayProcess, RedisServer, ServerThread
@@ -125,6 +129,47 @@ def test_two_processes_share_through_redis(
                 break
             time.sleep(0.05)
         assert h["x-cache"] == "semantic-hit" and got == text
+        # A wrong-hit report through A stops that reuse in B too (the bar is replicated).
+        body = {"entry": h["x-cache-entry"], "score": float(h["x-cache-score"])}
+        assert admin_post(a.url, "/admin/cache/semantic/wrong-hit", body)[0] == 200
+        deadline = time.monotonic() + 1.0
+        while True:
+            h = ask(client_for(b.url), "How can I reset my password?", temperature=0)[1]
+            if h["x-cache"] == "miss" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert h["x-cache"] == "miss"
     finally:
         a.stop()
         b.stop()
+
+
+def test_cross_encoder_verifier_serves_through_the_gateway(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread], ce_artifact: Path
+) -> None:
+    # The plumbing end to end (ONNX build at start-up, scoring off the loop, headers); the
+    # untrained test artifact's bar is set to accept, so the hit proves the path, not a judgement.
+    cfg = semantic_config(upstream.url, verifier="cross-encoder", threshold=0.8, min_score=0.0)
+    cfg["cache"] = {"semantic": {"cross_encoder_artifact": str(ce_artifact)}}
+    gw = start_gateway(cfg)
+    c = client_for(gw.url)
+    first = ask(c, "How do I reset my password?", temperature=0)[0]
+    again, h = ask(c, "How can I reset my password?", temperature=0)
+    assert h["x-cache"] == "semantic-hit" and again == first
+    assert 0.0 <= float(h["x-cache-score"]) <= 1.0
+
+
+def test_check_config_names_a_missing_cross_encoder(upstream: ServerThread, tmp_path: Path) -> None:
+    cfg = semantic_config(upstream.url, verifier="cross-encoder")
+    cfg["cache"] = {"semantic": {"cross_encoder_artifact": str(tmp_path / "none.npz")}}
+    path = tmp_path / "lg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 1
+    assert "verifier 'cross-encoder' needs its artifact" in out.stderr
+    assert "bench.train_cross_encoder" in out.stderr

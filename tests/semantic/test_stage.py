@@ -62,7 +62,7 @@ async def test_wrong_hit_report_stops_that_reuse(
     await stage.add("ns", Q, "k", ttl=60)
     hit = await stage.lookup("ns", PARA, verifier)
     assert hit is not None
-    assert stage.report_wrong("k", hit.score)
+    assert await stage.report_wrong("k", hit.score)
     assert await stage.lookup("ns", PARA, verifier) is None
     # The bar is that entry's own: other entries in the namespace still hit.
     await stage.add("ns", "What is the best way to learn Python?", "k2", ttl=60)

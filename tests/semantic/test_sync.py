@@ -49,14 +49,20 @@ async def test_add_and_remove_replicate_within_a_second(
         await wait_for(lambda: len(b.entries) == 1)
         hit = await b.lookup("ns", PARA, verifier)
         assert hit is not None and hit.exact_key == "key-1"
+        # A wrong-hit report through one process raises that entry's bar in the other too.
+        assert await b.report_wrong("key-1", hit.score)
+        await wait_for(lambda: next(iter(a.entries.values())).bar > hit.score)
+        assert await a.lookup("ns", PARA, verifier) is None
         await b.remove_key("key-1")
         await wait_for(lambda: not a.entries)
         # A third process starting now rebuilds from Redis: only live entries come back.
         await a.add("ns", "What is the capital of France?", "key-2", ttl=60)
+        await a.report_wrong("key-2", 0.5)
         c = new_stage(embedder)
         sc = RedisSync(c, Redis.from_url(redis_server.url), prefix)
         await sc.start()
         assert {e.exact_key for e in c.entries.values()} == {"key-2"}
+        assert next(iter(c.entries.values())).bar > 0.5  # the bar survives a rebuild
         await sc.aclose()
     finally:
         await sa.aclose()

@@ -7,7 +7,7 @@ import pytest
 
 from cache.embedder import Embedder
 from cache.semantic.features import text_info
-from cache.semantic.verifier import CosineVerifier, MlpVerifier
+from cache.semantic.verifier import CosineVerifier, Verifier
 
 SWAPS = [
     ("What is 2+3?", "What is 2+4?"),
@@ -24,7 +24,7 @@ PARAPHRASES = [
 ]
 
 
-def decide(ver: MlpVerifier | CosineVerifier, emb: Embedder, q: str, c: str) -> int:
+def decide(ver: Verifier, emb: Embedder, q: str, c: str) -> int:
     v = emb.embed_sync([q, c])
     cos = np.asarray([float(v[0] @ v[1])], dtype=np.float32)
     return ver.choose(text_info(q), v[0], [text_info(c)], v[1:], cos).index
@@ -32,7 +32,7 @@ def decide(ver: MlpVerifier | CosineVerifier, emb: Embedder, q: str, c: str) -> 
 
 @pytest.mark.parametrize(("cached", "asked"), SWAPS)
 def test_refuses_swaps_that_cosine_alone_serves(
-    verifier: MlpVerifier, embedder: Embedder, cached: str, asked: str
+    verifier: Verifier, embedder: Embedder, cached: str, asked: str
 ) -> None:
     assert decide(verifier, embedder, asked, cached) == -1
 
@@ -45,12 +45,12 @@ def test_cosine_alone_would_serve_most_swaps(embedder: Embedder) -> None:
 
 @pytest.mark.parametrize(("cached", "asked"), PARAPHRASES)
 def test_serves_paraphrases(
-    verifier: MlpVerifier, embedder: Embedder, cached: str, asked: str
+    verifier: Verifier, embedder: Embedder, cached: str, asked: str
 ) -> None:
     assert decide(verifier, embedder, asked, cached) == 0
 
 
-def test_wrong_hit_report_tightens_one_entry(verifier: MlpVerifier, embedder: Embedder) -> None:
+def test_wrong_hit_report_tightens_one_entry(verifier: Verifier, embedder: Embedder) -> None:
     q, c = PARAPHRASES[0][1], PARAPHRASES[0][0]
     v = embedder.embed_sync([q, c])
     cos = np.asarray([float(v[0] @ v[1])], dtype=np.float32)

@@ -1,0 +1,77 @@
+"""Export the cross-encoder to ONNX. A child process: imports torch.
+
+python -m cache.semantic.cross_encoder_export BASE_MODEL_DIR ARTIFACT.npz OUT.onnx
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+INPUTS = ["input_ids", "attention_mask", "token_type_ids"]
+OUTPUT = "probability"
+
+
+def export(base: Path, artifact: Path, out: Path, opset: int = 17) -> None:
+    import torch
+    from transformers import AutoModel
+
+    from cache.semantic.cross_encoder import load_artifact
+
+    weights, meta, _ = load_artifact(artifact)
+    layers = int(meta["layers"])
+    bert = AutoModel.from_pretrained(
+        str(base), num_hidden_layers=layers, add_pooling_layer=False, local_files_only=True
+    )
+    enc = "encoder."
+    state = {k[len(enc) :]: torch.from_numpy(v) for k, v in weights.items() if k.startswith(enc)}
+    bert.encoder.load_state_dict(state, strict=True)
+    head = torch.nn.Linear(bert.config.hidden_size, 1)
+    head.weight.data = torch.from_numpy(weights["head.weight"]).reshape(1, -1)
+    head.bias.data = torch.from_numpy(weights["head.bias"]).reshape(1)
+    bert.eval()
+
+    class PairScorer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+            self.head = head
+
+        def forward(
+            self,
+            input_ids: torch.Tensor,
+            attention_mask: torch.Tensor,
+            token_type_ids: torch.Tensor,
+        ) -> torch.Tensor:
+            hid = self.bert(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            )[0]
+            m = attention_mask.unsqueeze(-1).to(hid.dtype)
+            pooled = (hid * m).sum(1) / m.sum(1).clamp(min=1.0)
+            return torch.sigmoid(self.head(pooled)).squeeze(1)
+
+    dummy = torch.ones((2, 8), dtype=torch.int64)
+    dynamic = {n: {0: "batch", 1: "tokens"} for n in INPUTS} | {OUTPUT: {0: "batch"}}
+    with torch.no_grad():
+        torch.onnx.export(
+            PairScorer(),
+            (dummy, dummy, torch.zeros_like(dummy)),
+            str(out),
+            input_names=INPUTS,
+            output_names=[OUTPUT],
+            dynamic_axes=dynamic,
+            opset_version=opset,
+            dynamo=False,
+        )
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    export(Path(argv[0]), Path(argv[1]), Path(argv[2]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
