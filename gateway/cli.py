@@ -53,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--calibration", help="INT8 calibration texts, one per line")
     build.add_argument("--validation", help="validation texts (default: the STS-B dev sentences)")
     build.add_argument("--min-cosine", type=float, default=0.999, help="promotion bound")
+    build.add_argument("--min-agreement", type=float, default=0.99,
+                       help="classifiers' promotion bound (top-1 agreement)")  # fmt: skip
+    build.add_argument("--task", choices=["auto", "embedder", "classifier"], default="auto",
+                       help="auto: a 2-D (batch, classes) output is a classifier")  # fmt: skip
+    build.add_argument("--tokenizer", help="tokenizer.json for an ONNX file (builtins have one)")
     build.add_argument("--artifacts", default=os.environ.get("LATENTGATE_ARTIFACTS"))
     prof = sub.add_parser("profile", help="send traffic and print p50/p99 per Server-Timing stage")
     prof.add_argument("url")
@@ -73,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             calibration=args.calibration,
             validation=args.validation,
             min_cosine=args.min_cosine,
+            min_agreement=args.min_agreement,
+            tokenizer=args.tokenizer,
+            task=args.task,
             artifacts_dir=args.artifacts,
         )
 

@@ -84,22 +84,35 @@ def resolve(
         onnx_path = out / "model.fp32.onnx"
         if not onnx_path.exists():
             export(src, onnx_path)
-        if precision != "fp32":
-            onnx_path = out / f"model.{precision}.onnx"
-            if not onnx_path.exists():
-                raise EngineError(
-                    f"no promoted {precision} artifact for {model}: run `latentgate build {model} "
-                    f"--precision {precision}` (it promotes only within the accuracy bound)"
-                )
         return ModelArtifact(
-            name, onnx_path, src / "tokenizer.json", digest, BUILTINS[name][2], src
-        )
+            name, _promoted(model, onnx_path, precision), src / "tokenizer.json", digest,
+            BUILTINS[name][2], src,
+        )  # fmt: skip
     path = Path(model).expanduser()
     if not path.is_file():
         raise EngineError(f"model file {model!r} does not exist")
     return ModelArtifact(
-        path.stem, path, Path(tokenizer) if tokenizer else None, file_hash(path), None, None
-    )
+        path.stem, _promoted(model, path, precision), Path(tokenizer) if tokenizer else None,
+        file_hash(path), None, None,
+    )  # fmt: skip
+
+
+def promoted_path(fp32: Path, precision: str) -> Path:
+    """Where `latentgate build` puts a lowered model: model.fp32.onnx → model.int8.onnx,
+    clf.onnx → clf.int8.onnx (beside the FP32 file)."""
+    if precision == "fp32":
+        return fp32
+    return fp32.with_name(f"{fp32.stem.removesuffix('.fp32')}.{precision}.onnx")
+
+
+def _promoted(model: str, fp32: Path, precision: str) -> Path:
+    path = promoted_path(fp32, precision)
+    if not path.exists():
+        raise EngineError(
+            f"no promoted {precision} artifact for {model}: run `latentgate build {model} "
+            f"--precision {precision}` (it promotes only within the accuracy bound)"
+        )
+    return path
 
 
 def export(src: Path, onnx_path: Path) -> None:

@@ -1,8 +1,9 @@
 """`latentgate build`: export, lower precision, measure against FP32, promote only within a bound.
 
 FP16 converts the ONNX graph (inputs/outputs stay FP32); INT8 is ONNX Runtime quantisation:
-static with a calibration set, dynamic without. A candidate whose mean cosine to the FP32
-embeddings on the validation set falls below the bound is kept aside and not promoted.
+static with a calibration set, dynamic without. Embedders are measured by mean cosine to the FP32
+embeddings, classifiers by top-1 agreement (build_classifier.py); a candidate under its bound is
+kept aside and not promoted.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from backends.errors import EngineError
-from backends.local.artifacts import ModelArtifact, resolve
+from backends.local.artifacts import ModelArtifact, promoted_path, resolve
+from backends.local.build_classifier import agreement, detect_task, logits_runner, model_outputs
 from backends.local.onnx import OrtEngine
 from backends.local.text_encoder import TextEncoder
 from backends.preprocess.cpu import TextPreprocessor, pad_tokens
@@ -52,16 +54,11 @@ def read_sentences(path: str, limit: int = VALIDATION_LIMIT) -> list[str]:
     return list(dict.fromkeys(out))[:limit]
 
 
-def top1_agreement(reference: NDArray[Any], candidate: NDArray[Any]) -> float:
-    """For classifiers: the share of inputs whose arg-max class is unchanged."""
-    return float((reference.argmax(axis=-1) == candidate.argmax(axis=-1)).mean())
-
-
 @dataclass
 class Measured:
     precision: str
     path: Path
-    vectors: NDArray[np.float32]
+    vectors: NDArray[np.float32]  # embeddings (embedders) or logits (classifiers)
     seconds: float
 
 
@@ -72,12 +69,15 @@ def _encoder(path: Path, art: ModelArtifact) -> TextEncoder:
     return TextEncoder(art.name, engine, pre, BatcherSettings())
 
 
-def measure(path: Path, art: ModelArtifact, precision: str, texts: list[str]) -> Measured:
-    enc = _encoder(path, art)
-    enc.encode(texts[:8])  # warm-up outside the timing
+def measure(
+    path: Path, art: ModelArtifact, precision: str, texts: list[str], logits: str | None = None
+) -> Measured:
+    """Embeddings, or the `logits` output of a classifier, for every text; timed after warm-up."""
+    run = logits_runner(path, art, logits) if logits else _encoder(path, art).encode
+    run(texts[:8])  # warm-up outside the timing
     rows, t0 = [], time.perf_counter()
     for i in range(0, len(texts), 32):
-        rows.append(enc.encode(texts[i : i + 32]))
+        rows.append(run(texts[i : i + 32]))
         progress(f"encode {precision}", min(i + 32, len(texts)), len(texts))
     return Measured(precision, path, np.concatenate(rows), time.perf_counter() - t0)
 
@@ -87,11 +87,16 @@ def _calibration_reader(art: ModelArtifact, texts: list[str]) -> Any:
 
     assert art.tokenizer_path is not None
     pre = TextPreprocessor.from_file(str(art.tokenizer_path), art.max_tokens or 512, True)
+    graph = OrtEngine(str(art.onnx_path), art.name, ["CPUExecutionProvider"])
+    names = {i.name for i in graph.inputs}
+    graph.close()
 
     class Reader(CalibrationDataReader):  # type: ignore[misc]
         def __init__(self) -> None:
+            # Only the inputs the graph has: a classifier may take no token_type_ids.
             self._it: Iterator[dict[str, NDArray[np.int64]]] = (
-                pad_tokens(pre.tokenize(texts[i : i + 16])) for i in range(0, len(texts), 16)
+                {k: v for k, v in pad_tokens(pre.tokenize(texts[i : i + 16])).items() if k in names}
+                for i in range(0, len(texts), 16)
             )
 
         def get_next(self) -> dict[str, NDArray[np.int64]] | None:
@@ -101,8 +106,8 @@ def _calibration_reader(art: ModelArtifact, texts: list[str]) -> Any:
 
 
 def lower(art: ModelArtifact, precision: str, calibration: list[str] | None) -> Path:
-    """Write the candidate ONNX file for `precision` next to the FP32 export."""
-    out = art.onnx_path.with_name(f"model.{precision}.candidate.onnx")
+    """Write the candidate ONNX file for `precision` next to the FP32 file."""
+    out = promoted_path(art.onnx_path, precision).with_suffix(".candidate.onnx")
     if precision == "fp16":
         import onnx
         from onnxruntime.transformers.float16 import convert_float_to_float16
@@ -128,50 +133,98 @@ def run_build(
     calibration: str | None = None,
     validation: str | None = None,
     min_cosine: float = 0.999,
+    min_agreement: float = 0.99,
+    tokenizer: str | None = None,
+    task: str = "auto",
     artifacts_dir: str | None = None,
     emit: Callable[[str], None] = print,
 ) -> int:
-    """0: built and promoted; 1: refused (loss over the bound) or failed."""
+    """0: built and promoted; 1: refused (loss over the bound) or failed.
+
+    task: "auto" (from the model's outputs), "embedder" or "classifier".
+    """
     try:
         steps = 4
         progress("export fp32 (once, cached)", 0, steps)
-        art = resolve(model, artifacts_dir)
+        art = resolve(model, artifacts_dir, tokenizer)
+        if art.tokenizer_path is None:
+            raise EngineError(f"model {model} needs its tokenizer.json: pass --tokenizer FILE")
+        task, output = detect_task(model_outputs(art.onnx_path, art.name), task, art.name)
+        logits = output if task == "classifier" else None
         progress("export fp32 (once, cached)", 1, steps)
         texts = read_sentences(validation or DEFAULT_VALIDATION)
         calib = read_sentences(calibration, limit=256) if calibration else None
         candidate = art.onnx_path if precision == "fp32" else lower(art, precision, calib)
         progress(f"build {precision}", 2, steps)
-        ref = measure(art.onnx_path, art, "fp32", texts)
-        got = ref if precision == "fp32" else measure(candidate, art, precision, texts)
+        ref = measure(art.onnx_path, art, "fp32", texts, logits)
+        got = ref if precision == "fp32" else measure(candidate, art, precision, texts, logits)
         progress("report", steps, steps)
     except (EngineError, OSError, RuntimeError) as exc:
         emit(f"build failed: {exc}")
         return 1
-    cos = (ref.vectors * got.vectors).sum(axis=1)
-    size_mb = candidate.stat().st_size / 1e6
-    speedup = ref.seconds / got.seconds
-    emit(f"\naccuracy report: {art.name} {precision} vs fp32 on {len(texts)} validation sentences")
-    emit(f"  {'precision':<10}{'size MB':>9}{'sent/s':>9}{'speed-up':>10}{'mean cos':>10}"
-         f"{'min cos':>9}{'p1 cos':>9}")  # fmt: skip
-    for m, c in ((ref, np.ones(1)), (got, cos)):
-        emit(f"  {m.precision:<10}{m.path.stat().st_size / 1e6:>9.1f}"
-             f"{len(texts) / m.seconds:>9.0f}{ref.seconds / m.seconds:>9.2f}x"
-             f"{c.mean():>10.5f}{c.min():>9.5f}{np.percentile(c, 1):>9.5f}")  # fmt: skip
+    emit(f"\naccuracy report: {art.name} {precision} vs fp32 ({task}) on {len(texts)} validation "
+         "sentences")  # fmt: skip
+    record: dict[str, Any] = {
+        "model": art.name, "task": task, "precision": precision, "model_hash": art.model_hash,
+        "speedup_cpu": ref.seconds / got.seconds, "size_mb": candidate.stat().st_size / 1e6,
+        "validation": len(texts),
+    }  # fmt: skip
+    if logits is not None:
+        score = agreement(ref.vectors, got.vectors)
+        emit(f"  classes: {ref.vectors.shape[1]} (output {logits!r})")
+        _table(emit, ref, got, len(texts), [("top-1 agree", 1.0, score.top1, "{:.4f}"),
+               ("flipped", 0, score.flipped, "{:d}"),
+               ("max-p drift", 0.0, score.max_prob_drift, "{:.5f}")])  # fmt: skip
+        record |= {"top1_agreement": score.top1, "flipped": score.flipped,
+                   "mean_max_prob_drift": score.max_prob_drift, "bound": min_agreement}  # fmt: skip
+        ok, what = score.top1 >= min_agreement, f"top-1 agreement {score.top1:.4f}"
+        bound = min_agreement
+    else:
+        cos = (ref.vectors * got.vectors).sum(axis=1)
+        _table(emit, ref, got, len(texts), [("mean cos", 1.0, float(cos.mean()), "{:.5f}"),
+               ("min cos", 1.0, float(cos.min()), "{:.5f}"),
+               ("p1 cos", 1.0, float(np.percentile(cos, 1)), "{:.5f}")])  # fmt: skip
+        record |= {"mean_cosine": float(cos.mean()), "min_cosine": float(cos.min()),
+                   "bound": min_cosine}  # fmt: skip
+        ok, what = float(cos.mean()) >= min_cosine, f"mean cosine {cos.mean():.5f}"
+        bound = min_cosine
     if precision == "fp16":
         emit("  note: ONNX Runtime's CPU provider has few FP16 kernels (it inserts casts), so "
              "FP16 is usually slower on a CPU; it pays off on CUDA/TensorRT.")  # fmt: skip
-    mean_cos = float(cos.mean())
-    record = {"model": art.name, "precision": precision, "model_hash": art.model_hash,
-              "mean_cosine": mean_cos, "min_cosine": float(cos.min()), "bound": min_cosine,
-              "speedup_cpu": speedup, "size_mb": size_mb, "validation": len(texts)}  # fmt: skip
-    if mean_cos < min_cosine:
-        emit(f"REFUSED: mean cosine {mean_cos:.5f} to fp32 is below the bound {min_cosine}; "
+    report = _report_path(art, precision)
+    if not ok:
+        emit(f"REFUSED: {what} to fp32 is below the bound {bound}; "
              f"the candidate stays at {candidate} and is not promoted")  # fmt: skip
-        (candidate.parent / f"report.{precision}.json").write_text(json.dumps(record, indent=2))
+        report.write_text(json.dumps(record, indent=2))
         return 1
-    promoted = art.onnx_path.with_name(f"model.{precision}.onnx")
+    promoted = promoted_path(art.onnx_path, precision)
     if candidate != promoted:
         candidate.replace(promoted)
-    (promoted.parent / f"report.{precision}.json").write_text(json.dumps(record, indent=2))
-    emit(f"promoted: {promoted} (mean cosine {mean_cos:.5f} ≥ {min_cosine})")
+    report.write_text(json.dumps(record, indent=2))
+    emit(f"promoted: {promoted} ({what} ≥ {bound})")
     return 0
+
+
+def _report_path(art: ModelArtifact, precision: str) -> Path:
+    """report.int8.json in a builtin's artifact folder; clf.report.int8.json beside clf.onnx."""
+    prefix = "" if art.source_dir is not None else f"{art.onnx_path.stem}."
+    return art.onnx_path.with_name(f"{prefix}report.{precision}.json")
+
+
+def _table(
+    emit: Callable[[str], None],
+    ref: Measured,
+    got: Measured,
+    n: int,
+    metrics: list[tuple[str, float, float, str]],
+) -> None:
+    """One row for fp32 and one for the candidate: size, speed, then (name, fp32 value, value)."""
+    head = "".join(f"{name:>{len(name) + 2}}" for name, *_ in metrics)
+    emit(f"  {'precision':<10}{'size MB':>9}{'sent/s':>9}{'speed-up':>10}{head}")
+    rows = [(ref, [(name, fmt.format(r)) for name, r, _, fmt in metrics])]
+    if got is not ref:
+        rows.append((got, [(name, fmt.format(v)) for name, _, v, fmt in metrics]))
+    for m, values in rows:
+        cells = "".join(f"{v:>{len(name) + 2}}" for name, v in values)
+        emit(f"  {m.precision:<10}{m.path.stat().st_size / 1e6:>9.1f}"
+             f"{n / m.seconds:>9.0f}{ref.seconds / m.seconds:>9.2f}x{cells}")  # fmt: skip

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.local.build import read_sentences, run_build, top1_agreement
+from backends.local.build import read_sentences, run_build
+from backends.local.build_classifier import top1_agreement
 from gateway.cli import main
 from tests.local.conftest import SENTENCES, artifacts_dir
 
@@ -26,7 +27,10 @@ def test_int8_dynamic_is_refused_at_a_0999_bar(validation: str, encoder: object)
                      artifacts_dir=artifacts_dir(), emit=out.append)  # fmt: skip
     report = "\n".join(out)
     assert code == 1, report
-    assert "accuracy report: all-MiniLM-L6-v2 int8 vs fp32 on 30 validation sentences" in report
+    assert (
+        "accuracy report: all-MiniLM-L6-v2 int8 vs fp32 (embedder) on 30 validation sentences"
+        in report
+    )
     assert "REFUSED: mean cosine 0.9" in report and "not promoted" in report
 
 
