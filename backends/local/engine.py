@@ -27,6 +27,16 @@ V2_DATATYPES: dict[str, str] = {
 }
 
 
+# Open Inference Protocol numeric datatypes → numpy (little-endian, as the binary extension
+# lays them out). The one table: the v2 adapter and the local v2 codec both read it.
+V2_NUMERIC: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_), "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"), "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
+}  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
     """A tensor's name, v2 datatype and shape; -1 marks a dynamic dimension."""
@@ -36,19 +46,7 @@ class TensorSpec:
     shape: tuple[int, ...]
 
     def numpy_dtype(self) -> np.dtype[Any]:
-        return np.dtype(
-            {
-                "FP32": np.float32,
-                "FP16": np.float16,
-                "FP64": np.float64,
-                "INT64": np.int64,
-                "INT32": np.int32,
-                "INT16": np.int16,
-                "INT8": np.int8,
-                "UINT8": np.uint8,
-                "BOOL": np.bool_,
-            }[self.datatype]
-        )
+        return V2_NUMERIC[self.datatype].newbyteorder("=")
 
 
 class Engine(Protocol):

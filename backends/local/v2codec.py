@@ -15,14 +15,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from backends.errors import BadInput
+from backends.local.engine import V2_NUMERIC
 
 BINARY_HEADER = "inference-header-content-length"
-NUMERIC: dict[str, np.dtype[Any]] = {
-    "BOOL": np.dtype(np.bool_), "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"), "INT8": np.dtype("<i1"),
-    "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
-}  # fmt: skip
+NUMERIC = V2_NUMERIC
 
 
 @dataclass(slots=True)

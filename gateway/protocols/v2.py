@@ -16,28 +16,15 @@ from typing import Any
 
 import numpy as np
 
+from backends.local.engine import V2_NUMERIC
 from gateway.errors import BadRequest
 from gateway.protocols.base import Call, decode_body
 
 INFER_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer$")
 BINARY_HEADER = "inference-header-content-length"
 
-DTYPES: dict[str, np.dtype[Any] | None] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype("<u1"),
-    "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"),
-    "UINT64": np.dtype("<u8"),
-    "INT8": np.dtype("<i1"),
-    "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"),
-    "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"),
-    "FP32": np.dtype("<f4"),
-    "FP64": np.dtype("<f8"),
-    "BF16": None,
-    "BYTES": None,
-}
+# BF16 and BYTES have no fixed numpy layout here: None.
+DTYPES: dict[str, np.dtype[Any] | None] = {**V2_NUMERIC, "BF16": None, "BYTES": None}
 
 
 def _flatten(data: Any) -> list[Any]:
