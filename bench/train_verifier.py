@@ -18,7 +18,15 @@ from pathlib import Path
 import numpy as np
 
 from bench.semantic_data import PairSet, embed_cached, splits, st_encoder
-from bench.semantic_pooled import Pool, build_pool, choose_verified, score
+from bench.semantic_pooled import (
+    Pool,
+    Scores,
+    build_pool,
+    choose_verified,
+    label_roots,
+    score,
+    score_labelled,
+)
 from cache.semantic.features import FEATURES_VERSION, N_LEXICAL, Idf, pair_features, text_info
 from cache.semantic.verifier import DEFAULT_ARTIFACT, MlpVerifier, build_matrix
 
@@ -50,22 +58,34 @@ def pair_matrix(
 
 
 def training_rows(
-    ps: PairSet, va: np.ndarray, vb: np.ndarray, idf: Idf, hard_k: int = HARD_NEG_K
+    ps: PairSet,
+    va: np.ndarray,
+    vb: np.ndarray,
+    idf: Idf,
+    hard_k: int = HARD_NEG_K,
+    graph: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Labelled pairs plus pooled hard negatives (another pair's first text near a second text)."""
+    """Labelled pairs plus pooled hard negatives (another pair's first text near a second text).
+    A pooled pair is labelled from the part's own labels: the pair itself, else (graph=True)
+    whether a chain of labelled duplicates joins the two texts (QQP repeats questions across
+    pairs: calling those "negatives" teaches the model to refuse right answers), else 0."""
     x = [pair_matrix(ps.a, ps.b, va, vb, idf)]
     y = [ps.label.astype(np.float32)]
     if hard_k <= 0:
         return x[0], y[0]
     pool = build_pool(ps, va, vb, k=hard_k)
     known = {(a, b): int(lab) for a, b, lab in zip(ps.a, ps.b, ps.label, strict=True)}
+    roots = label_roots(ps) if graph else {}
     ha, hb, hy, hva, hvb = [], [], [], [], []
     for i in range(len(ps)):
         for j, c in zip(pool.cand[i], pool.cand_cos[i], strict=True):
             if j == pool.own[i] or c < HARD_NEG_COS:
                 continue
             text = pool.entries[j]
-            lab = known.get((text, ps.b[i]), known.get((ps.b[i], text), 0))
+            lab = known.get((text, ps.b[i]), known.get((ps.b[i], text), -1))
+            if lab < 0:
+                same = roots.get(text.lower(), "a") == roots.get(ps.b[i].lower(), "b")
+                lab = int(graph and same)
             ha.append(text)
             hb.append(ps.b[i])
             hy.append(lab)
@@ -132,17 +152,26 @@ def pool_probs(ver: MlpVerifier, ps: PairSet, pool: Pool, vb: np.ndarray) -> np.
 def choose_point(
     curves: dict[str, tuple[Pool, np.ndarray]],
     p_grid: np.ndarray | None = None,
+    labelled: tuple[list[str], dict[str, str]] | None = None,
 ) -> tuple[float, float, dict[str, object], tuple[int, float]]:
     """PAWS false hits <= PAWS_GOAL first. Then the first of GOALS that calib reaches, with the
     most QQP recall there; else the most QQP precision with recall >= MIN_RECALL. Returns the
-    point, its calib report and a rank (higher = better) to compare models."""
+    point, its calib report and a rank (higher = better) to compare models. `labelled` (the
+    QQP queries and a label graph) scores QQP by the labelled protocol instead of the strict one
+    (bench.semantic_pooled.score_labelled)."""
     qpool, qprob = curves["qqp"]
     ppool, pprob = curves["paws"]
+
+    def qqp_score(chosen: np.ndarray) -> Scores:
+        if labelled is None:
+            return score(qpool, chosen)
+        return score_labelled(qpool, chosen, labelled[0], labelled[1])
+
     tiers: list[list[tuple[float, float, float]]] = [[] for _ in GOALS]
     fallback: list[tuple[float, float, float]] = []
     for floor in (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.88, 0.9):
         for p_min in np.arange(0.30, 0.999, 0.005) if p_grid is None else p_grid:
-            sq = score(qpool, choose_verified(qpool, qprob, floor, float(p_min)))
+            sq = qqp_score(choose_verified(qpool, qprob, floor, float(p_min)))
             if not sq.hits or sq.recall < MIN_RECALL:
                 continue
             sp = score(ppool, choose_verified(ppool, pprob, floor, float(p_min)))
@@ -169,6 +198,8 @@ def choose_point(
         name: score(pool, choose_verified(pool, prob, floor, p_min)).__dict__
         for name, (pool, prob) in curves.items()
     }
+    if labelled is not None:
+        report["qqp_labelled"] = qqp_score(choose_verified(qpool, qprob, floor, p_min)).__dict__
     return floor, p_min, report, rank
 
 
@@ -194,6 +225,21 @@ def main() -> None:
         " got worse on both QQP precision and PAWS false hits)",
     )
 
+    ap.add_argument(
+        "--protocol",
+        choices=("labelled", "strict"),
+        default="strict",
+        help="how calib scores QQP hits when choosing the operating point: labelled = a hit on"
+        " another entry is right when the labels join the two questions (the issue's cosine"
+        " baselines match this protocol); strict = only the pair's own entry",
+    )
+    ap.add_argument(
+        "--hard-neg-labels",
+        choices=("graph", "pair"),
+        default="pair",
+        help="label pooled hard negatives through the training part's duplicate graph, or only"
+        " by their own pair label (v2's way: unlabelled duplicates count as negatives)",
+    )
     args = ap.parse_args()
     t0 = time.perf_counter()
     data = splits()
@@ -210,7 +256,13 @@ def main() -> None:
     print(f"idf: {len(idf.table)} words from {len(train_texts)} training texts")
     xs, ys = [], []
     for d in args.train_on.split(","):
-        x, y = training_rows(data[d]["train"], *vecs[(d, "train")], idf, args.hard_neg_k)
+        x, y = training_rows(
+            data[d]["train"],
+            *vecs[(d, "train")],
+            idf,
+            args.hard_neg_k,
+            graph=args.hard_neg_labels == "graph",
+        )
         print(f"{d}: {len(y)} training rows ({int(y.sum())} positive)")
         rep = args.paws_weight if d == "paws" else 1
         xs.append(np.tile(x, (rep, 1)))
@@ -221,6 +273,11 @@ def main() -> None:
         ps = data[d]["calib"]
         va, vb = vecs[(d, "calib")]
         calib[d] = (ps, build_pool(ps, va, vb), vb)
+    # The labelled protocol on calib joins questions through train and calib labels only.
+    labelled = None
+    if args.protocol == "labelled":
+        roots = label_roots(data["qqp"]["train"], data["qqp"]["calib"])
+        labelled = (data["qqp"]["calib"].b, roots)
     best: (
         tuple[tuple[int, float], dict[str, np.ndarray], float, float, dict[str, object], str] | None
     ) = None
@@ -239,7 +296,7 @@ def main() -> None:
         }
         ver = MlpVerifier(arrays, meta)
         curves = {d: (pool, pool_probs(ver, ps, pool, vb)) for d, (ps, pool, vb) in calib.items()}
-        floor, p_min, report, rank = choose_point(curves)
+        floor, p_min, report, rank = choose_point(curves, labelled=labelled)
         (qp, qpr), (pp, ppr) = curves["qqp"], curves["paws"]
         for pm in (0.5, 0.7, 0.8, 0.9, 0.95, 0.98):
             sq = score(qp, choose_verified(qp, qpr, 0.8, pm))
@@ -266,6 +323,8 @@ def main() -> None:
         goals=GOALS,
         paws_goal=PAWS_GOAL,
         paws_weight=args.paws_weight,
+        protocol=args.protocol,
+        hard_neg_labels=args.hard_neg_labels,
         trained_on=f"training parts of {args.train_on} (bench/semantic_data.py splits)",
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
