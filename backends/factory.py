@@ -14,6 +14,7 @@ from backends.settings import BackendSettings, RemoteBackendSettings
 
 if TYPE_CHECKING:
     from backends.local.metrics import LocalMetrics
+    from backends.local.shared import EngineShare
 
 
 def preflight(settings: Mapping[str, BackendSettings]) -> list[str]:
@@ -34,6 +35,7 @@ def build_backends(
     registry: CollectorRegistry | None = None,
     remote_metrics: RemoteMetrics | None = None,
     local_metrics: LocalMetrics | None = None,
+    engines: EngineShare | None = None,
 ) -> dict[str, Backend]:
     """Raises EngineError (with preflight's message) when a local backend cannot start here.
     `remote_metrics`, `local_metrics`: the app's sets when building again (a reload), since
@@ -49,5 +51,5 @@ def build_backends(
 
         if local_metrics is None:
             local_metrics = LocalMetrics(registry if registry is not None else CollectorRegistry())
-        out[name] = LocalBackend(name, spec, local_metrics)
+        out[name] = LocalBackend(name, spec, local_metrics, engines)
     return out

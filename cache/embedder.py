@@ -90,6 +90,7 @@ def load_embedder(
     metrics: Any = None,
     artifacts_dir: str | None = None,
     batching: Any = None,
+    share: Any = None,
 ) -> Embedder:
     try:
         from backends.local.text_encoder import load_text_encoder
@@ -105,6 +106,7 @@ def load_embedder(
         providers=providers,
         artifacts_dir=artifacts_dir,
         batching=batching,
+        share=share,
         registry=None if metrics else registry,
         metrics=metrics,
     )

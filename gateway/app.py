@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from backends import Backend, build_backends
+from backends.local.shared import EngineShare
 from backends.remote.metrics import RemoteMetrics
 from backends.settings import BackendSettings
 from cache.cache import Cache
@@ -51,6 +52,10 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
             local_metrics.append(LocalMetrics(metrics.registry))
         return local_metrics[0]
 
+    # One inference session per model file and settings for this app: local backends (across
+    # reloads too) and the semantic embedder share the MiniLM session.
+    engines = EngineShare()
+
     def make_backends(specs: Mapping[str, BackendSettings]) -> dict[str, Backend]:
         local = any(s.kind != "remote" for s in specs.values())
         return build_backends(
@@ -58,6 +63,7 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
             metrics.registry,
             remote_metrics=remote_metrics,
             local_metrics=engine_metrics() if local else None,
+            engines=engines,
         )
 
     backends = make_backends(settings.backends)
@@ -66,7 +72,9 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     route_caches = {
         r.name: rc for r in settings.routes if (rc := cache.for_route(r.name, r.cache.exact))
     }
-    semantic = build_semantic(settings.cache, metrics.registry, settings.routes, engine_metrics)
+    semantic = build_semantic(
+        settings.cache, metrics.registry, settings.routes, engine_metrics, engines
+    )
     if semantic is not None:
         cache.purge_listeners.append(semantic.purge)
     stage = CacheStage(route_caches, semantic_routes(semantic))

@@ -19,6 +19,7 @@ from backends.errors import BadInput, EngineError, ModelNotFound
 from backends.local.artifacts import BUILTIN_PREFIX, builtin_dir, resolve
 from backends.local.metrics import LocalMetrics
 from backends.local.openai_embeddings import embeddings_response, parse_embeddings
+from backends.local.shared import EngineShare
 from backends.local.tensor_model import TensorModel
 from backends.local.text_encoder import TextEncoder, load_text_encoder
 from backends.local.v2codec import BINARY_HEADER, decode_infer, encode_infer
@@ -56,13 +57,20 @@ def _json(doc: Any, status: int = 200) -> UpstreamResponse:
 
 
 class LocalBackend:
-    def __init__(self, name: str, spec: LocalSettings, metrics: LocalMetrics) -> None:
+    def __init__(
+        self,
+        name: str,
+        spec: LocalSettings,
+        metrics: LocalMetrics,
+        engines: EngineShare | None = None,
+    ) -> None:
         problem = preflight(name, spec)
         if problem is not None:
             raise EngineError(problem)
         self.name = name
         self.spec = spec
         self.metrics = metrics
+        self.engines = engines
         default = spec.model.removeprefix(BUILTIN_PREFIX)
         self.model_name = spec.served_name or (
             default if spec.model.startswith(BUILTIN_PREFIX) else Path(spec.model).stem
@@ -98,7 +106,8 @@ class LocalBackend:
                 tokenizer=text.tokenizer if text else None,
                 max_tokens=text.max_tokens if text else None,
                 truncate=text.truncate if text else False,
-                batching=s.batching, metrics=self.metrics, warmup=s.warmup, **kw,
+                batching=s.batching, metrics=self.metrics, warmup=s.warmup,
+                share=self.engines, **kw,
             )  # fmt: skip
             self.encoder.ready = True
             return

@@ -53,6 +53,12 @@ class LocalMetrics:
             ["model", "engine", "device", "provider"],
             registry=registry,
         )
+        self.sessions = Counter(
+            "latentgate_engine_sessions_loaded",
+            "Inference sessions loaded per model (holders of one model share one session)",
+            ["model"],
+            registry=registry,
+        )
         self.fallbacks = Counter(
             "latentgate_engine_fallbacks",
             "Engines that fell back from the device they asked for",

@@ -88,6 +88,7 @@ class OrtEngine:
         )
         if metrics is not None:
             metrics.engine_info.labels(name, self.kind, self.device, self.providers[0]).set(1)
+            metrics.sessions.labels(name).inc()
 
     def run(self, feeds: dict[str, Any]) -> dict[str, NDArray[Any]]:
         feeds = {k: v for k, v in feeds.items() if k in self._input_names}

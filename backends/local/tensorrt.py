@@ -147,6 +147,7 @@ class TrtEngine:
         )
         if metrics is not None:
             metrics.engine_info.labels(name, self.kind, "cuda", "TensorRT").set(1)
+            metrics.sessions.labels(name).inc()
 
     @classmethod
     def from_onnx(

@@ -22,6 +22,7 @@ from backends.errors import EngineError
 from backends.local.artifacts import resolve
 from backends.local.engine import Engine
 from backends.local.metrics import LocalMetrics
+from backends.local.shared import EngineShare
 from backends.preprocess.cpu import TextPreprocessor, Tokens, mean_pool_normalise, pad_tokens
 from backends.settings import BatcherSettings, SessionOptions
 
@@ -157,6 +158,7 @@ def load_text_encoder(
     precision: str = "fp32",
     calibration: str | None = None,
     warmup: bool = True,
+    share: EngineShare | None = None,
 ) -> TextEncoder:
     """Build a warm TextEncoder. `engine="tensorrt"` raises EngineError where tensorrt is absent."""
     # TensorRT lowers precision itself from the FP32 graph; ORT serves a promoted artifact.
@@ -184,7 +186,13 @@ def load_text_encoder(
     else:
         from backends.local.onnx import OrtEngine
 
-        eng = OrtEngine(str(art.onnx_path), art.name, providers, session, metrics)
+        def build() -> Engine:
+            return OrtEngine(str(art.onnx_path), art.name, providers, session, metrics)
+
+        # One session per file and settings: the semantic embedder and a local backend of the
+        # same model share it (backends.local.shared).
+        key = (str(art.onnx_path), repr(providers), repr(session or SessionOptions()))
+        eng = share.acquire(key, build) if share is not None else build()
     pre = TextPreprocessor.from_file(str(art.tokenizer_path), limit, truncate)
     enc = TextEncoder(art.name, eng, pre, batching, metrics)
     if warmup:

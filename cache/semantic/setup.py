@@ -62,8 +62,10 @@ class SemanticSetup:
         registry: CollectorRegistry,
         routes: Sequence[RouteLike],
         engine_metrics: Callable[[], Any] | None = None,
+        engines: Any = None,
     ) -> None:
         s = settings.semantic
+        self._engines = engines  # backends.local.shared.EngineShare: one MiniLM session per app
         self.settings = settings
         self.registry = registry
         # The engine layer's metrics are registered once per app; the embedder shares them.
@@ -103,7 +105,14 @@ class SemanticSetup:
             target_p95_ms=s.batch_target_p95_ms,
         )
         embedder: Embedder = await asyncio.to_thread(
-            load_embedder, s.model, s.providers, self.registry, shared, s.artifacts_dir, batching
+            load_embedder,
+            s.model,
+            s.providers,
+            self.registry,
+            shared,
+            s.artifacts_dir,
+            batching,
+            self._engines,
         )
         self.stage.embedder = embedder
         self.stage.metrics.device.labels(embedder.device, self.index.device).set(1)
@@ -192,9 +201,12 @@ def build_semantic(
     registry: CollectorRegistry,
     routes: Sequence[RouteLike],
     engine_metrics: Callable[[], Any] | None = None,
+    engines: Any = None,
 ) -> SemanticSetup | None:
     enabled = [r for r in routes if r.cache.semantic.enabled]
-    return SemanticSetup(settings, registry, enabled, engine_metrics) if enabled else None
+    if not enabled:
+        return None
+    return SemanticSetup(settings, registry, enabled, engine_metrics, engines)
 
 
 def semantic_routes(setup: SemanticSetup | None) -> Mapping[str, SemanticRoute]:

@@ -49,3 +49,18 @@ def test_other_models_still_go_to_the_remote_upstream(default_gateway: ServerThr
     status, doc = http("POST", f"{default_gateway.url}/v1/embeddings",
                        {"model": "text-embedding-3-small", "input": "hi"})  # fmt: skip
     assert status == 502 and "upstream" in doc["error"]["message"]
+
+
+def test_local_backend_and_semantic_embedder_share_one_session(
+    default_gateway: ServerThread,
+) -> None:
+    # The default config serves MiniLM as /v1/embeddings and as the semantic cache's embedder:
+    # one ONNX Runtime session, not two (memory and warm-up paid once).
+    status, text = http("GET", f"{default_gateway.url}/metrics")
+    assert status == 200
+    loaded = [
+        line
+        for line in str(text).splitlines()
+        if line.startswith('latentgate_engine_sessions_loaded_total{model="all-MiniLM-L6-v2"}')
+    ]
+    assert loaded and float(loaded[0].split()[-1]) == 1.0
