@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -29,6 +29,7 @@ from cache.policy import (
     response_storable,
 )
 from cache.semantic.route import SemanticRoute
+from gateway.cache_render import SSE, Framing, framing_of, kept_headers, render
 from gateway.errors import BadGateway, GatewayError
 from gateway.headers import downstream_headers
 from gateway.protocols import openai_sse
@@ -39,30 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("latentgate.cache_stage")
 
-# Never replayed from an entry: per-response facts, or what we set ourselves on the way out.
-_NOT_KEPT = frozenset(
-    {
-        "date",
-        "server",
-        "set-cookie",
-        "age",
-        "x-cache",
-        "server-timing",
-        "content-length",
-        "transfer-encoding",
-        "connection",
-        "keep-alive",
-    }
-)
-_SSE = "text/event-stream"
-_CONVERTIBLE = frozenset({"chat", "completions"})
-
 Fetch = Callable[[], Awaitable[UpstreamResponse]]
 Respond = Callable[[UpstreamResponse, dict[str, str]], Awaitable[web.StreamResponse]]
-
-
-Rendered = tuple[bytes, list[tuple[str, str]]]
-Framing = tuple[bool, bool]
 
 
 @dataclass(slots=True)
@@ -73,69 +52,6 @@ class Outcome:
     error: GatewayError | None = None
     shareable: bool = True
     response: web.StreamResponse | None = None  # the leader's own, already written
-
-
-def _kept(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in downstream_headers(headers) if k.lower() not in _NOT_KEPT]
-
-
-def _content_type(entry: CacheEntry) -> str:
-    for k, v in entry.headers:
-        if k.lower() == "content-type":
-            return v
-    return ""
-
-
-def framing_of(call: Call) -> Framing:
-    """What a response's shape depends on beyond the entry: stream or not, usage chunk or not."""
-    return (call.stream, bool(call.extra.get("include_usage")))
-
-
-def render(
-    entry: CacheEntry, framing: Framing, x_cache: str, server_timing: str
-) -> web.Response | None:
-    """The entry in the framing the request asked for; None when it cannot be converted."""
-    rendered = entry.memo.get(framing)
-    if rendered is None:
-        rendered = entry.memo[framing] = _render(entry, *framing) or False
-    if rendered is False:
-        return None
-    body, base = cast(Rendered, rendered)
-    # a plain list: web.Response builds its own CIMultiDict from it (building one here doubles it)
-    headers = [
-        *base,
-        ("X-Cache", x_cache),
-        ("Age", str(int(entry.age()))),
-        ("Server-Timing", server_timing),
-    ]
-    return web.Response(status=entry.status, headers=headers, body=body)
-
-
-def _render(entry: CacheEntry, stream: bool, include_usage: bool) -> Rendered | None:
-    """Body and headers of the entry in the call's framing (computed once per entry and framing)."""
-    body: bytes | None
-    ctype: str | None = None
-    if entry.events is not None:
-        if stream or entry.kind not in _CONVERTIBLE:
-            body = openai_sse.join_events(entry.events)
-        else:
-            body, ctype = openai_sse.events_to_body(entry.events, entry.kind), "application/json"
-    else:
-        body = entry.body
-        if stream and entry.kind in _CONVERTIBLE and "json" in _content_type(entry):
-            assert entry.body is not None
-            events = openai_sse.body_to_events(entry.body, entry.kind, include_usage)
-            body, ctype = (openai_sse.join_events(events) if events else None), _SSE
-    if body is None:
-        return None
-    headers = entry.headers
-    if ctype is not None:
-        drop = {"content-type", "cache-control"}
-        headers = [(k, v) for k, v in headers if k.lower() not in drop]
-        headers.append(("Content-Type", ctype))
-        if ctype == _SSE:
-            headers.append(("Cache-Control", "no-cache"))
-    return body, headers
 
 
 # Requests whose exact bytes were seen are remembered (bytes → key and call) so a repeat skips
@@ -274,7 +190,7 @@ class CacheStage:
         t0 = time.perf_counter()
         up = await fetch()
         timing.add("upstream", t0)
-        kept = _kept(up.headers)
+        kept = kept_headers(up.headers)
         storable = directives.store and response_storable(up.status, up.headers)
         shareable = response_shareable(up.status, up.headers)
         if up.body is not None or up.stream is None:
@@ -305,7 +221,7 @@ class CacheStage:
         headers["X-Cache"] = x_cache
         headers["Server-Timing"] = timing.header()
         resp = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
-        sse = _SSE in (up.header("Content-Type") or "")
+        sse = SSE in (up.header("Content-Type") or "")
         copy: bytearray | None = bytearray() if storable or shareable else None
         client_ok = True
         assert up.stream is not None
