@@ -28,6 +28,8 @@ from backends.local.text_encoder import TextEncoder
 from backends.preprocess.cpu import TextPreprocessor, pad_tokens
 from backends.settings import BatcherSettings
 
+# The development checkout's STS-B dev sentences (read at run time, never shipped); elsewhere
+# pass --validation FILE (plain text, one sentence per line, or an STS-B .csv).
 DEFAULT_VALIDATION = "/work/shared/data/stsb/sts-dev.csv"
 VALIDATION_LIMIT = 512
 
@@ -43,7 +45,10 @@ def read_sentences(path: str, limit: int = VALIDATION_LIMIT) -> list[str]:
     """STS-B rows (tab-separated, sentences in columns 6 and 7) or plain text, one per line."""
     p = Path(path)
     if not p.is_file():
-        raise EngineError(f"validation/calibration file {path} does not exist")
+        raise EngineError(
+            f"validation/calibration file {path} does not exist (pass --validation FILE: plain "
+            "text, one sentence per line)"
+        )
     out: list[str] = []
     with p.open(encoding="utf-8") as f:
         if p.suffix == ".csv":
