@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.semantic_data import PairSet, embed_cached, model_path, splits, st_encoder
-from bench.semantic_pooled import Pool, build_pool
+from bench.semantic_pooled import Pool, build_pool, label_roots
 from bench.train_verifier import choose_point
 from cache.semantic.cross_encoder import DEFAULT_ARTIFACT, CrossEncoder, save_artifact, update_meta
 
@@ -180,12 +180,18 @@ def pool_scores(ce: CrossEncoder, ps: PairSet, pool: Pool, floor: float) -> np.n
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT)
-    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--lr", type=float, default=5e-5)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--hard-neg-k", type=int, default=HARD_NEG_K)
     ap.add_argument("--paws-weight", type=int, default=3)
+    ap.add_argument(
+        "--protocol",
+        choices=("labelled", "strict"),
+        default="labelled",
+        help="QQP scoring on calib when choosing the operating point (see bench.train_verifier)",
+    )
     ap.add_argument("--limit", type=int, default=0, help="train on the first N rows (smoke)")
     ap.add_argument("--calibrate-only", action="store_true", help="keep the trained weights")
     args = ap.parse_args()
@@ -229,9 +235,15 @@ def main() -> None:
         va, vb = vecs[(d, "calib")]
         pool = build_pool(ps, va, vb)
         calib[d] = (pool, pool_scores(ce, ps, pool, 0.5))
-    floor, p_min, report, rank = choose_point(calib, p_grid=np.arange(0.30, 0.9995, 0.0025))
+    labelled = None
+    if args.protocol == "labelled":  # questions joined through train and calib labels only
+        roots = label_roots(data["qqp"]["train"], data["qqp"]["calib"])
+        labelled = (data["qqp"]["calib"].b, roots)
+    floor, p_min, report, rank = choose_point(
+        calib, p_grid=np.arange(0.30, 0.9995, 0.0025), labelled=labelled
+    )
     print(f"calib: floor {floor} p_min {p_min} rank {rank}\n  {json.dumps(report)}")
-    meta.update(floor=floor, p_min=round(float(p_min), 4), calib=report)
+    meta.update(floor=floor, p_min=round(float(p_min), 4), calib=report, protocol=args.protocol)
     update_meta(args.out, meta)
     print(
         f"wrote {args.out} ({args.out.stat().st_size // 1024} KiB) in "
