@@ -8,8 +8,8 @@ them word by word: the thing cosine over two separately pooled vectors cannot do
 "2+4", swapped entities). The model is the bottom `--layers` transformer layers of the packaged
 all-MiniLM-L6-v2 (fewer layers: less verify latency), mean pooling and one linear unit. The word
 embeddings stay frozen, so the artifact holds only the trained layers (int8 per row) and the
-head: a few MB, kept in the repo; `cache.semantic.cross_encoder` rebuilds the model from the
-packaged weights plus this artifact and exports it to ONNX once.
+head: 9.5 MB for 6 layers (not committed: see docs/benchmarks.md). `cache.semantic.cross_encoder`
+rebuilds the model from the packaged weights plus this artifact and exports it to ONNX once.
 
 Data: the development training parts only (bench/semantic_data.py splits): QQP dev train part,
 plus pooled hard negatives (each second text's nearest other first texts; labelled from the

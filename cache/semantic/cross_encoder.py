@@ -3,7 +3,7 @@
 The artifact (`cross_encoder.npz`, trained by bench/train_cross_encoder.py) holds only what
 training changed: the bottom transformer layers of the packaged all-MiniLM-L6-v2 (2-D weights
 as int8 with a float32 scale per row, the rest float32) and a one-unit head. The word, position
-and type embeddings are the packaged model's own, so the repo carries a few MB, not 90.
+and type embeddings are the packaged model's own, so an artifact is 5-10 MB, not 90.
 
 At start-up the model is rebuilt from the packaged weights plus the artifact and exported to
 ONNX once, in a child process (torch stays out of the serving process), cached under the

@@ -6,8 +6,8 @@ Nearest neighbours are only candidates. Three verifiers, one per route policy:
 - `CrossEncoderVerifier` ("cross-encoder", opt-in): a MiniLM cross-encoder reads the asked and
   the cached question together (cache.semantic.cross_encoder); one ONNX Runtime call over the
   candidates above the cosine floor, off the event loop. Its artifact is trained with
-  `python -m bench.train_cross_encoder` and not shipped: the one trained on this CPU did not
-  beat the features MLP (docs/benchmarks.md).
+  `python -m bench.train_cross_encoder` and not shipped (docs/benchmarks.md: fewer PAWS false
+  hits than the MLP, ~10 ms per verify on a CPU, and it serves some short word-order swaps).
 - `CosineVerifier` ("off"): the cosine threshold alone decides.
 """
 
