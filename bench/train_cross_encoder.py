@@ -39,31 +39,13 @@ HARD_NEG_COS = 0.75
 MAX_TOKENS = 64
 
 
-def dup_graph(ps: PairSet) -> dict[str, str]:
-    """Union-find roots over the part's labelled duplicate edges (texts lower-cased)."""
-    parent: dict[str, str] = {}
-
-    def root(x: str) -> str:
-        parent.setdefault(x, x)
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for a, b, lab in zip(ps.a, ps.b, ps.label, strict=True):
-        ra, rb = root(a.lower()), root(b.lower())
-        if lab == 1:
-            parent[ra] = rb
-    return {t: root(t) for t in list(parent)}
-
-
 def training_pairs(
     ps: PairSet, va: np.ndarray, vb: np.ndarray, hard_k: int
 ) -> list[tuple[str, str, float]]:
     rows = [(a, b, float(y)) for a, b, y in zip(ps.a, ps.b, ps.label, strict=True)]
     if hard_k <= 0:
         return rows
-    roots = dup_graph(ps)
+    roots = label_roots(ps)
     pool = build_pool(ps, va, vb, k=hard_k + 1)
     seen = {(a, b) for a, b, _ in rows}
     for i in range(len(ps)):

@@ -8,6 +8,7 @@ published through an optional `Replicator` (cache.semantic.sync) to other gatewa
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -21,7 +22,7 @@ from cache.embedder import Embedder
 from cache.semantic.features import TextInfo, text_info
 from cache.semantic.index import VectorIndex
 from cache.semantic.metrics import SemanticMetrics
-from cache.semantic.verifier import Verifier
+from cache.semantic.verifier import Decision, Verifier
 
 log = logging.getLogger("latentgate.semantic")
 
@@ -117,7 +118,7 @@ class SemanticStage:
             self.metrics.lookups.labels("miss").inc()
             return None
         cos = np.asarray(sims, dtype=np.float32)
-        decision = await verifier.decide(
+        args = (
             text_info(text),
             vec,
             [c.info for c in cands],
@@ -125,6 +126,12 @@ class SemanticStage:
             cos,
             [c.bar for c in cands],
         )
+        if not verifier.offload:
+            decision = verifier.choose(*args)
+        elif float(cos.max()) >= verifier.floor:
+            decision = await asyncio.to_thread(verifier.choose, *args)
+        else:
+            decision = Decision(-1, 0.0, 0)  # nothing reaches the floor: no thread hop
         self.metrics.latency.labels("verify").observe(time.perf_counter() - t2)
         self.metrics.similarity.observe(float(cos[0]))
         if decision.refused:

@@ -13,7 +13,6 @@ Nearest neighbours are only candidates. Three verifiers, one per route policy:
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +41,9 @@ class Verifier(Protocol):
     name: str
     floor: float  # the cosine a candidate needs to be considered
     p_min: float  # the verifier score it needs to be served (cosine alone: unused)
+    # True: too slow for the event loop; the stage runs choose() in a worker thread, and only
+    # when some candidate reaches the floor.
+    offload: bool
 
     def choose(
         self,
@@ -53,48 +55,13 @@ class Verifier(Protocol):
         tighten: Sequence[float] = (),
     ) -> Decision: ...
 
-    async def decide(
-        self,
-        query: TextInfo,
-        query_vec: np.ndarray,
-        cands: Sequence[TextInfo],
-        cand_vecs: np.ndarray,
-        cand_cos: np.ndarray,
-        tighten: Sequence[float] = (),
-    ) -> Decision: ...
 
-
-class _Inline:
-    """decide() for verifiers cheap enough to run on the event loop."""
-
-    def choose(
-        self,
-        query: TextInfo,
-        query_vec: np.ndarray,
-        cands: Sequence[TextInfo],
-        cand_vecs: np.ndarray,
-        cand_cos: np.ndarray,
-        tighten: Sequence[float] = (),
-    ) -> Decision:
-        raise NotImplementedError
-
-    async def decide(
-        self,
-        query: TextInfo,
-        query_vec: np.ndarray,
-        cands: Sequence[TextInfo],
-        cand_vecs: np.ndarray,
-        cand_cos: np.ndarray,
-        tighten: Sequence[float] = (),
-    ) -> Decision:
-        return self.choose(query, query_vec, cands, cand_vecs, cand_cos, tighten)
-
-
-class CosineVerifier(_Inline):
+class CosineVerifier:
     """No second stage: the best candidate at or above the cosine threshold is served."""
 
     name = "off"
     p_min = 0.0
+    offload = False
 
     def __init__(self, threshold: float) -> None:
         self.floor = threshold
@@ -115,10 +82,11 @@ class CosineVerifier(_Inline):
         return Decision(-1, float(cand_cos[0]) if len(cand_cos) else 0.0, 0)
 
 
-class MlpVerifier(_Inline):
+class MlpVerifier:
     """Scores candidates over the cosine floor; serves the most probable one over p_min."""
 
     name = "mlp"
+    offload = False
 
     def __init__(
         self,
@@ -223,6 +191,7 @@ class CrossEncoderVerifier:
     over p_min is served. The model is attached at start-up (`attach`), after its ONNX build."""
 
     name = "cross-encoder"
+    offload = True
 
     def __init__(self, artifact: Path, floor: float | None, p_min: float | None) -> None:
         meta = read_meta(artifact)
@@ -248,21 +217,6 @@ class CrossEncoderVerifier:
             return Decision(-1, 0.0, len(keep))
         prob = self.model.score_pairs_sync([query.text] * len(keep), [cands[i].text for i in keep])
         return _pick(prob, keep, self.p_min, tighten)
-
-    async def decide(
-        self,
-        query: TextInfo,
-        query_vec: np.ndarray,
-        cands: Sequence[TextInfo],
-        cand_vecs: np.ndarray,
-        cand_cos: np.ndarray,
-        tighten: Sequence[float] = (),
-    ) -> Decision:
-        if not any(c >= self.floor for c in cand_cos):
-            return Decision(-1, 0.0, 0)  # nothing to verify: no thread hop
-        return await asyncio.to_thread(
-            self.choose, query, query_vec, cands, cand_vecs, cand_cos, tighten
-        )
 
 
 def load_verifier(

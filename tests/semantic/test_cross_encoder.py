@@ -1,11 +1,11 @@
 """The cross-encoder verifier's plumbing: int8 storage round-trips, the ONNX export matches
 torch, a new operating point does not force a rebuild, and the verifier applies its floor, bar
-and per-entry tightening off the event loop. (No trained artifact ships: see docs/benchmarks.md;
-these use the packaged MiniLM's first layer with a random head.)"""
+and per-entry tightening (the stage runs it in a worker thread: test_gateway.py). No trained
+artifact ships (docs/benchmarks.md): these use the packaged MiniLM's first layer and a random
+head."""
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from pathlib import Path
 
@@ -88,8 +88,8 @@ def test_batched_scores_equal_one_by_one(cross_encoder: CrossEncoder) -> None:
 
 def _verify(ver: CrossEncoderVerifier, q: str, cands: list[str], cos: list[float], bars=()):  # type: ignore[no-untyped-def]
     vec = np.zeros((len(cands), 384), np.float32)
-    return asyncio.run(
-        ver.decide(text_info(q), vec[0], [text_info(c) for c in cands], vec, np.asarray(cos), bars)
+    return ver.choose(
+        text_info(q), vec[0], [text_info(c) for c in cands], vec, np.asarray(cos), bars
     )
 
 
@@ -112,7 +112,7 @@ def test_verifier_bar_and_per_entry_tightening(cross_encoder: CrossEncoder) -> N
     ver = CrossEncoderVerifier(cross_encoder.artifact, floor=0.5, p_min=p - 1e-3)
     ver.attach(cross_encoder)
     assert _verify(ver, q, [c], [0.9]).index == 0
-    assert _verify(ver, q, [c], [0.9], [p + 0.01]).index == -1  # that entry's raised bar
+    assert _verify(ver, q, [c], [0.9], (p + 0.01,)).index == -1  # that entry's raised bar
     strict = CrossEncoderVerifier(cross_encoder.artifact, floor=0.5, p_min=p + 1e-3)
     strict.attach(cross_encoder)
     assert _verify(strict, q, [c], [0.9]) == Decision(-1, pytest.approx(p, abs=1e-6), 1)
