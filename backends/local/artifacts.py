@@ -115,18 +115,18 @@ def _promoted(model: str, fp32: Path, precision: str) -> Path:
     return path
 
 
-def export(src: Path, onnx_path: Path) -> None:
-    """Run the torch export in a child process, once per model hash (a file lock serialises)."""
-    onnx_path.parent.mkdir(parents=True, exist_ok=True)
-    with (onnx_path.parent / ".lock").open("w") as lock:
+def run_export(module_args: list[str], out: Path, what: str) -> bool:
+    """`python -m MODULE ARGS... TMP`, then TMP → `out`: once per file, under a file lock, in a
+    child process (torch stays out of the serving process). False when another process built
+    `out` while this one waited."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with (out.parent / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if onnx_path.exists():
-            return  # another process exported it while we waited
-        log.info("exporting %s to ONNX (once; cached at %s)", src, onnx_path)
-        t0 = time.perf_counter()
-        tmp = onnx_path.with_suffix(f".tmp{os.getpid()}")
+        if out.exists():
+            return False
+        tmp = out.with_suffix(f".tmp{os.getpid()}")
         proc = subprocess.run(
-            [sys.executable, "-m", "backends.local.export", str(src), str(tmp)],
+            [sys.executable, "-m", *module_args, str(tmp)],
             capture_output=True,
             text=True,
             check=False,
@@ -134,14 +134,17 @@ def export(src: Path, onnx_path: Path) -> None:
         )
         if proc.returncode != 0 or not tmp.exists():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-            raise EngineError(f"ONNX export of {src} failed: " + " | ".join(tail))
-        os.replace(tmp, onnx_path)
-        (onnx_path.parent / "meta.json").write_text(
-            json.dumps(
-                {
-                    "source": str(src),
-                    "exported_s": round(time.perf_counter() - t0, 2),
-                }
-            )
-        )
-        log.info("exported %s in %.1f s", onnx_path.name, time.perf_counter() - t0)
+            raise EngineError(f"{what} failed: " + " | ".join(tail))
+        os.replace(tmp, out)
+        return True
+
+
+def export(src: Path, onnx_path: Path) -> None:
+    """The torch export of a builtin, once per model hash."""
+    log.info("exporting %s to ONNX (once; cached at %s)", src, onnx_path)
+    t0 = time.perf_counter()
+    if run_export(["backends.local.export", str(src)], onnx_path, f"ONNX export of {src}"):
+        took = time.perf_counter() - t0
+        meta = {"source": str(src), "exported_s": round(took, 2)}
+        (onnx_path.parent / "meta.json").write_text(json.dumps(meta))
+        log.info("exported %s in %.1f s", onnx_path.name, took)

@@ -13,13 +13,9 @@ ONNX Runtime on the tokenised pair and returns the probability that they ask the
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,8 +24,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from backends.errors import EngineError
-from backends.local.artifacts import builtin_dir, default_artifacts_dir, file_hash
+from backends.local.artifacts import builtin_dir, default_artifacts_dir, file_hash, run_export
 from backends.settings import SessionOptions
 
 log = logging.getLogger("latentgate.semantic")
@@ -100,37 +95,12 @@ def build_onnx(artifact: Path, artifacts_dir: Path) -> Path:
     out = artifacts_dir / "cross-encoder" / key / "model.onnx"
     if out.exists():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with (out.parent / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if out.exists():
-            return out
-        log.info("building the cross-encoder ONNX model (once; cached at %s)", out)
-        t0 = time.perf_counter()
-        tmp = out.with_suffix(f".tmp{os.getpid()}")
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "cache.semantic.cross_encoder_export",
-                str(base),
-                str(artifact),
-                str(tmp),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-        )
-        if proc.returncode != 0 or not tmp.exists():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-            raise EngineError("cross-encoder export failed: " + " | ".join(tail))
-        os.replace(tmp, out)
-        log.info(
-            "cross-encoder (%s layers) exported in %.1f s",
-            meta.get("layers"),
-            time.perf_counter() - t0,
-        )
+    log.info("building the cross-encoder ONNX model (once; cached at %s)", out)
+    t0 = time.perf_counter()
+    args = ["cache.semantic.cross_encoder_export", str(base), str(artifact)]
+    if run_export(args, out, "cross-encoder export"):
+        took = time.perf_counter() - t0
+        log.info("cross-encoder (%s layers) exported in %.1f s", meta.get("layers"), took)
     return out
 
 
