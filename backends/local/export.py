@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 INPUTS = ["input_ids", "attention_mask", "token_type_ids"]
 OUTPUT = "token_embeddings"
@@ -35,15 +36,25 @@ def export_encoder(model_dir: Path, out: Path, opset: int = 17) -> None:
             )
             return out[0]  # type: ignore[no-any-return]
 
+    export_text_model(Encoder(model), out, OUTPUT, {0: "batch", 1: "tokens"}, opset)
+
+
+def export_text_model(
+    module: Any, out: Path, output: str, output_axes: dict[int, str], opset: int = 17
+) -> None:
+    """Trace a module taking (input_ids, attention_mask, token_type_ids), batch and token axes
+    dynamic, into ONNX (the legacy exporter: its graphs load on every ONNX Runtime here)."""
+    import torch
+
     dummy = torch.ones((2, 8), dtype=torch.int64)
-    dynamic = {n: {0: "batch", 1: "tokens"} for n in [*INPUTS, OUTPUT]}
+    dynamic = {n: {0: "batch", 1: "tokens"} for n in INPUTS} | {output: output_axes}
     with torch.no_grad():
         torch.onnx.export(
-            Encoder(model),
+            module,
             (dummy, dummy, torch.zeros_like(dummy)),
             str(out),
             input_names=INPUTS,
-            output_names=[OUTPUT],
+            output_names=[output],
             dynamic_axes=dynamic,
             opset_version=opset,
             dynamo=False,

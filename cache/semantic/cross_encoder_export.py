@@ -8,7 +8,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-INPUTS = ["input_ids", "attention_mask", "token_type_ids"]
 OUTPUT = "probability"
 
 
@@ -16,6 +15,7 @@ def export(base: Path, artifact: Path, out: Path, opset: int = 17) -> None:
     import torch
     from transformers import AutoModel
 
+    from backends.local.export import export_text_model
     from cache.semantic.cross_encoder import load_artifact
 
     weights, meta, _ = load_artifact(artifact)
@@ -50,19 +50,7 @@ def export(base: Path, artifact: Path, out: Path, opset: int = 17) -> None:
             pooled = (hid * m).sum(1) / m.sum(1).clamp(min=1.0)
             return torch.sigmoid(self.head(pooled)).squeeze(1)
 
-    dummy = torch.ones((2, 8), dtype=torch.int64)
-    dynamic = {n: {0: "batch", 1: "tokens"} for n in INPUTS} | {OUTPUT: {0: "batch"}}
-    with torch.no_grad():
-        torch.onnx.export(
-            PairScorer(),
-            (dummy, dummy, torch.zeros_like(dummy)),
-            str(out),
-            input_names=INPUTS,
-            output_names=[OUTPUT],
-            dynamic_axes=dynamic,
-            opset_version=opset,
-            dynamo=False,
-        )
+    export_text_model(PairScorer(), out, OUTPUT, {0: "batch"}, opset)
 
 
 def main(argv: list[str]) -> int:
