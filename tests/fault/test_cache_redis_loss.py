@@ -18,6 +18,7 @@ async def _load(url: str, seconds: float, during: Callable[[], None], at: float)
     """20 clients for `seconds`, half repeated prompts, half new ones (misses that reach Redis);
     calls `during` after `at` seconds."""
     statuses: list[int] = []
+    failures: list[str] = []
     conn = aiohttp.TCPConnector(limit=0)
     stop = time.monotonic() + seconds
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=5)) as s:
@@ -35,8 +36,9 @@ async def _load(url: str, seconds: float, during: Callable[[], None], at: float)
                             and data["choices"][0]["message"]["content"] == f"echo(up): {q}"
                         )
                         statuses.append(r.status if ok else -r.status)
-                except (aiohttp.ClientError, TimeoutError):
+                except (aiohttp.ClientError, TimeoutError) as exc:
                     statuses.append(0)  # failed or hung past the client timeout
+                    failures.append(f"{q}: {type(exc).__name__}: {exc}")
                 i += 7
 
         async def fault() -> None:
@@ -44,6 +46,8 @@ async def _load(url: str, seconds: float, during: Callable[[], None], at: float)
             await asyncio.to_thread(during)
 
         await asyncio.gather(fault(), *(client(c) for c in range(20)))
+    if failures:  # say what the client saw, not only that something failed
+        print("client failures:", *failures[:10], sep="\n  ")
     return statuses
 
 
