@@ -219,6 +219,22 @@ def embed_cached(
     return np.stack([known[k] for k in keys]) if keys else np.zeros((0, 384), np.float32)
 
 
+MODEL_TAG = "all-MiniLM-L6-v2"
+PartVecs = dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]
+
+
+def embedded_splits() -> tuple[dict[str, dict[str, PairSet]], PartVecs]:
+    """Every split and, per (set, part), the embeddings of its first and second texts."""
+    data = splits()
+    enc = st_encoder()
+    vecs = {
+        (d, s): (embed_cached(ps.a, enc, MODEL_TAG), embed_cached(ps.b, enc, MODEL_TAG))
+        for d, parts in data.items()
+        for s, ps in parts.items()
+    }
+    return data, vecs
+
+
 def st_encoder() -> Callable[[list[str]], np.ndarray]:
     """sentence-transformers on the packaged MiniLM (offline): the reference embedding."""
     from sentence_transformers import SentenceTransformer

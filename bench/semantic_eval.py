@@ -24,6 +24,7 @@ import numpy as np
 
 from bench.semantic_data import (
     CACHE_DIR,
+    MODEL_TAG,
     PairSet,
     embed_cached,
     load_qqp,
@@ -42,7 +43,7 @@ from bench.semantic_pooled import (
     score_labelled,
 )
 from bench.train_cross_encoder import pool_scores
-from bench.train_verifier import MODEL_TAG, pool_probs
+from bench.train_verifier import pool_probs
 from cache.semantic.cross_encoder import CrossEncoder
 from cache.semantic.features import text_info
 from cache.semantic.index import VectorIndex

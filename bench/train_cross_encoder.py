@@ -28,12 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.semantic_data import PairSet, embed_cached, model_path, splits, st_encoder
+from bench.semantic_data import PairSet, embedded_splits, model_path
 from bench.semantic_pooled import Pool, build_pool, label_roots
 from bench.train_verifier import choose_point
 from cache.semantic.cross_encoder import DEFAULT_ARTIFACT, CrossEncoder, save_artifact, update_meta
 
-MODEL_TAG = "all-MiniLM-L6-v2"
 HARD_NEG_K = 2
 HARD_NEG_COS = 0.75
 MAX_TOKENS = 64
@@ -178,13 +177,7 @@ def main() -> None:
     ap.add_argument("--calibrate-only", action="store_true", help="keep the trained weights")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    data = splits()
-    enc = st_encoder()
-    vecs = {
-        (d, s): (embed_cached(ps.a, enc, MODEL_TAG), embed_cached(ps.b, enc, MODEL_TAG))
-        for d, parts in data.items()
-        for s, ps in parts.items()
-    }
+    data, vecs = embedded_splits()
     meta: dict[str, object] = {}
     if not args.calibrate_only:
         rows = training_pairs(data["qqp"]["train"], *vecs[("qqp", "train")], args.hard_neg_k)

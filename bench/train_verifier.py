@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.semantic_data import PairSet, embed_cached, splits, st_encoder
+from bench.semantic_data import MODEL_TAG, PairSet, embedded_splits
 from bench.semantic_pooled import (
     Pool,
     Scores,
@@ -30,7 +30,6 @@ from bench.semantic_pooled import (
 from cache.semantic.features import FEATURES_VERSION, N_LEXICAL, Idf, pair_features, text_info
 from cache.semantic.verifier import DEFAULT_ARTIFACT, MlpVerifier, build_matrix
 
-MODEL_TAG = "all-MiniLM-L6-v2"
 PAWS_GOAL = 0.02
 # (QQP calib precision, min recall), first reachable wins; a wrong hit is worse than a miss, so
 # after the target (0.95 at 0.30) come precision-first fallbacks with a little slack
@@ -242,13 +241,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     t0 = time.perf_counter()
-    data = splits()
-    enc = st_encoder()
-    vecs = {
-        (d, s): (embed_cached(ps.a, enc, MODEL_TAG), embed_cached(ps.b, enc, MODEL_TAG))
-        for d, parts in data.items()
-        for s, ps in parts.items()
-    }
+    data, vecs = embedded_splits()
     print(f"embedded in {time.perf_counter() - t0:.0f}s")
     # idf from the training texts of every development set (never calib or eval)
     train_texts = sorted({t for d in data for t in data[d]["train"].a + data[d]["train"].b})
