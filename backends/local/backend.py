@@ -117,7 +117,11 @@ class LocalBackend:
             raise EngineError("kind tensorrt serves embedders only (task: embed) for now")
         art = resolve(s.model, s.artifacts_dir, precision=s.precision)
         engine = OrtEngine(
-            str(art.onnx_path), self.model_name, s.providers, s.session, self.metrics
+            str(art.serving_path("onnxruntime", s.precision)),
+            self.model_name,
+            s.providers,
+            s.session,
+            self.metrics,
         )
         image = s.preprocess if isinstance(s.preprocess, ImagePreprocess) else None
         self.tensors = TensorModel(self.model_name, engine, s.batching, image, self.metrics)

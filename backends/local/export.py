@@ -17,7 +17,11 @@ def export_encoder(model_dir: Path, out: Path, opset: int = 17) -> None:
     import torch
     from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(str(model_dir), local_files_only=True)
+    # Eager attention traces to the classic MatMul/Softmax pattern, which ONNX Runtime's
+    # optimizer fuses (backends/local/fuse.py); SDPA traces to an IsNaN/Where graph it cannot.
+    model = AutoModel.from_pretrained(
+        str(model_dir), local_files_only=True, attn_implementation="eager"
+    )
     model.eval()
 
     class Encoder(torch.nn.Module):

@@ -186,12 +186,14 @@ def load_text_encoder(
     else:
         from backends.local.onnx import OrtEngine
 
+        path = str(art.serving_path(engine, precision))
+
         def build() -> Engine:
-            return OrtEngine(str(art.onnx_path), art.name, providers, session, metrics)
+            return OrtEngine(path, art.name, providers, session, metrics)
 
         # One session per file and settings: the semantic embedder and a local backend of the
         # same model share it (backends.local.shared).
-        key = (str(art.onnx_path), repr(providers), repr(session or SessionOptions()))
+        key = (path, repr(providers), repr(session or SessionOptions()))
         eng = share.acquire(key, build) if share is not None else build()
     pre = TextPreprocessor.from_file(str(art.tokenizer_path), limit, truncate)
     enc = TextEncoder(art.name, eng, pre, batching, metrics)

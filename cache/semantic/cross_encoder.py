@@ -24,7 +24,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from backends.local.artifacts import builtin_dir, default_artifacts_dir, file_hash, run_export
+from backends.local.artifacts import (
+    EXPORT_REV,
+    builtin_dir,
+    default_artifacts_dir,
+    file_hash,
+    fused,
+    run_export,
+)
 from backends.settings import SessionOptions
 
 log = logging.getLogger("latentgate.semantic")
@@ -90,7 +97,8 @@ def build_onnx(artifact: Path, artifacts_dir: Path) -> Path:
     base = builtin_dir(BASE_MODEL)
     _, meta, weights_hash = load_artifact(artifact)
     key = hashlib.blake2b(
-        (weights_hash + file_hash(base / "model.safetensors")).encode(), digest_size=12
+        f"{weights_hash}{file_hash(base / 'model.safetensors')}-e{EXPORT_REV}".encode(),
+        digest_size=12,
     ).hexdigest()
     out = artifacts_dir / "cross-encoder" / key / "model.onnx"
     if out.exists():
@@ -123,7 +131,7 @@ class CrossEncoder:
         self.max_tokens = int(self.meta.get("max_tokens", 64))
         onnx_path = build_onnx(artifact, artifacts_dir)
         self.engine = OrtEngine(
-            str(onnx_path),
+            str(fused(onnx_path, builtin_dir(BASE_MODEL) / "config.json") or onnx_path),
             "cross-encoder",
             providers,
             SessionOptions(intra_op_threads=threads),

@@ -21,7 +21,11 @@ def export(base: Path, artifact: Path, out: Path, opset: int = 17) -> None:
     weights, meta, _ = load_artifact(artifact)
     layers = int(meta["layers"])
     bert = AutoModel.from_pretrained(
-        str(base), num_hidden_layers=layers, add_pooling_layer=False, local_files_only=True
+        str(base),
+        num_hidden_layers=layers,
+        add_pooling_layer=False,
+        local_files_only=True,
+        attn_implementation="eager",  # fusable by ONNX Runtime (backends/local/fuse.py)
     )
     enc = "encoder."
     state = {k[len(enc) :]: torch.from_numpy(v) for k, v in weights.items() if k.startswith(enc)}

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+import numpy as np
+
 from cache.semantic.namespace import namespace_of
 from cache.semantic.stage import SemanticHit, SemanticStage
 from cache.semantic.verifier import Verifier
@@ -43,25 +45,44 @@ class SemanticRoute:
     def namespace(self, call: CallLike, tenant: str) -> str:
         return namespace_of(self.route, call.model, call.context, tenant)
 
+    async def embed(self, call: CallLike) -> np.ndarray | None:
+        """The call's vector, when the policy applies: a lookup that misses hands it on to
+        `remember`, so a miss costs one embedding, not two."""
+        if not self.applies(call):
+            return None
+        assert call.semantic_text is not None
+        return await self.stage.embed(call.semantic_text)
+
     async def lookup(
         self,
         call: CallLike,
         tenant: str,
         payload_exists: Callable[[str], Awaitable[bool]] | None = None,
+        vector: np.ndarray | None = None,
     ) -> SemanticHit | None:
         if not self.applies(call):
             return None
         assert call.semantic_text is not None
         return await self.stage.lookup(
-            self.namespace(call, tenant), call.semantic_text, self.verifier, payload_exists
+            self.namespace(call, tenant),
+            call.semantic_text,
+            self.verifier,
+            payload_exists,
+            vector,
         )
 
     async def remember(
-        self, call: CallLike, tenant: str, exact_key: str, exact_ttl: float | None = None
+        self,
+        call: CallLike,
+        tenant: str,
+        exact_key: str,
+        exact_ttl: float | None = None,
+        vector: np.ndarray | None = None,
     ) -> bool:
         if not self.applies(call):
             return False
         assert call.semantic_text is not None
         ttl = self.policy.ttl if exact_ttl is None else min(self.policy.ttl, exact_ttl)
-        await self.stage.add(self.namespace(call, tenant), call.semantic_text, exact_key, ttl)
+        ns = self.namespace(call, tenant)
+        await self.stage.add(ns, call.semantic_text, exact_key, ttl, vector)
         return True

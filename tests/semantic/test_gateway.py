@@ -87,6 +87,29 @@ def test_purge_removes_vectors(gw: ServerThread) -> None:
     assert ask(c, "How can I reset my password?", temperature=0)[1]["x-cache"] == "miss"
 
 
+def embeds_so_far(url: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    prefix = 'latentgate_semantic_stage_seconds_count{step="embed"} '
+    found = [ln for ln in text.splitlines() if ln.startswith(prefix)]
+    return float(found[0].split()[-1]) if found else 0.0  # no series before the first embed
+
+
+def test_a_miss_embeds_its_question_once(gw: ServerThread) -> None:
+    """The lookup's vector is the one stored after the upstream answers: a miss costs one run of
+    the embedder, not two."""
+    c = client_for(gw.url)
+    before = embeds_so_far(gw.url)
+    assert ask(c, "How do I reset my password?", temperature=0)[1]["x-cache"] == "miss"
+    assert embeds_so_far(gw.url) - before == 1
+    _, h = ask(c, "How can I reset my password?", temperature=0)
+    assert h["x-cache"] == "semantic-hit" and embeds_so_far(gw.url) - before == 2
+    # A call that skips the lookup (no-cache) still stores: it embeds for the store.
+    ask(c, "Which river flows through Vienna?", temperature=0,
+        extra_headers={"Cache-Control": "no-cache"})  # fmt: skip
+    assert embeds_so_far(gw.url) - before == 3
+
+
 def admin_post(url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     req = urllib.request.Request(
         f"{url}{path}",
