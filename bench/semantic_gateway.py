@@ -3,10 +3,14 @@
 The gateway runs as its own process (`python -m gateway serve`, one worker) with the default
 config's chat-route semantic policy (config/latentgate.yaml), in front of the test upstream.
 Seeds N first questions of QQP duplicate pairs (eval part), then asks their second questions one
-at a time over one keep-alive HTTP/1.1 connection (http.client: a lean client, so the figure is
-the gateway's, not the SDK's); prints p50/p95/p99 of semantic hits and of misses, and the
-gateway's own semantic stage time from Server-Timing. `--verifier features|cross-encoder|off`
-compares verifiers in one run.
+at a time over one keep-alive HTTP/1.1 connection per gateway (http.client: a lean client, so
+the figure is the gateway's, not the SDK's). Prints p50/p95/p99 of semantic hits and of misses,
+and the gateway's own semantic stage time from Server-Timing.
+
+`--verifier features|cross-encoder|off` and `--graphs fused,portable` (the embedder as ONNX
+Runtime's fused graph, the default, or as the portable export) compare setups in one run: each
+setup is a live gateway process and the questions go to them in turns of BLOCK, so the shared
+VM's drift lands on all of them alike.
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ import argparse
 import http.client
 import json
 import re
+import shutil
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +33,26 @@ from bench.semantic_data import splits
 from tests.conftest import base_config
 from tests.support.servers import GatewayProcess, ServerThread
 from tests.support.upstream import build_upstream
+
+MODEL = "builtin:all-MiniLM-L6-v2"
+BLOCK = 50
+
+
+def portable_artifacts(tmp: Path) -> str:
+    """An artifacts dir that serves the portable export: the same file (linked), fusion marked
+    as skipped, so the resolver neither fuses nor exports."""
+    from backends.local.artifacts import resolve
+
+    art = resolve(MODEL, None)
+    dst = tmp / art.onnx_path.parent.name
+    dst.mkdir(parents=True)
+    try:
+        (dst / art.onnx_path.name).hardlink_to(art.onnx_path)
+    except OSError:
+        shutil.copy(art.onnx_path, dst / art.onnx_path.name)
+    (dst / "model.fp32.fused.skipped").write_text("bench: the portable graph, for comparison")
+    return str(tmp)
+
 
 CONFIG = Path(__file__).resolve().parents[1] / "config" / "latentgate.yaml"
 
@@ -54,8 +81,21 @@ def ask(conn: http.client.HTTPConnection, text: str) -> tuple[float, str, float 
     return ms, resp.getheader("x-cache") or "", float(m.group(1)) if m else None
 
 
-def run(verifier: str, pairs: list[tuple[str, str]], upstream_url: str) -> dict[str, Any]:
+@dataclass
+class Setup:
+    verifier: str
+    graph: str
+    gw: GatewayProcess
+    conn: http.client.HTTPConnection
+    hits: list[float] = field(default_factory=list)
+    misses: list[float] = field(default_factory=list)
+    stage: list[float] = field(default_factory=list)
+
+
+def start(verifier: str, graph: str, upstream_url: str, artifacts: str | None) -> Setup:
     cfg = base_config(upstream_url)
+    if artifacts is not None:
+        cfg.setdefault("cache", {}).setdefault("semantic", {})["artifacts_dir"] = artifacts
     policy = default_policy()
     if verifier != "default":
         policy["verifier"] = verifier
@@ -66,30 +106,35 @@ def run(verifier: str, pairs: list[tuple[str, str]], upstream_url: str) -> dict[
                 "semantic": policy,
             }
     gw = GatewayProcess(cfg).start()
-    conn = http.client.HTTPConnection("127.0.0.1", gw.port)
-    try:
+    name = f"verifier {policy.get('verifier')} (cosine floor {policy['threshold']}), {graph} graph"
+    return Setup(name, graph, gw, http.client.HTTPConnection("127.0.0.1", gw.port))
+
+
+def measure(setups: list[Setup], pairs: list[tuple[str, str]]) -> None:
+    """Turns of BLOCK questions per gateway rather than one each: ONNX Runtime's worker threads
+    spin for a while after a run, and one gateway's spinning must not tax the next one's run."""
+    for s in setups:
         for a, _ in pairs:
-            ask(conn, a)
-        hits: list[float] = []
-        misses: list[float] = []
-        stage: list[float] = []
-        for _, b in pairs:
-            ms, cache, st = ask(conn, b)
-            if cache == "semantic-hit":
-                hits.append(ms)
-                if st is not None:
-                    stage.append(st)
-            else:
-                misses.append(ms)
-    finally:
-        conn.close()
-        gw.stop()
-    out: dict[str, Any] = {"verifier": policy.get("verifier"), "threshold": policy["threshold"]}
-    print(f"\nverifier {out['verifier']} (cosine floor {out['threshold']}):")
+            ask(s.conn, a)
+    for lo in range(0, len(pairs), BLOCK):
+        for s in setups:
+            for _, b in pairs[lo : lo + BLOCK]:
+                ms, cache, st = ask(s.conn, b)
+                if cache == "semantic-hit":
+                    s.hits.append(ms)
+                    if st is not None:
+                        s.stage.append(st)
+                else:
+                    s.misses.append(ms)
+
+
+def report(s: Setup) -> dict[str, Any]:
+    out: dict[str, Any] = {"setup": s.verifier}
+    print(f"\n{s.verifier}:")
     for name, v in (
-        ("semantic hit (client)", hits),
-        ("miss (client, upstream included)", misses),
-        ("semantic stage on hits (Server-Timing)", stage),
+        ("semantic hit (client)", s.hits),
+        ("miss (client, upstream included)", s.misses),
+        ("semantic stage on hits (Server-Timing)", s.stage),
     ):
         if v:
             a = np.asarray(v)
@@ -103,15 +148,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("-n", type=int, default=300)
     ap.add_argument("--verifier", default="default,features", help="comma-separated")
+    ap.add_argument("--graphs", default="fused", help="comma-separated: fused, portable")
     args = ap.parse_args()
     ps = splits()["qqp"]["eval"]
     pairs = [(ps.a[i], ps.b[i]) for i in range(len(ps)) if ps.label[i] == 1][: args.n]
     upstream = ServerThread(build_upstream).start()
+    tmp = Path(tempfile.mkdtemp(prefix="lg-portable-"))
+    setups: list[Setup] = []
     try:
+        portable = portable_artifacts(tmp) if "portable" in args.graphs else None
         for v in args.verifier.split(","):
-            run(v, pairs, upstream.url)
+            for g in args.graphs.split(","):
+                setups.append(start(v, g, upstream.url, portable if g == "portable" else None))
+        measure(setups, pairs)
+        for s in setups:
+            report(s)
     finally:
+        for s in setups:
+            s.conn.close()
+            s.gw.stop()
         upstream.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
