@@ -6,6 +6,7 @@ the artifact for this model hash is missing: the serving process never imports t
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -172,9 +173,10 @@ def fused(onnx_path: Path, config: Path) -> Path | None:
         return None
     try:
         run_export(["backends.local.fuse", str(onnx_path), str(config)], out, "ONNX Runtime fusion")
-    except EngineError as exc:
+    except (EngineError, OSError) as exc:  # OSError: a read-only artifacts dir (an image)
         log.warning("serving the unfused graph of %s: %s", onnx_path.parent.name, exc)
-        skipped.write_text(str(exc))
+        with contextlib.suppress(OSError):
+            skipped.write_text(str(exc))
         return None
     log.info("fused %s for ONNX Runtime: %s", onnx_path.name, out.name)
     return out
