@@ -115,6 +115,7 @@ class SemanticSetup:
             self._engines,
         )
         self.stage.embedder = embedder
+        self.stage.metrics.device.clear()  # drop the "pending" series set before the load
         self.stage.metrics.device.labels(embedder.device, self.index.device).set(1)
         log.info(
             "semantic stage: embedder %s on %s (%s), index on %s, routes %s",

@@ -95,6 +95,14 @@ def embeds_so_far(url: str) -> float:
     return float(found[0].split()[-1]) if found else 0.0  # no series before the first embed
 
 
+def test_metrics_name_where_the_embedder_and_index_run(gw: ServerThread) -> None:
+    with urllib.request.urlopen(f"{gw.url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    series = [ln for ln in text.splitlines() if ln.startswith("latentgate_semantic_device_info{")]
+    # One series once the embedder has loaded (no stale "pending" one beside it).
+    assert series == ['latentgate_semantic_device_info{embedder="cpu",index="cpu"} 1.0']
+
+
 def test_a_miss_embeds_its_question_once(gw: ServerThread) -> None:
     """The lookup's vector is the one stored after the upstream answers: a miss costs one run of
     the embedder, not two."""
