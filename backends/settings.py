@@ -196,6 +196,10 @@ class SessionOptions(_Frozen):
     graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
     intra_op_threads: int = Field(default=0, ge=0)  # 0: ONNX Runtime's default (one per core)
     inter_op_threads: int = Field(default=0, ge=0)
+    # ONNX Runtime's worker threads spin between runs (its default): 0.8-2 ms off a one-sentence
+    # embed on a 2-core box at 2 threads, for 15-20 % more CPU per call. A sidecar that shares
+    # its cores with the application can turn it off (docs/benchmarks.md, "Third session").
+    allow_spinning: bool = True
 
 
 class _LocalBackend(_Frozen):

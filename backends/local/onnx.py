@@ -57,6 +57,9 @@ class OrtEngine:
         )
         so.intra_op_num_threads = opts.intra_op_threads
         so.inter_op_num_threads = opts.inter_op_threads
+        so.add_session_config_entry(
+            "session.intra_op.allow_spinning", "1" if opts.allow_spinning else "0"
+        )
         so.log_severity_level = 3
         wanted = choose_providers(providers)
         try:
