@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import cache
 from gateway.app import build_app
@@ -26,6 +27,7 @@ async def test_default_config_memory_only_without_redis_url() -> None:
         "local-embeddings",
         "local-v2",
     }
+    await close_backends(state)
 
 
 async def test_redis_url_from_the_environment_enables_l2() -> None:
@@ -34,6 +36,13 @@ async def test_redis_url_from_the_environment_enables_l2() -> None:
     assert settings.cache.redis.url == "redis://127.0.0.1:1/0"
     state = build_app(settings)[STATE]
     assert state.cache is not None and state.cache.redis is not None
+    await close_backends(state)
+
+
+async def close_backends(state: Any) -> None:
+    """The app was built, never run: its upstream pools' HTTP sessions still need closing."""
+    for backend in state.backends.values():
+        await backend.aclose()
 
 
 def test_package_exports_what_it_names() -> None:
