@@ -16,6 +16,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.servers import self_connected
+
 ROOT = Path(__file__).resolve().parents[1]
 LITELLM_VERSION = "1.106.2"
 MASTER_KEY = "sk-bench-master-key-0123456789"
@@ -47,10 +49,12 @@ def wait_port(port: int, timeout: float, proc: subprocess.Popen[bytes] | None = 
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before opening port {port}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+                if not self_connected(sock):
+                    return
         except OSError:
-            time.sleep(0.05)
+            pass
+        time.sleep(0.05)
     raise TimeoutError(f"port {port} did not open within {timeout}s")
 
 

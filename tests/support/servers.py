@@ -28,14 +28,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def self_connected(sock: socket.socket) -> bool:
+    """Nothing listens yet, but the kernel gave the client the very port it dials: TCP connects
+    to itself. free_port() ports are ephemeral ones, so this happens now and then, and taking it
+    for "open" starts a test before its server listens (its first requests are refused)."""
+    return bool(sock.getsockname() == sock.getpeername())
+
+
 def wait_port(host: str, port: int, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection((host, port), timeout=0.2):
-                return
+            with socket.create_connection((host, port), timeout=0.2) as sock:
+                if not self_connected(sock):
+                    return
         except OSError:
-            time.sleep(0.05)
+            pass
+        time.sleep(0.05)
     raise TimeoutError(f"{host}:{port} did not open within {timeout}s")
 
 
