@@ -6,6 +6,7 @@ Foreign errors (onnxruntime's) are translated to EngineError here; callers never
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import numpy as np
@@ -84,10 +85,11 @@ class OrtEngine:
             if metrics is not None:
                 metrics.fallbacks.labels(name, asked_device, self.device).inc()
         log.info(
-            "engine %s: onnxruntime on %s (providers: %s)",
+            "engine %s: onnxruntime on %s (providers: %s; graph %s)",
             name,
             self.device,
             ", ".join(self.providers),
+            os.path.basename(path),  # model.fp32.fused.onnx: ONNX Runtime's fused kernels
         )
         if metrics is not None:
             metrics.engine_info.labels(name, self.kind, self.device, self.providers[0]).set(1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -39,6 +40,15 @@ def test_builtin_serves_the_fused_graph_and_it_matches_the_portable_one(
     ref /= np.linalg.norm(ref, axis=1, keepdims=True)
     served = encoder.encode(SENTENCES)
     assert float((served * ref).sum(axis=1).min()) > 0.99999
+
+
+def test_the_log_names_the_graph_an_engine_serves(caplog: pytest.LogCaptureFixture) -> None:
+    from backends.local.text_encoder import load_text_encoder
+
+    with caplog.at_level(logging.INFO, "latentgate.local"):
+        enc = load_text_encoder(providers=["CPUExecutionProvider"], artifacts_dir=artifacts_dir())
+    assert "graph model.fp32.fused.onnx" in caplog.text
+    asyncio.run(enc.aclose())
 
 
 def test_a_graph_that_does_not_fuse_is_served_as_is_and_says_why(
