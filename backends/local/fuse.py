@@ -7,7 +7,8 @@ CONFIG.json is the transformers config of the weights (attention heads and hidde
 ONNX Runtime's transformer optimizer folds each layer's attention subgraph (a few dozen
 MatMul/Reshape/Transpose/Softmax nodes) into one `com.microsoft.Attention` kernel, the residual
 adds into SkipLayerNormalization and the embeddings into EmbedLayerNormalization. On the
-packaged MiniLM that cut a one-sentence semantic lookup by ~20 % on this CPU. The fused file
+packaged MiniLM that took ~10 % off a semantic hit on a 2-core CPU at 2 threads (0-16 % off
+the embed across paired runs; nothing at 1 thread: docs/benchmarks.md). The fused file
 holds ONNX Runtime contrib ops, so it is served by ONNX Runtime (CPU or CUDA) only: TensorRT and
 `latentgate build` keep using the portable export beside it.
 
