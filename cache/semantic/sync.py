@@ -15,12 +15,14 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import msgpack
 import numpy as np
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from redis.typing import EncodableT, FieldT
 
 from cache.semantic.stage import Entry, SemanticStage
 
@@ -98,54 +100,41 @@ class RedisSync:
 
     async def publish_add(self, entry: Entry) -> None:
         raw = _pack(entry)
-        ttl = max(int(entry.expires_at - time.time()) + 1, 1)
-        try:
-            async with self.redis.pipeline(transaction=False) as p:
-                p.hset(self.entries_key, entry.exact_key, raw)
-                p.xadd(
-                    self.stream_key,
-                    {"op": "add", "o": self.origin, "e": raw},
-                    maxlen=STREAM_MAXLEN,
-                    approximate=True,
-                )
-                await p.execute()
-            self._m.labels("publish", "ok").inc()
-        except (RedisError, OSError) as exc:
-            log.warning("semantic sync: publish add failed (%s); kept locally (ttl %ds)", exc, ttl)
-            self._m.labels("publish", "error").inc()
+        await self._publish("add", entry.exact_key, raw, {"op": "add", "e": raw})
 
     async def publish_bar(self, entry: Entry) -> None:
         """A wrong-hit report: the record in the hash carries the new bar (for rebuilds), the
         stream tells the live processes."""
-        try:
-            async with self.redis.pipeline(transaction=False) as p:
-                p.hset(self.entries_key, entry.exact_key, _pack(entry))
-                p.xadd(
-                    self.stream_key,
-                    {"op": "bar", "o": self.origin, "k": entry.exact_key, "b": repr(entry.bar)},
-                    maxlen=STREAM_MAXLEN,
-                    approximate=True,
-                )
-                await p.execute()
-            self._m.labels("publish", "ok").inc()
-        except (RedisError, OSError) as exc:
-            log.warning("semantic sync: publish wrong-hit bar failed (%s); local only", exc)
-            self._m.labels("publish", "error").inc()
+        event = {"op": "bar", "k": entry.exact_key, "b": repr(entry.bar)}
+        await self._publish("wrong-hit bar", entry.exact_key, _pack(entry), event)
 
     async def publish_remove(self, exact_key: str) -> None:
+        await self._publish("remove", exact_key, None, {"op": "del", "k": exact_key})
+
+    async def _publish(
+        self, what: str, key: str, record: bytes | None, event: Mapping[str, str | bytes]
+    ) -> None:
+        """The hash record (written, or deleted when `record` is None) and the stream event in
+        one round trip. A Redis failure is logged and counted, never raised: the local index
+        already has the change."""
         try:
             async with self.redis.pipeline(transaction=False) as p:
-                p.hdel(self.entries_key, exact_key)
+                if record is None:
+                    p.hdel(self.entries_key, key)
+                else:
+                    p.hset(self.entries_key, key, record)
+                fields: dict[FieldT, EncodableT] = {"o": self.origin}
+                fields.update(event)
                 p.xadd(
                     self.stream_key,
-                    {"op": "del", "o": self.origin, "k": exact_key},
+                    fields,
                     maxlen=STREAM_MAXLEN,
                     approximate=True,
                 )
                 await p.execute()
             self._m.labels("publish", "ok").inc()
         except (RedisError, OSError) as exc:
-            log.warning("semantic sync: publish remove failed (%s)", exc)
+            log.warning("semantic sync: publish %s failed (%s); kept locally", what, exc)
             self._m.labels("publish", "error").inc()
 
     def _apply(self, fields: dict[bytes, bytes]) -> None:
