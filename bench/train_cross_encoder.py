@@ -58,8 +58,22 @@ def training_pairs(
     return rows
 
 
+def pick_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    print(f"training on {name}", flush=True)
+    return name
+
+
 def train(
-    rows: list[tuple[str, str, float]], layers: int, epochs: int, lr: float, seed: int
+    rows: list[tuple[str, str, float]],
+    layers: int,
+    epochs: int,
+    lr: float,
+    seed: int,
+    device: str = "cpu",
 ) -> dict[str, np.ndarray]:
     import torch
     from tokenizers import Tokenizer
@@ -76,7 +90,8 @@ def train(
     )
     for p in bert.embeddings.parameters():
         p.requires_grad = False
-    head = torch.nn.Linear(bert.config.hidden_size, 1)
+    bert.to(device)
+    head = torch.nn.Linear(bert.config.hidden_size, 1).to(device)
     drop = torch.nn.Dropout(0.1)
     params = [p for p in bert.parameters() if p.requires_grad] + list(head.parameters())
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
@@ -112,7 +127,8 @@ def train(
                 ids[r, : len(e.ids)] = torch.tensor(e.ids)
                 typ[r, : len(e.ids)] = torch.tensor(e.type_ids)
                 mask[r, : len(e.ids)] = 1
-            y = torch.tensor([pairs[i][2] for i in idx], dtype=torch.float32)
+            ids, typ, mask = ids.to(device), typ.to(device), mask.to(device)
+            y = torch.tensor([pairs[i][2] for i in idx], dtype=torch.float32, device=device)
             hid = bert(input_ids=ids, attention_mask=mask, token_type_ids=typ).last_hidden_state
             m = mask.unsqueeze(-1).float()
             pooled = (hid * m).sum(1) / m.sum(1)
@@ -132,10 +148,11 @@ def train(
                     flush=True,
                 )
     weights = {
-        f"encoder.{k}": v.detach().numpy().copy() for k, v in bert.encoder.state_dict().items()
+        f"encoder.{k}": v.detach().cpu().numpy().copy()
+        for k, v in bert.encoder.state_dict().items()
     }
-    weights["head.weight"] = head.weight.detach().numpy().copy()
-    weights["head.bias"] = head.bias.detach().numpy().copy()
+    weights["head.weight"] = head.weight.detach().cpu().numpy().copy()
+    weights["head.bias"] = head.bias.detach().cpu().numpy().copy()
     return weights
 
 
@@ -174,6 +191,12 @@ def main() -> None:
         help="QQP scoring on calib when choosing the operating point (see bench.train_verifier)",
     )
     ap.add_argument("--limit", type=int, default=0, help="train on the first N rows (smoke)")
+    ap.add_argument(
+        "--device",
+        default="auto",
+        help="torch device for training: auto (cuda when present, else cpu), cpu, cuda; the"
+        " operating point is chosen on the CPU with the served ONNX model either way",
+    )
     ap.add_argument("--calibrate-only", action="store_true", help="keep the trained weights")
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -186,7 +209,8 @@ def main() -> None:
         rows += paws * args.paws_weight
         if args.limit:
             rows = random.Random(args.seed).sample(rows, min(args.limit, len(rows)))
-        weights = train(rows, args.layers, args.epochs, args.lr, args.seed)
+        device = pick_device(args.device)
+        weights = train(rows, args.layers, args.epochs, args.lr, args.seed, device)
         meta = {
             "layers": args.layers,
             "epochs": args.epochs,
@@ -196,6 +220,7 @@ def main() -> None:
             "hard_neg_k": args.hard_neg_k,
             "paws_weight": args.paws_weight,
             "rows": len(rows),
+            "device": device,
             "trained_on": "QQP dev train part + pooled hard negatives, PAWS dev train part",
             "floor": 0.9,
             "p_min": 0.5,
