@@ -102,6 +102,75 @@ def load_stsb(split: str, *, drop_band: bool = False) -> PairSet:
     return PairSet(f"stsb-{split}", a, b, np.asarray(y, dtype=np.int8))
 
 
+_HEADERS = (
+    ("text_a", "text_b", "label"),
+    ("question1", "question2", "is_duplicate"),
+    ("sentence1", "sentence2", "label"),
+    ("s1", "s2", "label"),
+)
+
+
+def _row(obj: dict[str, object]) -> tuple[str, str, str] | None:
+    for ka, kb, kl in _HEADERS:
+        if ka in obj and kb in obj and kl in obj:
+            return str(obj[ka]), str(obj[kb]), str(obj[kl])
+    return None
+
+
+def load_pairs(path: Path, name: str | None = None) -> PairSet:
+    """Any labelled pair file, for scoring data the bench was never tuned on (held-out test
+    splits, a team's own logs): JSON lines (optionally .gz) with text_a/text_b/label,
+    question1/question2/is_duplicate or sentence1/sentence2/label; or tab-separated text with
+    such a header, STS-B's seven-column layout, or no header and the last three columns
+    text, text, label. Labels are 0/1, or a graded score (STS-B's 0-5: duplicate at >= 4) when
+    any label is neither. Tokenised files (PAWS: "Romania .") get the PAWS loader's detokenising."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    rows: list[tuple[str, str, str]] = []
+    with opener(path, "rt", encoding="utf-8") as fh:
+        first = fh.readline()
+        if first.lstrip().startswith("{"):
+            for line in [first, *fh]:
+                if line.strip():
+                    got = _row(json.loads(line))
+                    if got is None:
+                        raise ValueError(f"{path}: a JSON line without a known pair of texts")
+                    rows.append(got)
+        else:
+            head = first.rstrip("\n").split("\t")
+            lines = (line.rstrip("\n").split("\t") for line in fh)
+            named = next((h for h in _HEADERS if all(k in head for k in h)), None)
+            if named is not None:
+                ia, ib, il = (head.index(k) for k in named)
+                rows = [(f[ia], f[ib], f[il]) for f in lines if len(f) > max(ia, ib, il)]
+            else:
+                for f in [head, *lines]:
+                    if len(f) >= 7 and _is_number(f[4]):  # STS-B: genre file year id score s1 s2
+                        rows.append((f[5], f[6], f[4]))
+                    elif len(f) >= 3 and _is_number(f[-1]):
+                        rows.append((f[-3], f[-2], f[-1]))
+    if not rows:
+        raise ValueError(f"{path}: no labelled pairs found")
+    values = [float(y) for _, _, y in rows]
+    graded = any(v not in (0.0, 1.0) for v in values)
+    labels = np.asarray([v >= 4.0 if graded else v == 1.0 for v in values], dtype=np.int8)
+    spaced = sum(1 for a, _, _ in rows if " ." in a or " ," in a)
+    fix = _detok if spaced * 3 >= len(rows) else str
+    return PairSet(
+        name or path.name.split(".")[0],
+        [fix(a) for a, _, _ in rows],
+        [fix(b) for _, b, _ in rows],
+        labels,
+    )
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
 # Pairs used per part (first N of each fixed split). Embedding is the slow step on a shared
 # 2-core machine (sentence-transformers: ~10-300 texts/s depending on load), so the defaults
 # are capped; LATENTGATE_BENCH_FULL=1 uses every pair.

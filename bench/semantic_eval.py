@@ -6,30 +6,33 @@ hits, recall, false-hit rate on non-duplicates, for cosine alone (GPTCache's met
 thresholds, the verifier across operating points, and GPTCache itself (its own venv) side by
 side. Then lookup latency split into embed / search / verify, index search at 100k entries,
 and hit rates on the query streams (banking77, clinc150, bing-covid).
+
+`--pairs FILE` (repeatable) scores labelled pair files instead of the development eval parts:
+held-out test splits or a team's own data, in any layout bench.semantic_data.load_pairs reads.
+Nothing is trained or tuned on them; the CHOSEN row is the shipped operating point:
+
+    python -m bench.semantic_eval --parts pooled --pairs qqp_test.jsonl.gz --pairs paws_test.tsv
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from bench.gptcache_run import gptcache_peer, pct
 from bench.semantic_data import (
-    CACHE_DIR,
     MODEL_TAG,
     PairSet,
     embed_cached,
+    load_pairs,
     load_qqp,
     load_streams,
-    model_path,
     splits,
     st_encoder,
 )
@@ -52,11 +55,6 @@ from cache.semantic.verifier import CrossEncoderVerifier, MlpVerifier, Verifier
 
 COSINES = (0.60, 0.80, 0.85, 0.90, 0.94, 0.96, 0.98)
 P_MINS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.98)
-GPTCACHE_VENV = CACHE_DIR / "gptcache-venv"
-
-
-def pct(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 
 
 def row(name: str, s: object) -> str:
@@ -65,59 +63,6 @@ def row(name: str, s: object) -> str:
         f"  {name:<34} precision {d['precision']:.3f}  recall {d['recall']:.3f}  "
         f"false-hit {d['false_hit']:.3f}  hits {d['hits']}"
     )
-
-
-def ensure_gptcache_venv() -> None:
-    """GPTCache in its own venv (it pins and auto-installs its own dependencies)."""
-    py = GPTCACHE_VENV / "bin" / "python"
-    if py.exists():
-        return
-    print(f"creating {GPTCACHE_VENV} (GPTCache 0.1.44, CPU torch)", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", str(GPTCACHE_VENV)], check=True)
-    pip = [str(py), "-m", "pip", "install", "-q"]
-    subprocess.run([*pip, "torch==2.13.0"], check=True)
-    subprocess.run(
-        [*pip, "gptcache==0.1.44", "faiss-cpu", "sentence-transformers", "sqlalchemy"], check=True
-    )
-
-
-def gptcache_peer(ps: PairSet, pool: Pool, limit: int) -> dict[str, object] | None:
-    py = GPTCACHE_VENV / "bin" / "python"
-    try:
-        ensure_gptcache_venv()
-    except (OSError, subprocess.CalledProcessError) as exc:
-        return {"error": f"could not build the GPTCache venv: {exc}"}
-    n = min(limit, len(ps))
-    sub = ps.subset(range(n))
-    sub_pool = build_pool(
-        sub, pool.entry_vecs[pool.own[:n]], np.zeros((n, pool.entry_vecs.shape[1]), np.float32)
-    )
-    job = {"model": model_path(), "entries": sub_pool.entries, "queries": sub.b}
-    with tempfile.TemporaryDirectory() as tmp:
-        inp, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
-        inp.write_text(json.dumps(job), encoding="utf-8")
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        proc = subprocess.run(
-            [str(py), str(Path(__file__).with_name("gptcache_peer.py")), str(inp), str(out)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=1800,
-        )
-        if proc.returncode != 0:
-            return {"error": proc.stderr.strip().splitlines()[-1:] or ["failed"]}
-        res = json.loads(out.read_text(encoding="utf-8"))
-    chosen = np.asarray(res["answers"], dtype=np.int64)
-    s = score(sub_pool, chosen)
-    lat = [x * 1000 for x in res["latency_s"]]
-    return {
-        "scores": s,
-        "n": n,
-        "p50_ms": pct(lat, 50),
-        "p95_ms": pct(lat, 95),
-        "p99_ms": pct(lat, 99),
-    }
 
 
 class Reporter:
@@ -143,25 +88,26 @@ def candidate_probs(ver: Verifier, ps: PairSet, pool: Pool, vb: np.ndarray) -> n
 
 
 def pooled(
-    data: dict[str, dict[str, PairSet]],
+    sets: dict[str, PairSet],
     enc,  # type: ignore[no-untyped-def]
     verifiers: dict[str, Verifier],
     gpt_limit: int,
+    dev: bool = True,
 ) -> dict[str, object]:
+    """dev: the sets are the development eval parts (qqp, paws, stsb), else pair files."""
     results: dict[str, object] = {}
-    # Ground truth for the labelled protocol: every labelled QQP development edge.
-    roots = label_roots(load_qqp())
-    for d in ("qqp", "paws", "stsb"):
-        ps = data[d]["eval"]
+    for d, ps in sets.items():
+        # Ground truth for the labelled protocol: the set's own duplicate edges; for the QQP
+        # eval part, every labelled edge of the 40,000 development pairs.
+        roots = label_roots(load_qqp()) if dev and d == "qqp" else label_roots(ps)
         va, vb = embed_cached(ps.a, enc, MODEL_TAG), embed_cached(ps.b, enc, MODEL_TAG)
         pool = build_pool(ps, va, vb)
-        droots = roots if d == "qqp" else label_roots(ps)
         print(
             f"\n{d}: {len(ps)} pairs ({int(ps.label.sum())} duplicates), "
             f"{len(pool.entries)} cached entries; strict protocol | labelled protocol"
         )
         res: dict[str, object] = {}
-        report = Reporter(pool, ps.b, droots, res)
+        report = Reporter(pool, ps.b, roots, res)
         for c in COSINES:
             report(f"cosine>={c}", choose_cosine(pool, c))
         for vname, ver in verifiers.items():
@@ -175,7 +121,7 @@ def pooled(
                 f"{vname} CHOSEN (floor {ver.floor}, p>={ver.p_min:g})",
                 choose_verified(pool, prob, ver.floor, ver.p_min),
             )
-        if gpt_limit and d != "stsb":
+        if gpt_limit and not (dev and d == "stsb"):
             g = gptcache_peer(ps, pool, gpt_limit)
             if g and "scores" in g:
                 print(
@@ -345,6 +291,13 @@ def main() -> None:
         help="verifiers to score side by side; latency and streams use the last",
     )
     ap.add_argument(
+        "--pairs",
+        action="append",
+        type=Path,
+        default=[],
+        help="a labelled pair file to score instead of the development eval parts (repeatable)",
+    )
+    ap.add_argument(
         "--parts",
         default="pooled,latency,search100k,streams",
         help="comma-separated subset of pooled,latency,search100k,streams",
@@ -364,10 +317,19 @@ def main() -> None:
         v = verifiers[name]
         print(f"verifier {name}: floor {v.floor} p_min {v.p_min}")
     ver = list(verifiers.values())[-1]
-    data = splits()
     res: dict[str, object] = {}
     if "pooled" in parts:
-        res["pooled"] = pooled(data, enc, verifiers, args.gptcache_pairs)
+        if args.pairs:
+            stems = [f.name.split(".")[0] for f in args.pairs]
+            unique = len(set(stems)) == len(stems)
+            sets = {
+                (s if unique else f.name): load_pairs(f)
+                for s, f in zip(stems, args.pairs, strict=True)
+            }
+        else:
+            sets = {d: parts_["eval"] for d, parts_ in splits().items()}
+        res["pooled"] = pooled(sets, enc, verifiers, args.gptcache_pairs, dev=not args.pairs)
+    data = splits() if parts - {"pooled"} else {}
     if "latency" in parts:
         res["latency_ms"] = latency(data, one_query_encoder(enc), ver, enc, args.latency_queries)
     if "search100k" in parts:
