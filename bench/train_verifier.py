@@ -1,11 +1,13 @@
 """Train the semantic verifier: `python -m bench.train_verifier` writes cache/semantic/verifier.npz.
 
 Trains on the development splits only (QQP dev train part, PAWS dev train part, STS-B train part)
-plus pooled hard negatives (each second text's nearest other first texts); chooses the operating
-point (cosine floor, p_min) on the held-back calib parts: PAWS non-duplicate hits <= PAWS_GOAL,
-then the first QQP goal in GOALS that calib reaches (most recall there), else the most QQP
-precision. The idf table of the lexical features is fitted on the training texts only and stored
-in the artifact. Deterministic (seeded). `LATENTGATE_BENCH_FULL=1` trains on every dev pair.
+plus pooled hard negatives (each second text's nearest other first texts) and, with
+`--swap-negatives N`, synthetic word-swap non-duplicates (bench.swap_negatives); chooses the
+operating point (cosine floor, p_min) on the held-back calib parts: PAWS non-duplicate hits <=
+PAWS_GOAL at 95 % confidence, then the first QQP goal in GOALS that calib reaches (most recall
+there), else the most QQP precision. The idf table of the lexical features is fitted on the
+training texts only and stored in the artifact. Deterministic (seeded).
+`LATENTGATE_BENCH_FULL=1` trains on every dev pair.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.semantic_data import MODEL_TAG, PairSet, embedded_splits
+from bench.semantic_data import MODEL_TAG, PairSet, embed_cached, embedded_splits, st_encoder
 from bench.semantic_pooled import (
     Pool,
     Scores,
@@ -27,10 +29,16 @@ from bench.semantic_pooled import (
     score,
     score_labelled,
 )
+from bench.swap_negatives import swap_pairs
 from cache.semantic.features import FEATURES_VERSION, N_LEXICAL, Idf, pair_features, text_info
 from cache.semantic.verifier import DEFAULT_ARTIFACT, MlpVerifier, build_matrix
 
 PAWS_GOAL = 0.02
+# The PAWS goal must hold for the one-sided 95 % upper bound of the calib false-hit rate, not
+# the rate itself: calib has 290 non-paraphrases, so 5 hits (1.7 %) is compatible with a true
+# rate of 4 % (the shipped v2 point did that, and its eval part showed 3.1 %). 1 hit in 290
+# passes (bound 1.5 %), 2 do not (2.1 %).
+PAWS_CONFIDENCE_Z = 1.645
 # (QQP calib precision, min recall), first reachable wins; a wrong hit is worse than a miss, so
 # after the issue's target (0.95 at 0.30) come precision-first fallbacks with a little slack
 # over 0.90 for calib noise.
@@ -148,18 +156,29 @@ def pool_probs(ver: MlpVerifier, ps: PairSet, pool: Pool, vb: np.ndarray) -> np.
     return ver.probabilities(pair_matrix(a, b, va, vbb, ver.idf)).reshape(n, k)
 
 
+def rate_upper_bound(hits: int, n: int, z: float = PAWS_CONFIDENCE_Z) -> float:
+    """Wilson score upper bound of a rate observed as hits / n."""
+    if n <= 0:
+        return 1.0
+    p = hits / n
+    centre = p + z * z / (2 * n)
+    spread = z * float(np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)))
+    return (centre + spread) / (1 + z * z / n)
+
+
 def choose_point(
     curves: dict[str, tuple[Pool, np.ndarray]],
     p_grid: np.ndarray | None = None,
     labelled: tuple[list[str], dict[str, str]] | None = None,
 ) -> tuple[float, float, dict[str, object], tuple[int, float]]:
-    """PAWS false hits <= PAWS_GOAL first. Then the first of GOALS that calib reaches, with the
-    most QQP recall there; else the most QQP precision with recall >= MIN_RECALL. Returns the
-    point, its calib report and a rank (higher = better) to compare models. `labelled` (the
-    QQP queries and a label graph) scores QQP by the labelled protocol instead of the strict one
-    (bench.semantic_pooled.score_labelled)."""
+    """PAWS false hits <= PAWS_GOAL first (their 95 % upper bound: `rate_upper_bound`). Then
+    the first of GOALS that calib reaches, with the most QQP recall there; else the most QQP
+    precision with recall >= MIN_RECALL. Returns the point, its calib report and a rank (higher
+    = better) to compare models. `labelled` (the QQP queries and a label graph) scores QQP by
+    the labelled protocol instead of the strict one (bench.semantic_pooled.score_labelled)."""
     qpool, qprob = curves["qqp"]
     ppool, pprob = curves["paws"]
+    paws_negatives = int((ppool.label == 0).sum())
 
     def qqp_score(chosen: np.ndarray) -> Scores:
         if labelled is None:
@@ -174,7 +193,8 @@ def choose_point(
             if not sq.hits or sq.recall < MIN_RECALL:
                 continue
             sp = score(ppool, choose_verified(ppool, pprob, floor, float(p_min)))
-            if sp.false_hit > PAWS_GOAL:
+            paws_hits = round(sp.false_hit * paws_negatives)
+            if rate_upper_bound(paws_hits, paws_negatives) > PAWS_GOAL:
                 continue
             for t, (prec, rec) in enumerate(GOALS):
                 if sq.precision >= prec and sq.recall >= rec:
@@ -239,6 +259,14 @@ def main() -> None:
         help="label pooled hard negatives through the training part's duplicate graph, or only"
         " by their own pair label (v2's way: unlabelled duplicates count as negatives)",
     )
+    ap.add_argument(
+        "--swap-negatives",
+        type=int,
+        default=4000,
+        help="add up to N synthetic word-swap non-duplicates made from the QQP and STS-B"
+        " training texts (bench.swap_negatives); calib ranked 2000/4000/8000 and chose 4000;"
+        " with 0 no operating point passes the PAWS goal at 95 %% confidence",
+    )
     args = ap.parse_args()
     t0 = time.perf_counter()
     data, vecs = embedded_splits()
@@ -260,6 +288,15 @@ def main() -> None:
         rep = args.paws_weight if d == "paws" else 1
         xs.append(np.tile(x, (rep, 1)))
         ys.append(np.tile(y, rep))
+    if args.swap_negatives:
+        texts = [t for d in ("qqp", "stsb") for t in data[d]["train"].a + data[d]["train"].b]
+        swaps = swap_pairs(texts, args.swap_negatives, args.seed)
+        enc = st_encoder()
+        sa = embed_cached([a for a, _ in swaps], enc, MODEL_TAG)
+        sb = embed_cached([b for _, b in swaps], enc, MODEL_TAG)
+        xs.append(pair_matrix([a for a, _ in swaps], [b for _, b in swaps], sa, sb, idf))
+        ys.append(np.zeros(len(swaps), np.float32))
+        print(f"swap negatives: {len(swaps)} rows")
     x_all, y_all = np.concatenate(xs), np.concatenate(ys)
     calib = {}
     for d in ("qqp", "paws", "stsb"):
@@ -316,6 +353,7 @@ def main() -> None:
         goals=GOALS,
         paws_goal=PAWS_GOAL,
         paws_weight=args.paws_weight,
+        swap_negatives=args.swap_negatives,
         protocol=args.protocol,
         hard_neg_labels=args.hard_neg_labels,
         trained_on=f"training parts of {args.train_on} (bench/semantic_data.py splits)",

@@ -31,7 +31,9 @@ class ExactPolicy(_Frozen):
 
 class SemanticPolicy(_Frozen):
     enabled: bool = False
-    threshold: float = Field(0.90, ge=-1.0, le=1.0)
+    # The cosine a candidate needs. None: the verifier's calibrated floor (stored in its trained
+    # artifact with min_score), or 0.90 with the verifier off.
+    threshold: float | None = Field(None, ge=-1.0, le=1.0)
     # "on" = "features" (the MLP over cosine + lexical signals, ~0.2 ms); "cross-encoder" = a
     # trained cross-encoder (cache.semantic.cross_encoder_artifact); "off" = cosine alone.
     verifier: Literal["on", "cross-encoder", "features", "off"] = "on"

@@ -26,6 +26,7 @@ from cache.semantic.cross_encoder import CrossEncoder, read_meta
 from cache.semantic.features import FEATURES_VERSION, Idf, TextInfo, pair_features
 
 DEFAULT_ARTIFACT = Path(__file__).with_name("verifier.npz")
+COSINE_THRESHOLD = 0.90  # verifier off, no threshold configured
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,15 +222,16 @@ class CrossEncoderVerifier:
 
 def load_verifier(
     kind: str,
-    threshold: float,
+    threshold: float | None,
     min_score: float | None = None,
     artifact: str | Path | None = None,
     cross_encoder_artifact: str | Path | None = None,
 ) -> Verifier:
     """'on' / 'features' → the MLP; 'cross-encoder' → the cross-encoder; 'off' → cosine alone.
-    With a verifier, `threshold` is its cosine floor and `min_score` its acceptance bar."""
+    With a verifier, `threshold` is its cosine floor and `min_score` its acceptance bar; None
+    takes the operating point calibrated into its artifact."""
     if kind == "off":
-        return CosineVerifier(threshold)
+        return CosineVerifier(COSINE_THRESHOLD if threshold is None else threshold)
     if kind == "cross-encoder":
         path = Path(cross_encoder_artifact) if cross_encoder_artifact else CE_ARTIFACT
         if not path.is_file():

@@ -7,7 +7,14 @@ import pytest
 
 from cache.embedder import Embedder
 from cache.semantic.features import text_info
-from cache.semantic.verifier import CosineVerifier, Verifier
+from cache.semantic.verifier import (
+    COSINE_THRESHOLD,
+    CosineVerifier,
+    MlpVerifier,
+    Verifier,
+    load_verifier,
+)
+from cache.settings import SemanticPolicy
 
 SWAPS = [
     ("What is 2+3?", "What is 2+4?"),
@@ -58,3 +65,15 @@ def test_wrong_hit_report_tightens_one_entry(verifier: Verifier, embedder: Embed
     assert first.index == 0
     again = verifier.choose(text_info(q), v[0], [text_info(c)], v[1:], cos, [first.score + 0.01])
     assert again.index == -1
+
+
+def test_default_policy_serves_the_artifacts_calibrated_point(verifier: MlpVerifier) -> None:
+    # A route that sets neither threshold nor min_score gets the point chosen on calib data,
+    # not a cosine floor that was calibrated for another artifact.
+    p = SemanticPolicy(enabled=True)
+    ver = load_verifier(p.verifier, p.threshold, p.min_score)
+    assert (ver.floor, ver.p_min) == (verifier.meta["floor"], verifier.meta["p_min"])
+    tuned = load_verifier("on", 0.95, 0.7)
+    assert (tuned.floor, tuned.p_min) == (0.95, 0.7)
+    off = load_verifier("off", SemanticPolicy(verifier="off").threshold)
+    assert off.floor == COSINE_THRESHOLD == 0.90
