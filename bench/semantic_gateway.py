@@ -106,7 +106,8 @@ def start(verifier: str, graph: str, upstream_url: str, artifacts: str | None) -
                 "semantic": policy,
             }
     gw = GatewayProcess(cfg).start()
-    name = f"verifier {policy.get('verifier')} (cosine floor {policy['threshold']}), {graph} graph"
+    floor = policy.get("threshold", "default")  # default: the artifact's point, or 0.90 if off
+    name = f"verifier {policy.get('verifier')} (cosine floor {floor}), {graph} graph"
     return Setup(name, graph, gw, http.client.HTTPConnection("127.0.0.1", gw.port))
 
 
