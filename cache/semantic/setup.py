@@ -125,6 +125,18 @@ class SemanticSetup:
             self.index.device,
             sorted(self.routes),
         )
+        for name, route in sorted(self.routes.items()):
+            # The operating point usually comes from the verifier's artifact, not the config:
+            # say which one each route serves.
+            v = route.verifier
+            bar = "" if v.name == "off" else f", score >= {v.p_min:g}"
+            log.info(
+                "semantic route %s: verifier %s, cosine >= %g%s",
+                name,
+                v.name,
+                v.floor,
+                bar,
+            )
         await self._open_cross_encoder()
         redis = self.settings.redis
         if s.sync and redis is not None and redis.url:

@@ -17,6 +17,7 @@ import openai
 import pytest
 import yaml
 
+from cache.semantic.verifier import MlpVerifier
 from tests.integration.cache.conftest import ADMIN_TOKEN, cache_config
 from tests.support.servers import GatewayProcess, RedisServer, ServerThread
 
@@ -153,6 +154,11 @@ def test_two_processes_share_through_redis(
     a, b = GatewayProcess(cfg).start(), GatewayProcess(cfg).start()
     try:
         text = ask(client_for(a.url), "How do I reset my password?", temperature=0)[0]
+        # The route serves the operating point calibrated into the verifier's artifact, and
+        # the start-up log says which.
+        meta = MlpVerifier.load().meta
+        point = f"semantic route chat: verifier mlp, cosine >= {meta['floor']:g}, score >= "
+        assert point + f"{meta['p_min']:g}" in a.log()
         deadline = time.monotonic() + 1.0
         while True:
             got, h = ask(client_for(b.url), "How can I reset my password?", temperature=0)
