@@ -13,6 +13,7 @@ from cache.codec import CacheEntry
 from gateway.headers import downstream_headers
 from gateway.protocols import openai_sse
 from gateway.protocols.base import Call
+from gateway.protocols.stream_codecs import convertible
 
 # Never replayed from an entry: per-response facts, or what we set ourselves on the way out.
 _NOT_KEPT = frozenset(
@@ -30,7 +31,6 @@ _NOT_KEPT = frozenset(
     }
 )
 SSE = "text/event-stream"
-_CONVERTIBLE = frozenset({"chat", "completions"})
 
 Rendered = tuple[bytes, list[tuple[str, str]]]
 Framing = tuple[bool, bool]
@@ -76,16 +76,17 @@ def _render(entry: CacheEntry, stream: bool, include_usage: bool) -> Rendered | 
     """Body and headers of the entry in the call's framing (computed once per entry and framing)."""
     body: bytes | None
     ctype: str | None = None
+    codec = convertible(entry.kind)  # per kind: openai_sse for chat/completions, anthropic_sse
     if entry.events is not None:
-        if stream or entry.kind not in _CONVERTIBLE:
+        if stream or codec is None:
             body = openai_sse.join_events(entry.events)
         else:
-            body, ctype = openai_sse.events_to_body(entry.events, entry.kind), "application/json"
+            body, ctype = codec.events_to_body(entry.events, entry.kind), "application/json"
     else:
         body = entry.body
-        if stream and entry.kind in _CONVERTIBLE and "json" in _content_type(entry):
+        if stream and codec is not None and "json" in _content_type(entry):
             assert entry.body is not None
-            events = openai_sse.body_to_events(entry.body, entry.kind, include_usage)
+            events = codec.body_to_events(entry.body, entry.kind, include_usage)
             body, ctype = (openai_sse.join_events(events) if events else None), SSE
     if body is None:
         return None

@@ -33,7 +33,8 @@ from gateway.cache_render import SSE, Framing, framing_of, kept_headers, render
 from gateway.errors import BadGateway, GatewayError
 from gateway.headers import downstream_headers
 from gateway.protocols import openai_sse
-from gateway.protocols.base import Call
+from gateway.protocols.base import KEYED_HEADERS, Call
+from gateway.protocols.stream_codecs import completion_check
 
 if TYPE_CHECKING:
     import numpy as np
@@ -86,8 +87,11 @@ class CacheStage:
             request.method,
             request.path_qs,
             request.headers.get("Content-Type", ""),
-            # hashed: even this in-process map never holds a credential in clear
-            hashlib.blake2b(tenant_of(request.headers, rc.tenant_headers).encode()).digest(),
+            # hashed: even this in-process map never holds a credential in clear; with the
+            # headers an adapter keys on (same bytes, other anthropic-version: another key)
+            hashlib.blake2b(
+                tenant_of(request.headers, (*rc.tenant_headers, *KEYED_HEADERS)).encode()
+            ).digest(),
             body,
         )
 
@@ -260,10 +264,11 @@ class CacheStage:
             return Outcome(response=resp, shareable=False)
         if sse:
             events = openai_sse.split_events(bytes(copy))
-            if not openai_sse.completed(events):
+            codec = completion_check(call.kind)  # [DONE] for OpenAI, message_stop for messages
+            if not codec.completed(events):
                 # An incomplete stream is never stored, and waiters get the failure, not half of it.
                 return Outcome(
-                    error=BadGateway("upstream stream ended before [DONE]"), response=resp
+                    error=BadGateway(f"upstream stream ended before {codec.end}"), response=resp
                 )
             entry = rc.entry(up.status, kept, events=events, model=call.model, kind=call.kind)
         else:
