@@ -29,13 +29,14 @@ MESSAGES: list[MessageParam] = [{"role": "user", "content": "hello there gateway
 TEXT = "echo(up): hello there gateway"
 
 
-def default_route() -> dict[str, Any]:
-    """The default config's Messages route, exact cache only (the semantic stage has its own
-    tests and needs the embedder)."""
+def default_route(semantic: bool = False) -> dict[str, Any]:
+    """The default config's Messages route, in memory; exact cache only unless asked (the
+    semantic stage needs the embedder: tests/semantic/test_gateway_anthropic.py)."""
     cfg = yaml.safe_load((ROOT / "config" / "latentgate.yaml").read_text())
     route = next(r for r in cfg["routes"] if r["protocol"] == "anthropic")
     route = copy.deepcopy(route)
-    route["cache"].pop("semantic", None)
+    if not semantic:
+        route["cache"].pop("semantic")
     route["cache"]["exact"]["tiers"] = ["memory"]
     return dict(route)
 
