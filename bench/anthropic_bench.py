@@ -12,7 +12,6 @@ wrk (Lua script for the POST body) measures throughput and p50/p95/p99 at 1 and 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import re
 import subprocess
@@ -24,12 +23,11 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.conftest import base_config  # noqa: E402
+from tests.integration.cache.conftest import anthropic_route  # noqa: E402
 from tests.support.servers import GatewayProcess, free_port, wait_port  # noqa: E402
 
 PATH = "/v1/messages"
@@ -61,13 +59,8 @@ end
 
 
 def messages_route(cache: bool) -> dict[str, Any]:
-    """The default config's Messages route (memory only here); its exact cache on or off."""
-    cfg = yaml.safe_load((ROOT / "config" / "latentgate.yaml").read_text())
-    route: dict[str, Any] = copy.deepcopy(
-        next(r for r in cfg["routes"] if r["name"] == "anthropic-messages")
-    )
-    route["cache"].pop("semantic", None)  # the bench measures the exact path
-    route["cache"]["exact"]["tiers"] = ["memory"]
+    """The default config's Messages route in memory, exact path only; its cache on or off."""
+    route = anthropic_route()
     route["cache"]["exact"]["enabled"] = cache
     return route
 

@@ -10,9 +10,8 @@ from typing import Any
 import anthropic
 
 from tests.conftest import base_config
-from tests.integration.cache.test_exact_anthropic import default_route
+from tests.integration.cache.conftest import anthropic_route
 from tests.support.servers import ServerThread
-
 
 T0 = {"temperature": 0}
 
@@ -30,7 +29,7 @@ def test_paraphrase_hits_in_its_namespace_only(
     upstream: ServerThread, start_gateway: Callable[..., ServerThread]
 ) -> None:
     cfg = base_config(upstream.url)
-    cfg["routes"].insert(0, default_route(semantic=True))
+    cfg["routes"].insert(0, anthropic_route(semantic=True))
     gw = start_gateway(cfg)
     alice = anthropic.Anthropic(base_url=gw.url, api_key="sk-ant-alice", max_retries=0)
     first, x1 = ask(alice, "How do I reset my password?", extra_body=T0)

@@ -8,43 +8,29 @@ stored message replayed as a stream and a stored stream as a message.
 
 from __future__ import annotations
 
-import copy
+import asyncio
 import json
 import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import anthropic
 import pytest
-import yaml
 from anthropic.types import MessageParam
 
 from tests.conftest import base_config
+from tests.integration.cache.conftest import anthropic_route
 from tests.support.servers import ServerThread
 
-ROOT = Path(__file__).resolve().parents[3]
 MESSAGES: list[MessageParam] = [{"role": "user", "content": "hello there gateway"}]
 TEXT = "echo(up): hello there gateway"
-
-
-def default_route(semantic: bool = False) -> dict[str, Any]:
-    """The default config's Messages route, in memory; exact cache only unless asked (the
-    semantic stage needs the embedder: tests/semantic/test_gateway_anthropic.py)."""
-    cfg = yaml.safe_load((ROOT / "config" / "latentgate.yaml").read_text())
-    route = next(r for r in cfg["routes"] if r["protocol"] == "anthropic")
-    route = copy.deepcopy(route)
-    if not semantic:
-        route["cache"].pop("semantic")
-    route["cache"]["exact"]["tiers"] = ["memory"]
-    return dict(route)
 
 
 @pytest.fixture
 def gw(upstream: ServerThread, start_gateway: Callable[..., ServerThread]) -> ServerThread:
     cfg = base_config(upstream.url)
-    cfg["routes"].insert(0, default_route())
+    cfg["routes"].insert(0, anthropic_route())
     return start_gateway(cfg)
 
 
@@ -187,3 +173,37 @@ def test_cache_control_no_cache_skips_the_entry(upstream: ServerThread, gw: Serv
     _, x = create(c, extra_headers={"Cache-Control": "no-cache"})
     assert x == "bypass"
     assert upstream_calls(upstream) == 2
+
+
+async def test_identical_concurrent_streams_make_one_upstream_call(
+    upstream: ServerThread, gw: ServerThread
+) -> None:
+    c = anthropic.AsyncAnthropic(base_url=gw.url, api_key="sk-ant-alice", max_retries=0)
+
+    async def one() -> tuple[str, str]:
+        async with c.messages.stream(
+            model="claude-test",
+            max_tokens=64,
+            messages=MESSAGES,
+            extra_headers={"X-Test-Event-Delay": "0.02"},  # slow enough for all to overlap
+        ) as s:
+            text = "".join([t async for t in s.text_stream])
+            return text, s.response.headers.get("X-Cache", "")
+
+    results = await asyncio.gather(*(one() for _ in range(6)))
+    await c.close()
+    assert {text for text, _ in results} == {TEXT}
+    assert {x for _, x in results} == {"miss"}  # the leader streamed live, waiters got its entry
+    assert upstream_calls(upstream) == 1
+
+
+def test_upstream_errors_pass_verbatim_and_are_not_stored(
+    upstream: ServerThread, gw: ServerThread
+) -> None:
+    failing = client(gw.url).with_options(default_headers={"X-Test-Status": "529"})
+    for _ in range(2):
+        with pytest.raises(anthropic.APIStatusError) as info:
+            failing.messages.create(model="claude-test", max_tokens=64, messages=MESSAGES)
+        assert info.value.status_code == 529
+    assert create(client(gw.url))[1] == "miss"
+    assert upstream_calls(upstream) == 3
