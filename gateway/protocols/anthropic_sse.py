@@ -62,9 +62,13 @@ def _apply_delta(block: dict[str, Any], delta: dict[str, Any], json_buf: list[st
 def events_to_body(events: list[bytes], kind: str = "messages") -> bytes | None:
     """The single `message` equivalent to a finished stream, or None when it cannot be built."""
     try:
-        payloads = [p for p in (_payload(e) for e in events) if p is not None]
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
+        return _build(events)
+    except (ValueError, TypeError, AttributeError, IndexError, KeyError):
+        return None  # a stream shaped otherwise than the API's: replayed only as it came
+
+
+def _build(events: list[bytes]) -> bytes | None:
+    payloads = [p for p in (_payload(e) for e in events) if p is not None]
     message: dict[str, Any] | None = None
     json_bufs: dict[int, list[str]] = {}
     for p in payloads:
@@ -92,10 +96,7 @@ def events_to_body(events: list[bytes], kind: str = "messages") -> bytes | None:
         return None
     for index, parts in json_bufs.items():
         raw = "".join(parts)
-        try:
-            message["content"][index]["input"] = json.loads(raw) if raw else {}
-        except json.JSONDecodeError:
-            return None
+        message["content"][index]["input"] = json.loads(raw) if raw else {}
     return json.dumps(message).encode()
 
 
@@ -133,7 +134,7 @@ def body_to_events(
     """The stream equivalent to a stored `message` (ending in message_stop), or None."""
     try:
         doc = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError both
         return None
     if not isinstance(doc, dict) or doc.get("type") != "message":
         return None

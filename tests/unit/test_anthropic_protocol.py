@@ -193,3 +193,8 @@ def test_unconvertible_bodies_are_refused() -> None:
     assert anthropic_sse.body_to_events(b"not json") is None
     assert anthropic_sse.body_to_events(b'{"type": "error"}') is None
     assert anthropic_sse.events_to_body([b"data: {broken"]) is None
+    start = b'data: {"type": "message_start", "message": {"type": "message", "content": []}}'
+    odd = b'data: {"type": "content_block_delta", "index": "0", "delta": {"type": "text_delta"}}'
+    assert anthropic_sse.events_to_body([start, odd]) is None
+    # a content block given as text: not a message the SDK could read
+    assert anthropic_sse.body_to_events(b'{"type": "message", "content": ["x"]}') is None
