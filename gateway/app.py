@@ -23,6 +23,7 @@ from gateway.config import RouteSettings, Settings
 from gateway.metrics import Metrics
 from gateway.middleware import listener_roles
 from gateway.pipeline import Pipeline
+from gateway.protocols.anthropic import AnthropicAdapter
 from gateway.protocols.base import Adapter
 from gateway.protocols.openai import OpenAIAdapter
 from gateway.protocols.passthrough import PassthroughAdapter
@@ -35,6 +36,8 @@ from gateway.tracing import build_tracing
 def build_adapter(route: RouteSettings) -> Adapter:
     if route.protocol == "openai":
         return OpenAIAdapter(frozenset(route.cache.exact.key.ignore_fields))
+    if route.protocol == "anthropic":
+        return AnthropicAdapter(frozenset(route.cache.exact.key.ignore_fields))
     if route.protocol == "v2":
         return V2Adapter(route.cache.semantic.field)
     return PassthroughAdapter()

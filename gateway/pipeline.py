@@ -47,7 +47,7 @@ from gateway.errors import (
 )
 from gateway.headers import upstream_headers
 from gateway.metrics import Metrics
-from gateway.protocols.base import Call
+from gateway.protocols.base import KEYED_HEADERS, Call
 from gateway.render import framing_of
 from gateway.routing import Route, Router
 from gateway.runtime import Runtime
@@ -232,7 +232,8 @@ class Pipeline:
         return await responses.fresh(request, result, timing, self._count_cut)
 
     def _alias(self, request: web.Request, flow: CacheFlow, body: bytes) -> AliasKey:
-        tenant = tenant_of(request.headers, flow.rc.tenant_headers)
+        # with the headers an adapter keys on (same bytes, other anthropic-version: another key)
+        tenant = tenant_of(request.headers, (*flow.rc.tenant_headers, *KEYED_HEADERS))
         return (
             flow.route,
             request.method,

@@ -13,9 +13,9 @@ from typing import cast
 from cache import CacheEntry
 from gateway.protocols import openai_sse
 from gateway.protocols.base import Call
+from gateway.protocols.stream_codecs import completion_check, convertible
 
 SSE = "text/event-stream"
-_CONVERTIBLE = frozenset({"chat", "completions"})
 
 Rendered = tuple[bytes, list[tuple[str, str]]]
 
@@ -33,6 +33,7 @@ class Framing:
 
     stream: bool = False
     include_usage: bool = False
+    kind: str = ""  # the call's kind: which stream codec says a recorded stream completed
 
     def serves(self, entry: CacheEntry) -> bool:
         return rendered(entry, self) is not None
@@ -41,11 +42,11 @@ class Framing:
         if SSE not in content_type:
             return data
         events = openai_sse.split_events(data)
-        return events if openai_sse.completed(events) else None
+        return events if completion_check(self.kind).completed(events) else None
 
 
 def framing_of(call: Call) -> Framing:
-    return Framing(call.stream, bool(call.extra.get("include_usage")))
+    return Framing(call.stream, bool(call.extra.get("include_usage")), call.kind)
 
 
 def rendered(entry: CacheEntry, framing: Framing) -> Rendered | None:
@@ -60,16 +61,17 @@ def _render(entry: CacheEntry, stream: bool, include_usage: bool) -> Rendered | 
     """Body and headers of the entry in the call's framing (computed once per entry and framing)."""
     body: bytes | None
     ctype: str | None = None
+    codec = convertible(entry.kind)  # per kind: openai_sse for chat/completions, anthropic_sse
     if entry.events is not None:
-        if stream or entry.kind not in _CONVERTIBLE:
+        if stream or codec is None:
             body = openai_sse.join_events(entry.events)
         else:
-            body, ctype = openai_sse.events_to_body(entry.events, entry.kind), "application/json"
+            body, ctype = codec.events_to_body(entry.events, entry.kind), "application/json"
     else:
         body = entry.body
-        if stream and entry.kind in _CONVERTIBLE and "json" in _content_type(entry):
+        if stream and codec is not None and "json" in _content_type(entry):
             assert entry.body is not None
-            events = openai_sse.body_to_events(entry.body, entry.kind, include_usage)
+            events = codec.body_to_events(entry.body, entry.kind, include_usage)
             body, ctype = (openai_sse.join_events(events) if events else None), SSE
     if body is None:
         return None

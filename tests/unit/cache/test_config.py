@@ -26,6 +26,7 @@ async def test_default_config_memory_only_without_redis_url() -> None:
         "openai-embeddings",
         "local-embeddings",
         "local-v2",
+        "anthropic-messages",
     }
     await close_backends(state)
 
