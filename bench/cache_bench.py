@@ -98,24 +98,6 @@ http {{
 }}
 """
 
-FLOOR = """
-import json, sys
-import uvloop
-from aiohttp import web
-ANSWER = %r.encode()
-STORE: dict[bytes, bytes] = {}
-async def handle(request):
-    body = await request.read()
-    hit = STORE.get(body)
-    if hit is None:
-        hit = STORE[body] = ANSWER
-    return web.Response(body=hit, content_type="application/json")
-app = web.Application()
-app.router.add_post("/v1/chat/completions", handle)
-uvloop.install()
-web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
-"""
-
 
 def post(url: str) -> tuple[int, dict[str, str], bytes]:
     req = urllib.request.Request(url + PATH, data=BODY_BYTES, headers=HEADERS, method="POST")
@@ -229,7 +211,6 @@ def main() -> int:
     head = f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(BODY_BYTES)}\r\n"
     head += "".join(f"{k}: {v}\r\n" for k, v in HEADERS.items()) + "\r\n"
     req_file.write_bytes(head.encode() + BODY_BYTES)
-    (tmp / "floor.py").write_text(FLOOR % FIXED)
     py = sys.executable
     results: dict[str, dict[str, Any]] = {}
     steady_targets = {"floor", "nginx-cache", "gw-l1-w1", "gw-l2-w1"}
@@ -246,7 +227,7 @@ def main() -> int:
         )
         nginx = stack.enter_context(process(["nginx", "-c", str(tmp / "nginx.conf")], cache_port))
         floor = stack.enter_context(
-            process([py, str(tmp / "floor.py"), str(floor_port)], floor_port)
+            process([py, str(ROOT / "bench" / "dict_floor.py"), str(floor_port), FIXED], floor_port)
         )
         redis = RedisServer().start()
         stack.callback(redis.stop)

@@ -168,6 +168,64 @@ def start_nginx_proxy(tmp: Path, upstream: int) -> Target:
     return Target("nginx keep-alive proxy", port, proc, tmp / "proxy-error.log")
 
 
+def start_nginx_post_cache(tmp: Path, upstream: int) -> Target:
+    """nginx proxy_cache for POST, keyed on method, URI and body: nginx's exact-hit floor."""
+    port = free_port()
+    (tmp / "cache").mkdir(exist_ok=True)
+    conf = _nginx_conf(
+        tmp,
+        "postcache",
+        f"""  proxy_cache_path {tmp}/cache levels=1:2 keys_zone=lg:10m max_size=100m inactive=60m
+                   use_temp_path=off;
+  upstream up {{ server 127.0.0.1:{upstream}; keepalive 64; }}
+  server {{
+    listen 127.0.0.1:{port};
+    client_body_buffer_size 64k;
+    location / {{
+      proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection "";
+      proxy_cache lg; proxy_cache_methods POST;
+      proxy_cache_key "$request_method|$request_uri|$request_body";
+      proxy_cache_valid 200 10m; proxy_cache_lock on;
+      add_header X-Cache-Status $upstream_cache_status;
+    }}
+  }}""",
+    )
+    proc = _spawn(
+        ["nginx", "-p", str(tmp), "-e", f"{tmp}/postcache-error.log", "-c", str(conf)],
+        tmp / "postcache.log",
+    )
+    wait_port(port, 10, proc)
+    return Target("nginx POST cache hit", port, proc, tmp / "postcache-error.log")
+
+
+def start_dict_floor(tmp: Path) -> Target:
+    """bench/dict_floor.py answering the upstream's chat body from a dict: Python's hit floor."""
+    port = free_port()
+    log = tmp / "dict.log"
+    answer = json.dumps(CHAT, separators=(",", ":"))
+    proc = _spawn([sys.executable, str(ROOT / "bench" / "dict_floor.py"), str(port), answer], log)
+    wait_port(port, 30, proc)
+    return Target("aiohttp+uvloop dict lookup", port, proc, log)
+
+
+def start_latentgate_default(tmp: Path, upstream: int) -> Target:
+    """latentgate on the unchanged default config (config/latentgate.yaml), one worker."""
+    port, admin = free_port(), free_port()
+    log = tmp / "latentgate-default.log"
+    env = {
+        "LATENTGATE_UPSTREAM": f"http://127.0.0.1:{upstream}",
+        "LATENTGATE_PORT": str(port),
+        "LATENTGATE_ADMIN_PORT": str(admin),
+        "LATENTGATE_REDIS_URL": "",
+    }
+    config = str(ROOT / "config" / "latentgate.yaml")
+    proc = _spawn(
+        [sys.executable, "-m", "gateway", "serve", "--config", config, "--workers", "1"], log, env
+    )
+    wait_port(port, 120, proc)
+    return Target("latentgate (default config, 1 worker)", port, proc, log)
+
+
 def start_bare(tmp: Path, upstream: int) -> Target:
     port = free_port()
     log = tmp / "bare.log"

@@ -36,7 +36,17 @@ PATH = "/v1/chat/completions"
 LUA = Path(__file__).with_name("post.lua")
 
 
-def wrk(port: int, conns: int, seconds: float) -> dict[str, float]:
+def wrk(
+    port: int,
+    conns: int,
+    seconds: float,
+    *,
+    body: str = BODY,
+    header: str = "",
+    unique: bool = False,
+) -> dict[str, float]:
+    """wrk -t1 POSTing `body` (or, with `unique`, a new deterministic chat question each time)
+    with an optional extra `header` ("Name: value")."""
     out = subprocess.run(
         [
             "wrk",
@@ -52,9 +62,16 @@ def wrk(port: int, conns: int, seconds: float) -> dict[str, float]:
         capture_output=True,
         text=True,
         check=True,
-        env={**os.environ, "BENCH_BODY": BODY, "BENCH_AUTH": peers.MASTER_KEY},
+        env={
+            **os.environ,
+            "BENCH_BODY": body,
+            "BENCH_AUTH": peers.MASTER_KEY,
+            "BENCH_HEADER": header,
+            "BENCH_UNIQUE": "1" if unique else "",
+        },
     ).stdout
     line = next(x for x in out.splitlines() if x.startswith("RESULT "))
+    hits = next((int(x.split()[1]) for x in out.splitlines() if x.startswith("HITS ")), 0)
     n, dur_us, p50, p95, p99, status_err, sock_err = line.split()[1:]
     return {
         "rps": int(n) / (int(dur_us) / 1e6),
@@ -63,6 +80,7 @@ def wrk(port: int, conns: int, seconds: float) -> dict[str, float]:
         "p95_ms": float(p95) / 1000,
         "p99_ms": float(p99) / 1000,
         "errors": int(status_err) + int(sock_err),
+        "hits": hits,
     }
 
 
