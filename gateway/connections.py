@@ -14,6 +14,7 @@ from collections import Counter as Tally
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -122,16 +123,25 @@ class GuardedServer(Server):
 
 
 class GuardedAppRunner(web.AppRunner):
-    """AppRunner whose connection manager is a GuardedServer."""
+    """AppRunner whose connection manager is a GuardedServer (with `handler` instead of the
+    app's own, when given)."""
 
-    def __init__(self, app: web.Application, *, guard: ConnectionGuard, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        guard: ConnectionGuard,
+        handler: Handler | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(app, **kwargs)
         self._guard = guard
+        self._handler = handler
 
     async def _make_server(self) -> Server:
         plain = await super()._make_server()
         return GuardedServer(
-            plain.request_handler,
+            self._handler or plain.request_handler,
             request_factory=plain.request_factory,
             handler_cancellation=plain.handler_cancellation,
             loop=plain._loop,

@@ -14,6 +14,7 @@ import sys
 from gateway.app import build_app
 from gateway.config import Settings
 from gateway.connections import ConnectionGuard, GuardedAppRunner
+from gateway.dispatch import model_traffic_handler
 from gateway.listeners import bind_unix, make_sites
 from gateway.middleware.listener_roles import ROLES
 from gateway.reload import RELOADER
@@ -43,6 +44,7 @@ async def serve(
     runner = GuardedAppRunner(
         app,
         guard=ConnectionGuard(limits, state.metrics.registry),
+        handler=model_traffic_handler(app),
         max_headers=limits.max_headers,
         handle_signals=False,
         access_log=logging.getLogger("latentgate.access") if settings.logging.access_log else None,

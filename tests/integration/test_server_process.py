@@ -196,3 +196,40 @@ def _listening(port: int, pids: list[int]) -> dict[int, int]:
             if link.startswith("socket:[") and int(link[8:-1]) in inodes:
                 owners[int(link[8:-1])] = pid
     return owners
+
+
+async def test_served_process_routes_model_admin_probe_and_expect_requests_as_the_router_does(
+    upstream: ServerThread, procs: list[GatewayProcess]
+) -> None:
+    """The server hands model traffic straight to the pipeline (gateway/dispatch.py); what the
+    router used to decide must not change: probes and the admin API, a non-GET probe path going
+    to the routes, and `Expect: 100-continue` answered before the body is sent."""
+    gw = GatewayProcess(base_config(upstream.url, admin={"token": "t0ken-0123456789abcdef"}))
+    procs.append(gw.start())
+    async with aiohttp.ClientSession() as s:
+        async with s.post(gw.url + "/v1/chat/completions", json=CHAT) as r:
+            assert r.status == 200
+            assert "total;dur=" in r.headers["Server-Timing"]
+        async with s.get(gw.url + "/healthz") as r:
+            assert r.status == 200
+        async with s.post(gw.url + "/healthz", data=b"{}") as r:
+            # no probe for POST: the default route passed it upstream (the pipeline's header)
+            assert "Server-Timing" in r.headers
+        async with s.get(gw.url + "/admin/config") as r:
+            assert r.status == 401  # the admin API, behind its token
+        async with s.get(gw.url + "/metrics") as r:
+            text = await r.text()
+        assert 'latentgate_requests_total{backend="upstream",route="chat",status="200"} 1.0' in text
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    body = json.dumps(CHAT).encode()
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    await writer.drain()
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 100 Continue")
+    writer.write(body)
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    writer.close()

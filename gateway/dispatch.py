@@ -1,0 +1,40 @@
+"""The handler the server runs: model traffic goes straight to the pipeline; the admin API, the
+probes and anything unusual go through aiohttp's router and middlewares as before.
+
+Every path but /admin/* and the probes can only match the catch-all route, so resolving it
+through the router, the middleware chain and the listener split cost about a tenth of a cache
+hit's CPU for nothing. The fast path serves exactly the requests the router would have handed
+to `Pipeline.handle`; a request it is not sure about takes the full way.
+
+The fast path sets no `request.match_info` (nor `request.app`): the pipeline uses neither.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from gateway.middleware.listener_roles import PROBES, ROLES, split_admin
+from gateway.state import STATE
+
+
+def model_traffic_handler(app: web.Application) -> Handler:
+    """app._handle with a shortcut to the pipeline for model traffic."""
+    full: Handler = app._handle
+    pipeline = app[STATE].pipeline
+    roles = app[ROLES]
+    split = split_admin in app.middlewares
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        path = request.path
+        if (
+            path in PROBES
+            or path.startswith("/admin")
+            # aiohttp answers `Expect: 100-continue` in the router's path
+            or "Expect" in request.headers
+            or (split and roles.on_admin(request))
+        ):
+            return await full(request)
+        return await pipeline.handle(request)
+
+    return handle
