@@ -144,8 +144,20 @@ class CacheFlow:
         entry = self.rc.lookup_l1(key, _DEFAULT)
         return None if entry is None else (entry, framing)
 
+    async def bypass(self, clock: Clock, compute_stage: str, compute: Compute) -> Fresh:
+        """A call that may neither be looked up nor stored (no-store): straight to the backend.
+        No key is needed, so the gateway builds none (the cost of a pass-through)."""
+        t = time.perf_counter()
+        self.rc.bypass()
+        t = clock.add("cache", t)
+        up = await compute()
+        clock.add(compute_stage, t)
+        return Fresh(up, "bypass")
+
     async def run(self, ask: Ask, compute: Compute) -> Result:
         d = ask.directives
+        if not d.lookup and not d.store:
+            return await self.bypass(ask.clock, ask.compute_stage, compute)
         t = time.perf_counter()
         if d.lookup:
             entry = self.rc.lookup_l1(ask.key, d)

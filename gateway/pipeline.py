@@ -211,17 +211,22 @@ class Pipeline:
         upstream_request: Callable[[], UpstreamRequest],
     ) -> web.StreamResponse:
         headers = request.headers
+        directives = request_directives(headers.get("Cache-Control"), headers.get("Pragma"))
+        stage = self.backends[route.backend].timing_stage
+        if not directives.lookup and not directives.store:  # no-store: no key, no alias
+            fresh = await flow.bypass(timing, stage, lambda: self._send(route, upstream_request()))
+            return await responses.fresh(request, fresh, timing, self._count_cut)
         framing = framing_of(call)
         key = flow.key(call.model, call.key_fields, headers)
         flow.aliases.remember(self._alias(request, flow, body), key, framing)
         ask = Ask(
             key=key,
-            directives=request_directives(headers.get("Cache-Control"), headers.get("Pragma")),
+            directives=directives,
             call=call,
             kind=call.kind,
             answers=framing,
             clock=timing,
-            compute_stage=self.backends[route.backend].timing_stage,
+            compute_stage=stage,
         )
         try:
             result = await flow.run(ask, lambda: self._send(route, upstream_request()))

@@ -70,6 +70,8 @@ async def test_tenant_a_never_hits_tenant_b(upstream: ServerThread, gw: ServerTh
 async def test_request_cache_control(upstream: ServerThread, gw: ServerThread) -> None:
     _, h, _ = await _post(gw.url, headers={"Cache-Control": "no-store"})
     assert h["X-Cache"] == "bypass"
+    stages = [part.split(";")[0] for part in h["Server-Timing"].split(", ")]
+    assert stages == ["parse", "cache", "upstream", "total"]
     _, h, _ = await _post(gw.url)
     assert h["X-Cache"] == "miss"  # no-store did not store
     _, h, _ = await _post(gw.url, headers={"Cache-Control": "no-cache"})
