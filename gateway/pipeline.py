@@ -293,14 +293,14 @@ class Pipeline:
             raise GatewayError(f"local engine {route.backend} failed: {exc}") from None
 
     async def _read_body(self, request: web.Request) -> bytes:
-        if request.content.is_eof():
-            # The whole body came with the headers (the usual small POST): nothing to wait for.
-            try:
-                return await request.read()
-            except web.HTTPRequestEntityTooLarge:
-                raise PayloadTooLarge(
-                    f"request body exceeds {self.limits.max_body_bytes} bytes"
-                ) from None
+        content = request.content
+        if content.is_eof():
+            # The whole body came with the headers (the usual small POST): nothing to wait for,
+            # so it is taken as it lies in the buffer (no read loop, no copy through a bytearray).
+            body = content.read_nowait()
+            if len(body) > self.limits.max_body_bytes:
+                raise PayloadTooLarge(f"request body exceeds {self.limits.max_body_bytes} bytes")
+            return body
         try:
             async with asyncio.timeout(self.limits.body_read_timeout_s):
                 return await request.read()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 
@@ -122,6 +123,21 @@ async def test_oversize_is_413(upstream: ServerThread, start_gateway) -> None:
     ):
         assert r.status == 413
         assert "exceeds" in (await r.json())["error"]["message"]
+
+
+async def test_oversize_chunked_body_is_413(upstream: ServerThread, start_gateway) -> None:
+    """No Content-Length to refuse early: the size is checked on the body as it arrived."""
+    gw = start_gateway(base_config(upstream.url, limits={"max_body_bytes": 1000}))
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    chunk = b"x" * 1500
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk)
+    )
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 413")
 
 
 async def test_slow_upstream_504_unreachable_502(upstream: ServerThread, start_gateway) -> None:
