@@ -13,14 +13,23 @@ from backends.errors import (
     UpstreamTimeout,
 )
 from backends.factory import build_backends, preflight
+from backends.local.engine import V2_NUMERIC
+from backends.remote.metrics import RemoteMetrics
+from backends.settings import BackendSettings, BatcherSettings, RoutePolicy, SessionOptions
 
 __all__ = [
+    "V2_NUMERIC",
     "Backend",
     "BackendError",
+    "BackendSettings",
     "BadInput",
+    "BatcherSettings",
     "EngineError",
     "ModelNotFound",
     "Overloaded",
+    "RemoteMetrics",
+    "RoutePolicy",
+    "SessionOptions",
     "UpstreamConnectError",
     "UpstreamError",
     "UpstreamProtocolError",

@@ -7,17 +7,19 @@ from typing import Any
 
 from aiohttp import web
 
-from backends import Backend, build_backends
-from backends.local.shared import EngineShare
-from backends.remote.metrics import RemoteMetrics
-from backends.settings import BackendSettings
-from cache.cache import Cache
-from cache.codec import CacheEntry
-from cache.flow import CacheFlow, Flows
-from cache.semantic.off import NoSemantic
-from cache.semantic.route import SemanticRoute
-from cache.semantic.setup import build_semantic, semantic_routes
-from cache.singleflight import SingleFlight
+from backends import Backend, BackendSettings, RemoteMetrics, build_backends
+from backends.local import EngineShare
+from cache import (
+    Cache,
+    CacheEntry,
+    CacheFlow,
+    Flows,
+    NoSemantic,
+    SemanticRoute,
+    SingleFlight,
+    build_semantic,
+    semantic_routes,
+)
 from gateway import admin, admin_semantic, reload
 from gateway.config import RouteSettings, Settings
 from gateway.metrics import Metrics
@@ -54,7 +56,7 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
 
     def engine_metrics() -> Any:
         if not local_metrics:
-            from backends.local.metrics import LocalMetrics
+            from backends.local import LocalMetrics
 
             local_metrics.append(LocalMetrics(metrics.registry))
         return local_metrics[0]

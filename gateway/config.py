@@ -17,8 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from backends.settings import BackendSettings, RoutePolicy
-from cache.settings import CachePolicy, CacheSettings
+from backends import BackendSettings, RoutePolicy
+from cache import CachePolicy, CacheSettings
 
 
 class _Frozen(BaseModel):

@@ -27,11 +27,16 @@ from backends import (
     UpstreamResponse,
     UpstreamTimeout,
 )
-from cache.alias import MAX_BODY as ALIAS_MAX_BODY
-from cache.alias import AliasKey
-from cache.flow import Ask, CacheFlow, Flows, Hit
-from cache.keys import tenant_of
-from cache.policy import request_directives
+from cache import (
+    ALIAS_MAX_BODY,
+    AliasKey,
+    Ask,
+    CacheFlow,
+    Flows,
+    Hit,
+    request_directives,
+    tenant_of,
+)
 from gateway import responses
 from gateway.config import LimitSettings
 from gateway.errors import (

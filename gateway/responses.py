@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from backends import UpstreamError, UpstreamResponse
-from cache.flow import Fresh, Hit, Recording
+from cache import Fresh, Hit, Recording
 from gateway.errors import GatewayError, error_body
 from gateway.headers import downstream_headers
 from gateway.render import Framing, rendered
