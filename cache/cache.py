@@ -143,6 +143,8 @@ class RouteCache:
         self.tiers = tiers
         self.keys = KeyBuilder(route, policy.key.tenant_headers)
         self.tenant_headers = tuple(policy.key.tenant_headers)
+        # a response may Vary on these and still be stored: the key holds them
+        self.vary_ok = frozenset(h.lower() for h in self.tenant_headers)
         self.max_entry_bytes = policy.max_entry_bytes
         self.policy_version = hashlib.blake2b(
             policy.model_dump_json().encode(), digest_size=4
@@ -157,6 +159,10 @@ class RouteCache:
         self, model: str | None, key_fields: Any, headers: Mapping[str, str] | None
     ) -> CacheKey:
         return self.keys.build(model, key_fields, headers)
+
+    def not_stored(self, reason: str) -> None:
+        """A 2xx answer the upstream's headers kept out of the cache (counted by reason)."""
+        self.cache.metrics.stores.labels("all", reason).inc()
 
     def bypass(self) -> None:
         self._counts["bypasses"] += 1
@@ -198,6 +204,7 @@ class RouteCache:
         events: list[bytes] | None = None,
         model: str | None = None,
         kind: str = "",
+        ttl: float | None = None,
     ) -> CacheEntry:
         return CacheEntry(
             status=status,
@@ -205,7 +212,7 @@ class RouteCache:
             body=body,
             events=events,
             created_at=time.time(),
-            ttl=self.policy.ttl,
+            ttl=self.policy.ttl if ttl is None or ttl <= 0 else ttl,
             model=model,
             policy_version=self.policy_version,
             kind=kind,

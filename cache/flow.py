@@ -26,7 +26,7 @@ from cache.alias import AliasKey, AliasMap
 from cache.cache import Claim, RouteCache
 from cache.codec import CacheEntry
 from cache.keys import CacheKey
-from cache.policy import RequestDirectives, response_shareable, response_storable
+from cache.policy import RequestDirectives, response_shareable, storable_ttl
 from cache.semantic.off import NoSemantic
 from cache.semantic.route import CallLike, SemanticRoute
 from cache.semantic.stage import SemanticHit
@@ -109,6 +109,7 @@ class Fresh:
     response: UpstreamResponse
     x_cache: str
     recording: Recording | None = None
+    reason: str = ""  # why a bypass did not use the cache (sampled, no-store, no-cache)
 
 
 Result = Hit | Fresh
@@ -146,6 +147,11 @@ class CacheFlow:
 
     async def run(self, ask: Ask, compute: Compute) -> Result:
         d = ask.directives
+        if self.rc.policy.only_deterministic and not ask.call.deterministic:
+            # A sampled call's answer is one draw: replaying it would change what the client
+            # gets. Not looked up, not stored, not coalesced (each caller gets its own draw).
+            self.rc.bypass()
+            return Fresh(await self._compute(ask, compute), "bypass", reason="sampled")
         t = time.perf_counter()
         if d.lookup:
             entry = self.rc.lookup_l1(ask.key, d)
@@ -164,7 +170,7 @@ class CacheFlow:
             if hit is not None:
                 return hit
         if not d.store:
-            return Fresh(await self._compute(ask, compute), "bypass")
+            return Fresh(await self._compute(ask, compute), "bypass", reason="no-store")
         return await self._coalesced(ask, compute, "miss" if d.lookup else "bypass", vector)
 
     async def _semantic(self, ask: Ask, t: float) -> tuple[Hit | None, np.ndarray | None]:
@@ -245,20 +251,26 @@ class CacheFlow:
             if claim is not None:
                 await claim.release()
             raise
-        storable = ask.directives.store and response_storable(up.status, up.headers)
+        ttl, why = storable_ttl(up.status, up.headers, self.rc.policy.ttl, self.rc.vary_ok)
+        if why and 200 <= up.status < 300:
+            self.rc.not_stored(why)
+        storable = ask.directives.store and ttl > 0
         shareable = response_shareable(up.status, up.headers)
         kept = kept_headers(up.headers)
+        reason = "" if ask.directives.lookup else "no-cache"
         if up.body is not None or up.stream is None:
             entry = self.rc.entry(
-                up.status, kept, body=up.body or b"", model=ask.call.model, kind=ask.kind
+                up.status, kept, body=up.body or b"", model=ask.call.model, kind=ask.kind, ttl=ttl
             )
             _settle(lead, entry if shareable else None)
             if storable:
                 await self._store(ask, entry, vector)
             await claim.release()
-            return Fresh(up, x_cache)
-        recording = Recording(self, ask, up, kept, storable, shareable, vector, lead, claim)
-        return Fresh(up, x_cache, recording)
+            return Fresh(up, x_cache, reason=reason)
+        recording = Recording(
+            self, ask, up, kept, ttl if storable else 0.0, shareable, vector, lead, claim
+        )
+        return Fresh(up, x_cache, recording, reason)
 
     async def _compute(self, ask: Ask, compute: Compute) -> UpstreamResponse:
         t = time.perf_counter()
@@ -270,7 +282,7 @@ class CacheFlow:
         await self.rc.store(ask.key, entry)
         try:
             await self.semantic.remember(
-                ask.call, ask.key.tenant_h, ask.key.value, self.rc.policy.ttl, vector
+                ask.call, ask.key.tenant_h, ask.key.value, entry.ttl, vector
             )
         except Exception:  # the cache boundary: the response still goes out
             log.exception("semantic store failed on route %s", self.route)
@@ -289,7 +301,7 @@ class Recording:
         ask: Ask,
         up: UpstreamResponse,
         kept: list[tuple[str, str]],
-        storable: bool,
+        ttl: float,
         shareable: bool,
         vector: np.ndarray | None,
         lead: Lead[CacheEntry | None] | None,
@@ -299,12 +311,13 @@ class Recording:
         self._ask = ask
         self._up = up
         self._kept = kept
-        self._storable = storable
+        self._ttl = ttl
+        self._storable = ttl > 0
         self._shareable = shareable
         self._vector = vector
         self._lead = lead
         self._claim = claim
-        self._copy: bytearray | None = bytearray() if storable or shareable else None
+        self._copy: bytearray | None = bytearray() if self._storable or shareable else None
         self._ended = False  # the upstream stream reached its end (not cut, not abandoned)
 
     @property
@@ -355,11 +368,14 @@ class Recording:
         if sealed is None:
             return None
         rc = self._flow.rc
+        ttl = self._ttl or rc.policy.ttl  # (an entry not stored still goes to waiters)
         if isinstance(sealed, list):
             return rc.entry(
-                up.status, self._kept, events=sealed, model=ask.call.model, kind=ask.kind
+                up.status, self._kept, events=sealed, model=ask.call.model, kind=ask.kind, ttl=ttl
             )
-        return rc.entry(up.status, self._kept, body=sealed, model=ask.call.model, kind=ask.kind)
+        return rc.entry(
+            up.status, self._kept, body=sealed, model=ask.call.model, kind=ask.kind, ttl=ttl
+        )
 
 
 def kept_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -24,6 +24,9 @@ class ExactPolicy(_Frozen):
     tiers: list[Literal["memory", "redis"]] = ["memory", "redis"]
     max_entry_bytes: int = Field(1 << 20, ge=1)
     key: KeySettings = KeySettings()
+    # Only calls whose answer the request determines (temperature 0 or a seed, embeddings, v2
+    # infer) are answered from the cache; false also caches sampled calls (replays one sample).
+    only_deterministic: bool = True
     # Identical concurrent misses share one backend call; a waiter gives up after coalesce_wait_s.
     coalesce: bool = True
     coalesce_wait_s: float = Field(30.0, gt=0)

@@ -192,6 +192,7 @@ class Pipeline:
                     proto=request.scheme,
                     host=request.host,
                     keep_length=not isinstance(body, bytes),
+                    identity=flow is not None,
                 ),
                 body=body
                 if (isinstance(body, bytes) and body) or not isinstance(body, bytes)

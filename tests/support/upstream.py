@@ -150,6 +150,11 @@ async def chat(request: web.Request) -> web.StreamResponse:
                     "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
                 }
             )
+            if (body.get("stream_options") or {}).get("include_usage"):
+                # as OpenAI does: one last chunk with no choices and the call's usage
+                n = len(words)
+                usage = {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": 3 + n}
+                chunks.append({**chunks[-1], "choices": [], "usage": usage})
             return await _sse(request, chunks)
         out = {
             "id": rid,
