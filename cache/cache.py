@@ -23,6 +23,7 @@ from cache.metrics import CacheMetrics
 from cache.policy import RequestDirectives
 from cache.settings import CacheSettings, ExactPolicy
 from cache.singleflight import SingleFlight
+from cache.tenant import TenantHasher, resolve_secret
 from cache.tiers.layered import LayeredTier
 from cache.tiers.memory import MemoryTier
 from cache.tiers.redis import RedisTier
@@ -35,6 +36,7 @@ class Cache:
     def __init__(self, settings: CacheSettings, registry: CollectorRegistry) -> None:
         self.settings = settings
         self.metrics = CacheMetrics(registry)
+        self.tenants = TenantHasher(resolve_secret(settings.tenant_secret))
         self.memory = MemoryTier(settings.memory.max_bytes, self.metrics)
         redis = settings.redis
         self.redis = RedisTier(redis, self.metrics) if redis is not None and redis.url else None
@@ -70,7 +72,8 @@ class Cache:
     async def purge(
         self, route: str | None = None, model: str | None = None, tenant: str | None = None
     ) -> dict[str, object]:
-        selector = Selector.of(route, model, tenant)
+        # tenant: an identity string (cache.tenant.tenant_of), hashed as this cache's keys are
+        selector = Selector.of(route, model, tenant, self.tenants)
         out: dict[str, object] = {"memory": await self.memory.purge(selector)}
         for listener in self.purge_listeners:
             out.setdefault("semantic", await listener(selector))
@@ -118,7 +121,7 @@ class RouteCache:
         self.route = route
         self.policy = policy
         self.tiers = tiers
-        self.keys = KeyBuilder(route, policy.key.tenant_headers)
+        self.keys = KeyBuilder(route, policy.key.tenant_headers, cache.tenants)
         self.tenant_headers = tuple(policy.key.tenant_headers)
         self.max_entry_bytes = policy.max_entry_bytes
         self.policy_version = hashlib.blake2b(

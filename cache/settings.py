@@ -14,7 +14,9 @@ class _Frozen(BaseModel):
 class KeySettings(_Frozen):
     """What goes into an exact key beyond the protocol's canonical fields."""
 
-    tenant_headers: list[str] = ["Authorization"]
+    # Extra credential headers (e.g. X-Tenant) on top of the built-in set that always partitions
+    # the cache: Authorization, api-key, x-api-key, OpenAI-Organization, OpenAI-Project.
+    tenant_headers: list[str] = []
     ignore_fields: list[str] = []
 
 
@@ -117,6 +119,9 @@ class SemanticIndexSettings(_Frozen):
 
 
 class CacheSettings(_Frozen):
+    # Keys tenant hashes (blake2b); None: $LATENTGATE_TENANT_SECRET, else generated at start
+    # (shared by the workers of one server, not by other sidecars: see docs/security.md).
+    tenant_secret: str | None = Field(None, repr=False)
     memory: MemorySettings = MemorySettings()
     redis: RedisSettings | None = None
     semantic: SemanticIndexSettings = SemanticIndexSettings()

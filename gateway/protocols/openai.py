@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,16 @@ _KINDS = {
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
 }
+# Azure OpenAI clients (openai.AzureOpenAI) name the deployment in the path.
+_AZURE = re.compile(r"^/openai/deployments/[^/]+/(chat/completions|completions|embeddings)$")
+
+
+def kind_of(path: str) -> str | None:
+    path = path.rstrip("/")
+    kind = _KINDS.get(path)
+    if kind is None and (m := _AZURE.match(path)) is not None:
+        kind = _KINDS["/v1/" + m.group(1)]
+    return kind
 
 
 def _text_of(content: Any) -> str | None:
@@ -47,7 +58,7 @@ class OpenAIAdapter:
         body: bytes,
         headers: Mapping[str, str] | None = None,
     ) -> Call | None:
-        kind = _KINDS.get(path.rstrip("/"))
+        kind = kind_of(path)
         if kind is None or method != "POST":
             return None
         doc = decode_body(content_type, body)
