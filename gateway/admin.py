@@ -105,7 +105,7 @@ async def admin_cache_purge(request: web.Request) -> web.Response:
         raise NotFound("no cache is configured")
     try:
         doc = json.loads(await request.read() or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # JSON, UTF-8, or an integer out of range
         raise BadRequest("the purge body must be a JSON object") from None
     if not isinstance(doc, dict) or set(doc) - {"route", "model", "tenant", "all"}:
         raise BadRequest("the purge body takes route, model, tenant or all")

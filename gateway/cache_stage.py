@@ -60,7 +60,7 @@ class Outcome:
 # parsing and canonicalisation; bounded in bytes, oldest first out.
 _ALIAS_MAX_BODY = 16 << 10
 _ALIAS_MAX_BYTES = 16 << 20
-AliasKey = tuple[str, str, str, str, bytes, bytes]
+AliasKey = tuple[str, str, str, str, str, bytes, bytes]
 
 
 class CacheStage:
@@ -86,6 +86,9 @@ class CacheStage:
             request.method,
             request.path_qs,
             request.headers.get("Content-Type", ""),
+            # v2's binary extension: the same bytes split elsewhere are another request, and a
+            # bad value must reach the parser's 400 (not a remembered answer)
+            request.headers.get("Inference-Header-Content-Length", ""),
             # hashed: even this in-process map never holds a credential in clear
             hashlib.blake2b(tenant_of(request.headers, rc.tenant_headers).encode()).digest(),
             body,
