@@ -29,6 +29,7 @@ __all__ = [
 # Short hashes only locate entries for purges; the full digest decides identity.
 _SHORT = 8
 _DIGEST = 16
+_LONG_TEXT = 64 << 10
 
 
 def normalise(value: Any) -> Any:
@@ -41,6 +42,11 @@ def normalise(value: Any) -> Any:
         if value.is_integer():
             return int(value)
         return value
+    if isinstance(value, str) and len(value) > _LONG_TEXT:
+        # Megabytes of text would be copied through json.dumps holding the GIL; its digest (which
+        # blake2b computes with the GIL released) identifies it as well.
+        data = value.encode("utf-8", "surrogatepass")
+        return {"\x00str": hashlib.blake2b(data, digest_size=_DIGEST).hexdigest()}
     if isinstance(value, (bytes, bytearray, memoryview)):
         # msgpack's bin type has no JSON twin; a tagged form keeps it apart from any string.
         return {"\x00bin": hashlib.blake2b(bytes(value), digest_size=_DIGEST).hexdigest()}

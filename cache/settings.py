@@ -43,6 +43,10 @@ class SemanticPolicy(_Frozen):
     max_entries: int = Field(100_000, ge=1)
     ttl: float = Field(3600.0, gt=0)
     min_chars: int = Field(8, ge=0)
+    # Longer texts skip the stage (reason "too_long"): the embedder reads 256 tokens (~1,000
+    # characters), so two long prompts sharing a start would look alike; and no request's
+    # tokenising may stall the others.
+    max_chars: int = Field(2048, ge=1)
     field: str | None = None
     # With the verifier on, `threshold` is the cosine floor for candidates and this is the
     # verifier's acceptance score; None = the operating point stored in the trained artifact.

@@ -30,9 +30,9 @@ from gateway.tracing import build_tracing
 
 def build_adapter(route: RouteSettings) -> Adapter:
     if route.protocol == "openai":
-        return OpenAIAdapter(frozenset(route.cache.exact.key.ignore_fields))
+        return OpenAIAdapter(frozenset(route.cache.exact.key.ignore_fields), route.limits.max_items)
     if route.protocol == "v2":
-        return V2Adapter(route.cache.semantic.field)
+        return V2Adapter(route.cache.semantic.field, route.limits.max_items)
     return PassthroughAdapter()
 
 

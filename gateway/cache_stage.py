@@ -7,6 +7,7 @@ stores them once complete. Sets X-Cache and Age. The cache itself never sees an 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -60,6 +61,7 @@ class Outcome:
 # parsing and canonicalisation; bounded in bytes, oldest first out.
 _ALIAS_MAX_BODY = 16 << 10
 _ALIAS_MAX_BYTES = 16 << 20
+_KEY_INLINE = 256 << 10
 AliasKey = tuple[str, str, str, str, str, bytes, bytes]
 
 
@@ -143,7 +145,10 @@ class CacheStage:
         directives = request_directives(
             request.headers.get("Cache-Control"), request.headers.get("Pragma")
         )
-        key = rc.key(call.model, call.key_fields, request.headers)
+        if len(body) > _KEY_INLINE:  # canonical JSON of megabytes: off the event loop
+            key = await asyncio.to_thread(rc.key, call.model, call.key_fields, request.headers)
+        else:
+            key = rc.key(call.model, call.key_fields, request.headers)
         self._remember(request, rc, body, key, call)
         found = None
         if directives.lookup:

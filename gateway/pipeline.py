@@ -6,6 +6,7 @@ Cache stages plug in between parse and dispatch; nothing here talks to Redis or 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -49,6 +50,8 @@ log = logging.getLogger("latentgate.pipeline")
 
 # Passthrough bodies larger than this (or of unknown length) stream through instead of buffering.
 _STREAM_BODY_OVER = 1 << 20
+# Bodies larger than this are parsed (and keyed) in a worker thread.
+_PARSE_INLINE = 256 << 10
 
 
 class Timing:
@@ -170,7 +173,8 @@ class Pipeline:
                 return hit
         call: Call | None = None
         if isinstance(body, bytes) and (route.protocol != "passthrough" or cached):
-            call = route.adapter.parse(
+            parse = functools.partial(
+                route.adapter.parse,
                 request.method,
                 request.path,
                 request.query_string,
@@ -178,6 +182,9 @@ class Pipeline:
                 body,
                 request.headers,
             )
+            # Megabytes of JSON take 100s of ms to decode: off the event loop, so health checks
+            # and cache hits keep being answered meanwhile.
+            call = await asyncio.to_thread(parse) if len(body) > _PARSE_INLINE else parse()
             if len(candidates) > 1:
                 picked = Router.pick_by_model(candidates, call.model if call else None)
                 if picked is None:

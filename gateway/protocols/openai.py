@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, PayloadTooLarge
 from gateway.protocols.base import Call, decode_body
 
 # Fields that change only the framing or the bookkeeping, never the answer.
@@ -46,8 +46,9 @@ def _require(cond: bool, message: str, param: str) -> None:
 class OpenAIAdapter:
     name = "openai"
 
-    def __init__(self, extra_ignored: frozenset[str] = frozenset()) -> None:
+    def __init__(self, extra_ignored: frozenset[str] = frozenset(), max_items: int = 2048) -> None:
         self._ignored = IGNORED_FIELDS | extra_ignored
+        self._max_items = max_items
 
     def parse(
         self,
@@ -87,6 +88,12 @@ class OpenAIAdapter:
             call.deterministic = _deterministic(doc)
         else:
             _require("input" in doc, "'input' is required", "input")
+            items = doc["input"]
+            if isinstance(items, list) and len(items) > self._max_items:
+                raise PayloadTooLarge(
+                    f"'input' has {len(items)} items; this route takes at most {self._max_items}",
+                    param="input",
+                )
             call.deterministic = True
             call.extra["input"] = doc["input"]
         return call

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from backends.local.engine import V2_NUMERIC
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, PayloadTooLarge
 from gateway.protocols.base import Call, decode_body
 
 INFER_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer$")
@@ -111,8 +111,9 @@ def tensor_from_json(
 class V2Adapter:
     name = "v2"
 
-    def __init__(self, semantic_field: str | None = None) -> None:
+    def __init__(self, semantic_field: str | None = None, max_items: int = 2048) -> None:
         self._semantic_field = semantic_field
+        self._max_items = max_items
 
     def parse(
         self,
@@ -161,6 +162,11 @@ class V2Adapter:
             if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
                 raise BadRequest(
                     f"input '{name}': 'shape' must be an array of non-negative integers"
+                )
+            if shape and shape[0] > self._max_items:
+                raise PayloadTooLarge(
+                    f"input '{name}' has {shape[0]} items (shape {shape[:4]}); "
+                    f"this route takes at most {self._max_items} per request"
                 )
             if not isinstance(inp.get("parameters") or {}, dict):
                 raise BadRequest(f"input '{name}': 'parameters' must be an object")
