@@ -54,7 +54,12 @@ def cases() -> list[tuple[str, str, bytes, dict[str, str]]]:
     return [
         ("embeddings 10 MB input", "/v1/embeddings", json.dumps(emb).encode(), ctype),
         ("chat 15 MB, temperature 0", "/v1/chat/completions", json.dumps(chat).encode(), ctype),
-        ("v2 infer, 10,000 texts", "/v2/models/all-MiniLM-L6-v2/infer", json.dumps(v2).encode(), ctype),
+        (
+            "v2 infer, 10,000 texts",
+            "/v2/models/all-MiniLM-L6-v2/infer",
+            json.dumps(v2).encode(),
+            ctype,
+        ),
     ]
 
 
@@ -91,7 +96,11 @@ async def warm(url: str) -> None:
             ),
             (
                 "/v2/models/all-MiniLM-L6-v2/infer",
-                {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a", "b"]}]},
+                {
+                    "inputs": [
+                        {"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a", "b"]}
+                    ]
+                },
             ),
         ]:
             async with s.post(url + path, json=doc) as r:
