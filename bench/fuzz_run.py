@@ -38,10 +38,11 @@ def main() -> int:
             "pytest",
             "-q",
             "-x",
+            "--timeout=0",
             "-p",
             "no:cacheprovider",
             "tests/ops/test_fuzz.py",
-        ],  # fmt: skip
+        ],
         cwd=ROOT,
         env=env,
     )
