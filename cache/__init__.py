@@ -19,6 +19,7 @@ from cache.semantic.setup import SemanticSetup, build_semantic, semantic_routes
 from cache.semantic.setup import preflight as semantic_preflight
 from cache.settings import CachePolicy, CacheSettings
 from cache.singleflight import SingleFlight
+from cache.tenant import identity_from_purge, share_generated_secret
 
 __all__ = [
     "ALIAS_MAX_BODY",
@@ -50,8 +51,10 @@ __all__ = [
     "TierTimeout",
     "build_semantic",
     "canonical",
+    "identity_from_purge",
     "request_directives",
     "semantic_preflight",
     "semantic_routes",
+    "share_generated_secret",
     "tenant_of",
 ]

@@ -22,6 +22,7 @@ from cache.metrics import CacheMetrics
 from cache.policy import RequestDirectives
 from cache.settings import CacheSettings, ExactPolicy
 from cache.singleflight import SingleFlight
+from cache.tenant import TenantHasher, credential_headers, resolve_secret
 from cache.tiers.layered import LayeredTier
 from cache.tiers.memory import MemoryTier
 from cache.tiers.redis import RedisTier
@@ -34,6 +35,7 @@ class Cache:
     def __init__(self, settings: CacheSettings, registry: CollectorRegistry) -> None:
         self.settings = settings
         self.metrics = CacheMetrics(registry)
+        self.tenants = TenantHasher(resolve_secret(settings.tenant_secret))
         self.memory = MemoryTier(settings.memory.max_bytes, self.metrics)
         redis = settings.redis
         self.redis = RedisTier(redis, self.metrics) if redis is not None and redis.url else None
@@ -69,7 +71,8 @@ class Cache:
     async def purge(
         self, route: str | None = None, model: str | None = None, tenant: str | None = None
     ) -> dict[str, object]:
-        selector = Selector.of(route, model, tenant)
+        # tenant: an identity string (cache.tenant.tenant_of), hashed as this cache's keys are
+        selector = Selector.of(route, model, tenant, self.tenants)
         out: dict[str, object] = {"memory": await self.memory.purge(selector)}
         for listener in self.purge_listeners:
             out.setdefault("semantic", await listener(selector))
@@ -141,10 +144,10 @@ class RouteCache:
         self.route = route
         self.policy = policy
         self.tiers = tiers
-        self.keys = KeyBuilder(route, policy.key.tenant_headers)
+        self.keys = KeyBuilder(route, policy.key.tenant_headers, cache.tenants)
         self.tenant_headers = tuple(policy.key.tenant_headers)
         # a response may Vary on these and still be stored: the key holds them
-        self.vary_ok = frozenset(h.lower() for h in self.tenant_headers)
+        self.vary_ok = frozenset(h.lower() for h in credential_headers(self.tenant_headers))
         self.max_entry_bytes = policy.max_entry_bytes
         self.policy_version = hashlib.blake2b(
             policy.model_dump_json().encode(), digest_size=4

@@ -36,6 +36,9 @@ log = logging.getLogger("latentgate.cache.flow")
 
 Compute = Callable[[], Awaitable[UpstreamResponse]]
 _HANDOVERS = 3
+# Semantic skip reasons a client is told (X-Cache-Semantic-Skip); the others are the route's
+# policy doing what it says (no semantic stage, a sampled call, a short text).
+_TOLD = frozenset({"too_long"})
 # Response headers an entry never keeps: per-response facts, and what the gateway sets itself.
 NOT_KEPT = frozenset(
     {
@@ -90,6 +93,7 @@ class Ask:
     answers: Answers
     clock: Clock
     compute_stage: str = "upstream"  # the Server-Timing name of the backend's time
+    skipped: str = ""  # set by the flow: why the semantic stage passed this call by
 
 
 @dataclass(slots=True)
@@ -110,6 +114,7 @@ class Fresh:
     x_cache: str
     recording: Recording | None = None
     reason: str = ""  # why a bypass did not use the cache (sampled, no-store, no-cache)
+    semantic_skip: str = ""  # why the semantic stage did not look this call up (too_long)
 
 
 Result = Hit | Fresh
@@ -177,7 +182,10 @@ class CacheFlow:
         """After an exact miss: a verified near-duplicate's stored answer, and the call's vector
         (embedded once: a miss stores it)."""
         sr = self.semantic
-        if not sr.applies(ask.call):
+        skip = sr.skip_reason(ask.call)
+        if skip is not None:
+            if skip in _TOLD:
+                ask.skipped = skip
             return None, None
         found: dict[str, CacheEntry] = {}
 
@@ -266,11 +274,11 @@ class CacheFlow:
             if storable:
                 await self._store(ask, entry, vector)
             await claim.release()
-            return Fresh(up, x_cache, reason=reason)
+            return Fresh(up, x_cache, reason=reason, semantic_skip=ask.skipped)
         recording = Recording(
             self, ask, up, kept, ttl if storable else 0.0, shareable, vector, lead, claim
         )
-        return Fresh(up, x_cache, recording, reason)
+        return Fresh(up, x_cache, recording, reason, ask.skipped)
 
     async def _compute(self, ask: Ask, compute: Compute) -> UpstreamResponse:
         t = time.perf_counter()

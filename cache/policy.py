@@ -133,9 +133,10 @@ def storable_ttl(
     or 0 with the reason it may not be.
 
     Not stored: non-2xx, `Set-Cookie`, `private` / `no-store` / `no-cache` (the gateway does not
-    revalidate; on an event stream no-cache is the streaming hint and does not count), a zero or past freshness, a `Content-Encoding` (the gateway asks for identity on
-    cached routes so every client can take the entry), and a `Vary` on a request header the key
-    does not hold (`keyed`, lower case; Accept-Encoding is neutralised by asking for identity).
+    revalidate; on an event stream no-cache is the streaming hint and does not count), a zero or
+    past freshness, a `Content-Encoding` (the gateway asks for identity on cached routes so
+    every client can take the entry), and a `Vary` on a request header the key does not hold
+    (`keyed`, lower case; Accept-Encoding is neutralised by asking for identity).
     """
     if not 200 <= status < 300:
         return 0.0, "status"

@@ -23,7 +23,7 @@ from cache import (
 from gateway import admin, admin_semantic, reload
 from gateway.config import RouteSettings, Settings
 from gateway.metrics import Metrics
-from gateway.middleware import listener_roles
+from gateway.middleware import listener_roles, request_target
 from gateway.pipeline import Pipeline
 from gateway.protocols.anthropic import AnthropicAdapter
 from gateway.protocols.base import Adapter
@@ -37,11 +37,11 @@ from gateway.tracing import build_tracing
 
 def build_adapter(route: RouteSettings) -> Adapter:
     if route.protocol == "openai":
-        return OpenAIAdapter(frozenset(route.cache.exact.key.ignore_fields))
+        return OpenAIAdapter(frozenset(route.cache.exact.key.ignore_fields), route.limits.max_items)
     if route.protocol == "anthropic":
         return AnthropicAdapter(frozenset(route.cache.exact.key.ignore_fields))
     if route.protocol == "v2":
-        return V2Adapter(route.cache.semantic.field)
+        return V2Adapter(route.cache.semantic.field, route.limits.max_items)
     return PassthroughAdapter()
 
 
@@ -123,6 +123,7 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     app = web.Application(client_max_size=settings.limits.max_body_bytes, handler_args=None)
     app[STATE] = state
     listener_roles.install(app, separate=settings.admin.listener is not None)
+    request_target.install(app)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await cache.open()

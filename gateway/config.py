@@ -85,6 +85,12 @@ class RouteMatch(_Frozen):
         return self
 
 
+class RouteLimits(_Frozen):
+    # Items per request: /v1/embeddings `input` entries, v2 infer batch rows (a tensor's first
+    # dimension). More → 413 before any tokenising or dispatch.
+    max_items: int = Field(2048, ge=1)
+
+
 class RouteSettings(_Frozen):
     name: str
     match: RouteMatch
@@ -92,6 +98,7 @@ class RouteSettings(_Frozen):
     backend: str
     cache: CachePolicy = CachePolicy()
     upstream: RoutePolicy = RoutePolicy()
+    limits: RouteLimits = RouteLimits()
 
 
 class Settings(_Frozen):

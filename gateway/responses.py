@@ -24,7 +24,7 @@ from gateway.timing import Timing
 
 log = logging.getLogger("latentgate.responses")
 
-_OURS = frozenset({"x-cache", "age", "x-cache-bypass-reason"})
+_OURS = frozenset({"x-cache", "age", "x-cache-bypass-reason", "x-cache-semantic-skip"})
 
 
 def cached(hit: Hit, framing: Framing, timing: Timing) -> web.Response:
@@ -58,6 +58,7 @@ async def fresh(
         on_cut,
         x_cache=answer.x_cache,
         reason=answer.reason,
+        semantic_skip=answer.semantic_skip,
         recording=answer.recording,
     )
 
@@ -70,6 +71,7 @@ async def upstream(
     *,
     x_cache: str | None = None,
     reason: str = "",
+    semantic_skip: str = "",
     recording: Recording | None = None,
 ) -> web.StreamResponse:
     headers = downstream_headers(up.headers)
@@ -78,6 +80,8 @@ async def upstream(
         headers.append(("X-Cache", x_cache))
         if reason:
             headers.append(("X-Cache-Bypass-Reason", reason))
+        if semantic_skip:
+            headers.append(("X-Cache-Semantic-Skip", semantic_skip))
     headers.append(("Server-Timing", timing.header()))
     if up.body is not None or up.stream is None:
         return web.Response(status=up.status, reason=up.reason, headers=headers, body=up.body)

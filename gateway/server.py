@@ -11,6 +11,7 @@ import signal
 import socket
 import sys
 
+from cache import share_generated_secret
 from gateway.app import build_app
 from gateway.config import Settings
 from gateway.connections import ConnectionGuard, GuardedAppRunner
@@ -100,6 +101,9 @@ def _tune_gc() -> None:
 
 
 def run(settings: Settings, workers: int = 1, config_path: str | None = None) -> int:
+    # Before any fork: every worker must hash tenants with the same secret, or a worker could
+    # neither read its siblings' entries in Redis nor purge them.
+    share_generated_secret(settings.cache.tenant_secret, os.environ)
     if workers <= 1:
         with asyncio.Runner(loop_factory=_new_loop) as runner:
             runner.run(serve(settings, config_path=config_path))

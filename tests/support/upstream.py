@@ -391,6 +391,7 @@ def build_upstream(
     r.add_get("/_test/stats", test_stats)
     r.add_post("/_test/reset", test_reset)
     r.add_post("/v1/chat/completions", chat)
+    r.add_post("/openai/deployments/{deployment}/chat/completions", chat)  # Azure OpenAI clients
     r.add_post("/v1/completions", completions)
     r.add_post("/v1/embeddings", embeddings)
     r.add_post("/v1/messages", messages)
