@@ -26,9 +26,13 @@ class _Frozen(BaseModel):
 
 
 class ListenerSettings(_Frozen):
-    """A named network location: a TCP host:port or a unix socket path (not both)."""
+    """A named network location: a TCP host:port or a unix socket path (not both).
+
+    protocol: `http` (the aiohttp edge) or `grpc` (Open Inference v2 over gRPC, gateway/grpc).
+    """
 
     name: str = "main"
+    protocol: Literal["http", "grpc"] = "http"
     host: str | None = None
     port: int | None = Field(None, ge=0, le=65535)
     unix: str | None = None
@@ -88,7 +92,8 @@ class RouteMatch(_Frozen):
 class RouteSettings(_Frozen):
     name: str
     match: RouteMatch
-    protocol: Literal["openai", "v2", "passthrough"] = "passthrough"
+    # grpc: routes the gRPC listener reads (match paths are gRPC method paths).
+    protocol: Literal["openai", "v2", "passthrough", "grpc"] = "passthrough"
     backend: str
     cache: CachePolicy = CachePolicy()
     upstream: RoutePolicy = RoutePolicy()
@@ -115,6 +120,12 @@ class Settings(_Frozen):
             if route.name in names:
                 raise ValueError(f"route name {route.name!r} is used twice")
             names.add(route.name)
+            backend = self.backends[route.backend]
+            if route.protocol != "grpc" and getattr(backend, "wire", "http") == "grpc":
+                raise ValueError(
+                    f"route {route.name!r} is {route.protocol} over HTTP but backend "
+                    f"{route.backend!r} speaks gRPC; give the route protocol: grpc"
+                )
         return self
 
 
