@@ -26,6 +26,8 @@ async def test_default_config_memory_only_without_redis_url() -> None:
         "openai-embeddings",
         "local-embeddings",
         "local-v2",
+        "grpc-local-v2",
+        "grpc-v2",
     }
     await close_backends(state)
 
