@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -13,6 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from gateway.app import build_app
 from gateway.config import Settings
+from gateway.grpc.proto import pb2
 from tests.grpc.conftest import GRPC_PREFIX, client, grpc_port
 from tests.local.conftest import SENTENCES, local_config, wait_ready
 from tests.support.servers import ServerThread
@@ -60,10 +62,6 @@ def test_infer_equals_http_v2_and_repeats_hit(gw: ServerThread) -> None:
     assert first.get_response().id == "a"
     # A repeat is a hit (the response callback sees the initial metadata).
     seen: list[Any] = []
-    import grpc
-
-    from gateway.grpc.proto import pb2
-
     req = pb2.ModelInferRequest(model_name=MODEL, id="b")
     t = req.inputs.add(name="text", datatype="BYTES", shape=[3])
     t.contents.bytes_contents.extend(s.encode() for s in SENTENCES[:3])

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import threading
+import time
+import urllib.error
+import urllib.request
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tests.grpc.conftest import client
+from gateway.grpc.proto import pb2
+from tests.grpc.conftest import client, grpc_config, grpc_port
 from tests.support.grpc_upstream import GrpcUpstreamThread
 from tests.support.servers import ServerThread
 
@@ -50,15 +56,9 @@ def test_infer_same_as_direct_and_a_hit_on_repeat(
 
 
 def test_x_cache_in_initial_metadata_and_metrics(grpc_gateway: ServerThread) -> None:
-    import grpc
-
-    from gateway.grpc.proto import pb2
-
     req = pb2.ModelInferRequest(model_name="m", id="x")
     inp = req.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 2])
     inp.contents.fp32_contents.extend([1.0, 2.0])
-    from tests.grpc.conftest import grpc_port
-
     with grpc.insecure_channel(f"127.0.0.1:{grpc_port(grpc_gateway)}") as ch:
         call = ch.unary_unary(
             "/inference.GRPCInferenceService/ModelInfer",
@@ -71,8 +71,6 @@ def test_x_cache_in_initial_metadata_and_metrics(grpc_gateway: ServerThread) -> 
             results.append(dict(rpc.initial_metadata())["x-cache"])
     assert results == ["miss", "hit"]
     assert list(resp.raw_output_contents) == [np.asarray([2.0, 4.0], "<f4").tobytes()]
-    import urllib.request
-
     with urllib.request.urlopen(f"{grpc_gateway.url}/metrics", timeout=10) as r:
         text = r.read().decode()
     assert 'latentgate_cache_lookups_total{result="hit",route="grpc-v2",tier="memory"} 1.0' in text
@@ -107,3 +105,44 @@ def test_errors_map_to_status_codes(grpc_gateway: ServerThread) -> None:
         _infer(c, headers={"x-test-status": "RESOURCE_EXHAUSTED"})
     assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
     assert "test status" in err.value.message()
+
+
+def test_another_tenant_is_not_served_the_cached_answer(
+    grpc_upstream: GrpcUpstreamThread, grpc_gateway: ServerThread
+) -> None:
+    c = client(grpc_gateway)
+    _infer(c, headers={"authorization": "Bearer tenant-a"})
+    calls = grpc_upstream.model.calls["ModelInfer"]
+    _infer(c, headers={"authorization": "Bearer tenant-a"})
+    assert grpc_upstream.model.calls["ModelInfer"] == calls  # same tenant: a hit
+    _infer(c, headers={"authorization": "Bearer tenant-b"})
+    assert grpc_upstream.model.calls["ModelInfer"] == calls + 1  # another tenant: a miss
+    _infer(c, headers={"authorization": "Bearer tenant-b", "cache-control": "no-cache"})
+    assert grpc_upstream.model.calls["ModelInfer"] == calls + 2  # no-cache skips the lookup
+
+
+def test_breaker_overload_is_resource_exhausted(
+    grpc_upstream: GrpcUpstreamThread, start_gateway: Any
+) -> None:
+    pool = {"breaker": {"max_in_flight": 1, "max_pending": 0}}
+    gw = start_gateway(grpc_config([f"grpc://{grpc_upstream.target}"], pool=pool))
+    slow = threading.Thread(target=lambda: _infer(client(gw), headers={"x-test-delay": "1"}))
+    slow.start()
+    try:
+        while grpc_upstream.model.calls["ModelInfer"] == 0:
+            time.sleep(0.01)
+        with pytest.raises(InferenceServerException) as err:
+            _infer(client(gw), scale=2.0)
+        assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+    finally:
+        slow.join(10)
+
+
+def test_http_request_on_a_grpc_route_is_a_404(grpc_gateway: ServerThread) -> None:
+    req = urllib.request.Request(
+        f"{grpc_gateway.url}/inference.GRPCInferenceService/ModelInfer", data=b"{}"
+    )
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=10)
+    assert err.value.code == 404
+    assert b"gRPC route" in err.value.read()
