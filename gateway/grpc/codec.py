@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -100,7 +101,7 @@ def input_tensors(req: Any) -> list[Tensor]:
             raise BadRequest(f"input '{name}': unsupported datatype {datatype!r}")
         if any(d < 0 for d in shape):
             raise BadRequest(f"input '{name}': shape {shape} has a negative dimension")
-        count = int(np.prod(shape)) if shape else 1
+        count = math.prod(shape)
         if raw_inputs:
             raw = bytes(raw_inputs[i])
             if datatype == "BYTES":
