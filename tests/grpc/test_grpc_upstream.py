@@ -146,3 +146,33 @@ def test_http_request_on_a_grpc_route_is_a_404(grpc_gateway: ServerThread) -> No
         urllib.request.urlopen(req, timeout=10)
     assert err.value.code == 404
     assert b"gRPC route" in err.value.read()
+
+
+def test_grpc_call_to_an_http_v2_pool_is_translated(
+    upstream: ServerThread, start_gateway: Any
+) -> None:
+    cfg = grpc_config([upstream.url])  # an HTTP v2 replica behind a gRPC route
+    gw = start_gateway(cfg)
+    result = _infer(client(gw), request_id="t-1")
+    np.testing.assert_array_equal(
+        result.as_numpy("OUTPUT0"), np.arange(6, dtype=np.float32).reshape(2, 3) * 2
+    )
+    assert list(result.as_numpy("OUTPUT1")) == [b"HELLO", b"GATEWAY"]
+    assert result.get_response().id == "t-1"
+
+
+def test_hits_from_redis_keep_the_reply_bytes(
+    grpc_upstream: GrpcUpstreamThread, redis_server: Any, start_gateway: Any
+) -> None:
+    cfg = grpc_config(
+        [f"grpc://{grpc_upstream.target}"],
+        route={"cache": {"exact": {"enabled": True, "tiers": ["redis"]}}},
+        cache={"redis": {"url": redis_server.url, "key_prefix": "lg-grpc-test:"}},
+    )
+    c = client(start_gateway(cfg))
+    first = _infer(c, scale=7.0)
+    calls = grpc_upstream.model.calls["ModelInfer"]
+    again = _infer(c, scale=7.0, request_id="r-9")
+    assert grpc_upstream.model.calls["ModelInfer"] == calls
+    np.testing.assert_array_equal(again.as_numpy("OUTPUT0"), first.as_numpy("OUTPUT0"))
+    assert again.get_response().id == "r-9"
