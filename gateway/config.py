@@ -122,9 +122,8 @@ class Settings(_Frozen):
             names.add(route.name)
             backend = self.backends[route.backend]
             if route.protocol != "grpc" and getattr(backend, "wire", "http") == "grpc":
-                raise ValueError(
-                    f"route {route.name!r} is {route.protocol} over HTTP but backend "
-                    f"{route.backend!r} speaks gRPC; give the route protocol: grpc"
+                raise PydanticCustomError(
+                    _BACKEND_REF, _http_to_grpc(route.name, route.protocol, route.backend)
                 )
         return self
 
@@ -139,9 +138,24 @@ def _missing_backend(route: object, backend: object, backends: Mapping[str, obje
     )
 
 
+def _http_to_grpc(route: object, protocol: object, backend: object) -> str:
+    return (
+        f"route {route!r} is {protocol} over HTTP but backend {backend!r} speaks gRPC; "
+        "give the route protocol: grpc"
+    )
+
+
+def _speaks_grpc(spec: Any) -> bool:
+    replicas = spec.get("replicas") if isinstance(spec, dict) else None
+    return isinstance(replicas, list) and any(
+        isinstance(u, str) and u.startswith(("grpc://", "grpc+unix:")) for u in replicas
+    )
+
+
 def _reference_issues(data: Any, lines: dict[tuple[str, ...], int]) -> list[ConfigIssue]:
-    """Routes naming a missing backend, found on the raw tree so they are reported alongside
-    field errors (the model validator only runs once every field is valid)."""
+    """Routes naming a missing backend, or an HTTP route naming a gRPC pool, found on the raw
+    tree so they are reported alongside field errors (the model validator only runs once every
+    field is valid)."""
     backends = data.get("backends")
     routes = data.get("routes")
     if not isinstance(backends, dict) or not isinstance(routes, list):
@@ -153,6 +167,12 @@ def _reference_issues(data: Any, lines: dict[tuple[str, ...], int]) -> list[Conf
             path = ("routes", str(i), "backend")
             msg = _missing_backend(route.get("name"), backend, backends)
             issues.append(ConfigIssue(".".join(path), lines.get(path), msg))
+        elif isinstance(backend, str) and _speaks_grpc(backends[backend]):
+            protocol = route.get("protocol", "passthrough")
+            if protocol != "grpc":
+                path = ("routes", str(i), "protocol")
+                msg = _http_to_grpc(route.get("name"), protocol, backend)
+                issues.append(ConfigIssue(".".join(path), lines.get(path), msg))
     return issues
 
 

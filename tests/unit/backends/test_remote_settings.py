@@ -112,7 +112,7 @@ def test_grpc_pools_check_serverready_by_default() -> None:
     [
         ("[grpc://127.0.0.1:1, http://127.0.0.1:2]", "grpc", "backends.g.replicas", "not both"),
         ("['grpc+unix:']", "grpc", "backends.g.replicas", "names no socket path"),
-        ("[grpc://127.0.0.1:1]", "v2", "", "speaks gRPC; give the route protocol: grpc"),
+        ("[grpc://127.0.0.1:1]", "v2", "routes.0.protocol", "speaks gRPC; give the route"),
     ],
 )
 def test_bad_grpc_settings_say_why(replicas: str, protocol: str, where: str, says: str) -> None:
