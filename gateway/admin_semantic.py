@@ -11,7 +11,7 @@ import json
 
 from aiohttp import web
 
-from cache.semantic.setup import SemanticSetup
+from cache import SemanticSetup
 from gateway.admin import guarded
 from gateway.errors import BadRequest, NotFound
 

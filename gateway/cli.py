@@ -8,7 +8,7 @@ import os
 import sys
 
 from backends import preflight
-from cache.semantic.setup import preflight as semantic_preflight
+from cache import semantic_preflight
 from gateway.config import ConfigError, ListenerSettings, Settings, load_settings
 from gateway.redact import install_redaction
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "build":
-        from backends.local.build import run_build
+        from backends.local import run_build
 
         return run_build(
             args.model,

@@ -17,8 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from backends.settings import BackendSettings, RoutePolicy
-from cache.settings import CachePolicy, CacheSettings
+from backends import BackendSettings, RoutePolicy
+from cache import CachePolicy, CacheSettings
 
 
 class _Frozen(BaseModel):
@@ -93,7 +93,7 @@ class RouteSettings(_Frozen):
     name: str
     match: RouteMatch
     # grpc: routes the gRPC listener reads (match paths are gRPC method paths).
-    protocol: Literal["openai", "v2", "passthrough", "grpc"] = "passthrough"
+    protocol: Literal["openai", "anthropic", "v2", "passthrough", "grpc"] = "passthrough"
     backend: str
     cache: CachePolicy = CachePolicy()
     upstream: RoutePolicy = RoutePolicy()

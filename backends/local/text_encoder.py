@@ -22,6 +22,7 @@ from backends.errors import EngineError
 from backends.local.artifacts import resolve
 from backends.local.engine import Engine
 from backends.local.metrics import LocalMetrics
+from backends.local.sentences import read_sentences
 from backends.local.shared import EngineShare
 from backends.preprocess.cpu import TextPreprocessor, Tokens, mean_pool_normalise, pad_tokens
 from backends.settings import BatcherSettings, SessionOptions
@@ -130,8 +131,6 @@ def _calibration_batches(
     """INT8 calibration feeds: full batches of the file's texts (TensorRT wants a fixed size)."""
     if path is None:
         return None
-    from backends.local.build import read_sentences
-
     texts = read_sentences(path, limit=max(batch, 512))
     pre = TextPreprocessor.from_file(str(tokenizer), max_tokens, True)
 

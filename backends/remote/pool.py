@@ -70,6 +70,8 @@ def make_transport(url: str, settings: RemoteBackendSettings) -> Transport:
 
 
 class Pool:
+    timing_stage = "upstream"
+
     def __init__(
         self,
         name: str,

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.local.engine import V2_NUMERIC
+from backends import V2_NUMERIC
 from gateway.errors import BadRequest
 from gateway.grpc.proto import config_pb2, pb2
 

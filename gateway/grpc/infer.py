@@ -1,24 +1,24 @@
-"""ModelInfer: parse, exact cache (key, lookup, single flight, store), dispatch, x-cache.
+"""ModelInfer: parse, the route's cached flow (cache/flow.py), dispatch, x-cache.
 
 The key is the route's (cache/keys.py): model, then version, canonical input tensors, requested
 outputs and parameters as key fields, and the tenant from the call metadata under the route's
 `tenant_headers` (metadata keys are lowercase; names match case-insensitively, as HTTP headers
-do). Only OK answers are stored. A hit is the stored reply with this call's id, and says so in
-the initial metadata (`x-cache: hit`); misses say `miss`, calls that skip the lookup `bypass`.
+do). Lookup, single flight, the Redis lease and the store are the flow's, as on HTTP routes;
+only OK replies are stored. A reply served from an entry (a hit, or a flight's shared answer)
+gets this call's id; the initial metadata says `x-cache: hit`, `miss` or `bypass`.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
 from multidict import CIMultiDict
 
-from backends import UpstreamRequest
-from cache.cache import RouteCache
-from cache.keys import CacheKey
-from cache.policy import RequestDirectives, request_directives
+from backends import UpstreamRequest, UpstreamResponse
+from cache import Ask, CacheEntry, Hit, request_directives
 from gateway.grpc import codec
 from gateway.grpc.calls import Context, Reply, grpc_route, metadata_of, parse, speaks_grpc
 from gateway.grpc.proto import pb2
@@ -29,18 +29,38 @@ if TYPE_CHECKING:
     from gateway.routing import Route
     from gateway.runtime import Runtime
 
+KIND = "grpc-infer"
+
 
 @dataclass(slots=True)
-class _Outcome:
-    """One backend call's result, as shared with single-flight waiters."""
+class _Call:
+    """What the flow reads of a call (cache.flow's CallLike); tensors have no semantic text."""
 
-    reply: bytes | None = None
-    error: RpcError | None = None
+    model: str | None
+    deterministic: bool = True
+    semantic_text: str | None = None
+    context: Any = None
 
 
-def _shareable(outcome: _Outcome) -> bool:
-    # A leader's deadline is its own: waiters with more time left call the backend themselves.
-    return outcome.error is None or outcome.error.code != grpc.StatusCode.DEADLINE_EXCEEDED
+class _Answers:
+    """An entry answers a gRPC call when it is a stored OK reply (no streams on this RPC)."""
+
+    def serves(self, entry: CacheEntry) -> bool:
+        return entry.status == 200 and entry.body is not None
+
+    def seal(self, content_type: str, data: bytes) -> bytes | list[bytes] | None:
+        return data
+
+
+class _NoClock:
+    """The flow records stage times; the gRPC edge has no Server-Timing to put them in."""
+
+    def add(self, name: str, since: float) -> float:
+        return time.perf_counter()
+
+
+_ANSWERS = _Answers()
+_CLOCK = _NoClock()
 
 
 class InferFlow:
@@ -61,55 +81,32 @@ class InferFlow:
                 return await self.service.forward(rt, route, "ModelInfer", request, ctx)
             return await self._via_http_v2(rt, route, msg, tensors, metadata, ctx)
 
-        rc = self._route_cache(route)
-        if rc is None:
+        # The pipeline's flows: what a reload swaps, so the policy is always the current one.
+        flow = self.service.state.pipeline.flows.get(route.name)
+        if flow is None:
             return await fetch(), route.name, "-"
-        # Metadata keys are lowercase; tenant header names match case-insensitively.
         headers = CIMultiDict(metadata)
-        directives = request_directives(headers.get("cache-control"), headers.get("pragma"))
-        key = rc.key(msg.model_name, codec.key_fields(msg, tensors), headers)
-        if directives.lookup:
-            entry = rc.lookup_l1(key, directives)
-            found = entry if entry is not None else await self._lookup(rc, key, directives)
-            if found is not None and found.body is not None:
-                await ctx.send_initial_metadata((("x-cache", "hit"),))
-                return codec.with_id(found.body, msg.id), route.name, "hit"
+        ask = Ask(
+            key=flow.key(msg.model_name, codec.key_fields(msg, tensors), headers),
+            directives=request_directives(headers.get("cache-control"), headers.get("pragma")),
+            call=_Call(msg.model_name),
+            kind=KIND,
+            answers=_ANSWERS,
+            clock=_CLOCK,
+        )
+
+        async def compute() -> UpstreamResponse:
+            return UpstreamResponse(200, "OK", [], body=await fetch())
+
+        result = await flow.run(ask, compute)
+        if isinstance(result, Hit):
+            assert result.entry.body is not None
+            reply = codec.with_id(result.entry.body, msg.id)
         else:
-            rc.bypass()
-        x_cache = "miss" if directives.lookup else "bypass"
-        await ctx.send_initial_metadata((("x-cache", x_cache),))
-        if not directives.store:
-            return await fetch(), route.name, x_cache
-
-        async def compute() -> _Outcome:
-            async with rc.lease(key) as peer:
-                if peer is not None and peer.body is not None:
-                    return _Outcome(reply=peer.body)
-                try:
-                    reply = await fetch()
-                except RpcError as err:
-                    return _Outcome(error=err)
-                await rc.store(key, rc.entry(200, [], body=reply, model=msg.model_name,
-                                             kind="grpc-infer"))  # fmt: skip
-                return _Outcome(reply=reply)
-
-        outcome, led = await rc.coalesce(key, compute, _shareable)
-        if outcome.error is not None:
-            raise outcome.error
-        assert outcome.reply is not None
-        reply = outcome.reply if led else codec.with_id(outcome.reply, msg.id)
-        return reply, route.name, x_cache
-
-    def _route_cache(self, route: Route) -> RouteCache | None:
-        cache = self.service.state.cache
-        if cache is None or not route.policy.exact.enabled:
-            return None
-        # Cache.routes is what a reload updates (build_app's swap_policies).
-        return cache.routes.get(route.name)
-
-    async def _lookup(self, rc: RouteCache, key: CacheKey, directives: RequestDirectives) -> Any:
-        found = await rc.lookup(key, directives)
-        return found[0] if found is not None else None
+            assert result.response.body is not None
+            reply = result.response.body
+        await ctx.send_initial_metadata((("x-cache", result.x_cache),))
+        return reply, route.name, result.x_cache
 
     async def _via_http_v2(
         self,

@@ -11,15 +11,16 @@ import json
 import grpc
 
 from backends import (
+    GRPC_MESSAGE_HEADER,
+    GRPC_STATUS_HEADER,
     BackendError,
     BadInput,
     ModelNotFound,
     Overloaded,
+    UpstreamError,
     UpstreamResponse,
     UpstreamTimeout,
 )
-from backends.errors import UpstreamError
-from backends.remote.transports.grpc import MESSAGE_HEADER, STATUS_HEADER
 from gateway.errors import GatewayError
 
 _CODE_OF_HTTP = {
@@ -72,10 +73,10 @@ def from_backend(err: BackendError, backend: str) -> RpcError:
 
 def from_response(resp: UpstreamResponse, body: bytes) -> RpcError:
     """A non-OK answer: a gRPC replica's own status, or an HTTP v2 backend's status + message."""
-    number = resp.header(STATUS_HEADER)
+    number = resp.header(GRPC_STATUS_HEADER)
     if number is not None and number.isdigit():
         code = _CODE_OF_NUMBER.get(int(number), grpc.StatusCode.UNKNOWN)
-        return RpcError(code, resp.header(MESSAGE_HEADER) or code.name)
+        return RpcError(code, resp.header(GRPC_MESSAGE_HEADER) or code.name)
     message = body.decode("utf-8", "replace")[:1000]
     try:
         doc = json.loads(body)

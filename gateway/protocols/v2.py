@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.local.engine import V2_NUMERIC
+from backends import V2_NUMERIC
 from gateway.errors import BadRequest
 from gateway.protocols.base import Call, decode_body
 

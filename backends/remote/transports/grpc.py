@@ -20,12 +20,9 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from backends.base import UpstreamRequest, UpstreamResponse
+from backends.base import GRPC_MESSAGE_HEADER, GRPC_STATUS_HEADER, UpstreamRequest, UpstreamResponse
 from backends.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
 from backends.settings import PoolLimits, Timeouts
-
-STATUS_HEADER = "grpc-status"
-MESSAGE_HEADER = "grpc-message"
 
 # gRPC code → the HTTP status the pool reasons with (retry on_status, outlier 5xx counting).
 HTTP_OF_CODE: dict[grpc.StatusCode, int] = {
@@ -150,7 +147,7 @@ class GrpcTransport:
             raise UpstreamConnectError(f"{self.url} unavailable: {details}", self.url) from exc
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             raise UpstreamTimeout(f"{self.url} did not answer in time", self.url) from exc
-        headers = [(STATUS_HEADER, str(code.value[0])), (MESSAGE_HEADER, details)]
+        headers = [(GRPC_STATUS_HEADER, str(code.value[0])), (GRPC_MESSAGE_HEADER, details)]
         return UpstreamResponse(
             HTTP_OF_CODE.get(code, 500), code.name, headers, body=b"", replica=self.url
         )
