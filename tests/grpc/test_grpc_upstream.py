@@ -176,3 +176,18 @@ def test_hits_from_redis_keep_the_reply_bytes(
     assert grpc_upstream.model.calls["ModelInfer"] == calls
     np.testing.assert_array_equal(again.as_numpy("OUTPUT0"), first.as_numpy("OUTPUT0"))
     assert again.get_response().id == "r-9"
+
+
+def test_a_message_over_the_body_limit_is_resource_exhausted(
+    grpc_upstream: GrpcUpstreamThread, start_gateway: Any
+) -> None:
+    cfg = grpc_config([f"grpc://{grpc_upstream.target}"], limits={"max_body_bytes": 4096})
+    c = client(start_gateway(cfg))
+    big = grpcclient.InferInput("INPUT0", [1, 2048], "FP32")
+    big.set_data_from_numpy(np.zeros((1, 2048), np.float32))
+    with pytest.raises(InferenceServerException) as err:
+        c.infer("m", [big])
+    assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+    assert "4096" in err.value.message()
+    calls = grpc_upstream.model.calls["ModelInfer"]
+    assert calls == 0  # refused at the gateway
