@@ -1,6 +1,12 @@
 """Backends: remote replica pools and local engines. Never imports cache or gateway."""
 
-from backends.base import Backend, UpstreamRequest, UpstreamResponse
+from backends.base import (
+    GRPC_MESSAGE_HEADER,
+    GRPC_STATUS_HEADER,
+    Backend,
+    UpstreamRequest,
+    UpstreamResponse,
+)
 from backends.errors import (
     BackendError,
     BadInput,
@@ -18,6 +24,8 @@ from backends.remote.metrics import RemoteMetrics
 from backends.settings import BackendSettings, BatcherSettings, RoutePolicy, SessionOptions
 
 __all__ = [
+    "GRPC_MESSAGE_HEADER",
+    "GRPC_STATUS_HEADER",
     "V2_NUMERIC",
     "Backend",
     "BackendError",

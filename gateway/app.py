@@ -27,6 +27,7 @@ from gateway.middleware import listener_roles, request_target
 from gateway.pipeline import Pipeline
 from gateway.protocols.anthropic import AnthropicAdapter
 from gateway.protocols.base import Adapter
+from gateway.protocols.grpc import GrpcRouteAdapter
 from gateway.protocols.openai import OpenAIAdapter
 from gateway.protocols.passthrough import PassthroughAdapter
 from gateway.protocols.v2 import V2Adapter
@@ -42,6 +43,8 @@ def build_adapter(route: RouteSettings) -> Adapter:
         return AnthropicAdapter(frozenset(route.cache.exact.key.ignore_fields))
     if route.protocol == "v2":
         return V2Adapter(route.cache.semantic.field, route.limits.max_items)
+    if route.protocol == "grpc":
+        return GrpcRouteAdapter()
     return PassthroughAdapter()
 
 
@@ -142,6 +145,10 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
         await cache.aclose()
 
     app.cleanup_ctx.append(lifecycle)
+    if any(lst.protocol == "grpc" for lst in settings.listeners):
+        from gateway.grpc import server as grpc_server  # grpc loads only when a listener needs it
+
+        grpc_server.install(app, state)  # after `lifecycle`: starts after, stops before backends
     admin.register(app)
     reload.register(app, config_path, build_router, make_backends, swap_policies)
     if semantic is not None:

@@ -18,7 +18,7 @@ DEFAULT_CONFIG = "config/latentgate.yaml"
 def _apply_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     listeners = list(settings.listeners)
     if args.host is not None or args.port is not None:
-        tcp = [lst for lst in listeners if lst.unix is None]
+        tcp = [lst for lst in listeners if lst.unix is None and lst.protocol == "http"]
         base = tcp[0] if tcp else ListenerSettings(host="127.0.0.1", port=8080)
         new = base.model_copy(
             update={
@@ -26,7 +26,7 @@ def _apply_flags(settings: Settings, args: argparse.Namespace) -> Settings:
                 "port": args.port if args.port is not None else base.port,
             }
         )
-        listeners = [new] + [lst for lst in listeners if lst.unix is not None]
+        listeners = [new] + [lst for lst in listeners if lst not in tcp]
     if args.uds:
         listeners.append(ListenerSettings(name="uds", unix=args.uds))
     update: dict[str, object] = {"listeners": listeners}
