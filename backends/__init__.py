@@ -1,6 +1,12 @@
 """Backends: remote replica pools and local engines. Never imports cache or gateway."""
 
-from backends.base import Backend, UpstreamRequest, UpstreamResponse
+from backends.base import (
+    GRPC_MESSAGE_HEADER,
+    GRPC_STATUS_HEADER,
+    Backend,
+    UpstreamRequest,
+    UpstreamResponse,
+)
 from backends.errors import (
     BackendError,
     BadInput,
@@ -13,14 +19,25 @@ from backends.errors import (
     UpstreamTimeout,
 )
 from backends.factory import build_backends, preflight
+from backends.local.engine import V2_NUMERIC
+from backends.remote.metrics import RemoteMetrics
+from backends.settings import BackendSettings, BatcherSettings, RoutePolicy, SessionOptions
 
 __all__ = [
+    "GRPC_MESSAGE_HEADER",
+    "GRPC_STATUS_HEADER",
+    "V2_NUMERIC",
     "Backend",
     "BackendError",
+    "BackendSettings",
     "BadInput",
+    "BatcherSettings",
     "EngineError",
     "ModelNotFound",
     "Overloaded",
+    "RemoteMetrics",
+    "RoutePolicy",
+    "SessionOptions",
     "UpstreamConnectError",
     "UpstreamError",
     "UpstreamProtocolError",

@@ -1,5 +1,6 @@
 """The handler the server runs: model traffic goes straight to the pipeline; the admin API, the
-probes and anything unusual go through aiohttp's router and middlewares as before.
+probes and anything unusual (a target or header the request_target middleware would rewrite or
+refuse, `Expect`, the admin listener) go through aiohttp's router and middlewares as before.
 
 Every path but /admin/* and the probes can only match the catch-all route, so resolving it
 through the router, the middleware chain and the listener split cost about a tenth of a cache
@@ -15,12 +16,15 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from gateway.middleware.listener_roles import PROBES, ROLES, split_admin
+from gateway.middleware.request_target import plain_target, safe_target, undecodable_header
 from gateway.state import STATE
 
 
 def model_traffic_handler(app: web.Application) -> Handler:
     """app._handle with a shortcut to the pipeline for model traffic."""
     full: Handler = app._handle
+    if not set(app.middlewares) <= {safe_target, split_admin}:
+        return full  # a middleware this shortcut does not know of: everything takes the full way
     pipeline = app[STATE].pipeline
     roles = app[ROLES]
     split = split_admin in app.middlewares
@@ -33,6 +37,9 @@ def model_traffic_handler(app: web.Application) -> Handler:
             # aiohttp answers `Expect: 100-continue` in the router's path
             or "Expect" in request.headers
             or (split and roles.on_admin(request))
+            # what the request_target middleware would change or refuse
+            or not plain_target(request.raw_path)
+            or undecodable_header(request) is not None
         ):
             return await full(request)
         return await pipeline.handle(request)

@@ -7,6 +7,7 @@ default). Everything the client got wrong is a BadInput naming the tensor and th
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -73,7 +74,7 @@ def decode_infer(body: bytes, header_length: str | None) -> InferRequest:
             raise BadInput(f"input '{name}': unsupported datatype {datatype!r}")
         if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
             raise BadInput(f"input '{name}': 'shape' must be an array of non-negative integers")
-        count = int(np.prod(shape)) if shape else 1
+        count = math.prod(shape)  # Python integers: an int64 product can wrap around to 1
         size = (inp.get("parameters") or {}).get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size < 0 or offset + size > len(binary):

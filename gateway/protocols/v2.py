@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import re
 import struct
 from collections.abc import Mapping
@@ -16,12 +17,16 @@ from typing import Any
 
 import numpy as np
 
-from backends.local.engine import V2_NUMERIC
-from gateway.errors import BadRequest
+from backends import V2_NUMERIC
+from gateway.errors import BadRequest, PayloadTooLarge
 from gateway.protocols.base import Call, decode_body
 
 INFER_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer$")
 BINARY_HEADER = "inference-header-content-length"
+
+# No tensor a gateway forwards has more elements than this; larger shapes are refused before any
+# arithmetic on them (a product computed in int64 wraps: [7, 7905747460161236407] → 1).
+MAX_ELEMENTS = 1 << 40
 
 # BF16 and BYTES have no fixed numpy layout here: None.
 DTYPES: dict[str, np.dtype[Any] | None] = {**V2_NUMERIC, "BF16": None, "BYTES": None}
@@ -50,12 +55,34 @@ def _bytes_elements(raw: bytes, name: str) -> list[bytes]:
     return out
 
 
+def element_count(name: str, shape: list[int]) -> int:
+    """The element count of a shape, in Python integers (no wrap-around), bounded."""
+    count = math.prod(shape)
+    if count > MAX_ELEMENTS:
+        raise BadRequest(f"input '{name}': shape {shape} has more than {MAX_ELEMENTS} elements")
+    return count
+
+
+_ITEMSIZE = {"BF16": 2}
+
+
+def _check_binary_size(name: str, datatype: str, shape: list[int], raw: bytes) -> None:
+    count = element_count(name, shape)
+    dtype = DTYPES.get(datatype)
+    itemsize = dtype.itemsize if dtype is not None else _ITEMSIZE.get(datatype)
+    if itemsize is not None and count * itemsize != len(raw):
+        raise BadRequest(
+            f"input '{name}': shape {shape} of {datatype} needs {count * itemsize} bytes, "
+            f"binary_data_size is {len(raw)}"
+        )
+
+
 def tensor_from_json(
     name: str, datatype: str, shape: list[int], data: Any
 ) -> tuple[bytes, list[bytes] | None]:
     """Raw bytes of a JSON tensor in the binary extension's layout; and its strings for BYTES."""
     flat = _flatten(data)
-    count = int(np.prod(shape)) if shape else 1
+    count = element_count(name, shape)
     if len(flat) != count:
         raise BadRequest(
             f"input '{name}': shape {shape} needs {count} elements, data has {len(flat)}"
@@ -84,8 +111,9 @@ def tensor_from_json(
 class V2Adapter:
     name = "v2"
 
-    def __init__(self, semantic_field: str | None = None) -> None:
+    def __init__(self, semantic_field: str | None = None, max_items: int = 2048) -> None:
         self._semantic_field = semantic_field
+        self._max_items = max_items
 
     def parse(
         self,
@@ -113,7 +141,7 @@ class V2Adapter:
             header, binary = body[:n], body[n:]
             try:
                 doc = json.loads(header)
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            except (ValueError, RecursionError):  # JSON, UTF-8, or an integer out of range
                 raise BadRequest("the inference header is not valid JSON") from None
         else:
             doc = decode_body(content_type, body)
@@ -135,6 +163,11 @@ class V2Adapter:
                 raise BadRequest(
                     f"input '{name}': 'shape' must be an array of non-negative integers"
                 )
+            if shape and shape[0] > self._max_items:
+                raise PayloadTooLarge(
+                    f"input '{name}' has {shape[0]} items (shape {shape[:4]}); "
+                    f"this route takes at most {self._max_items} per request"
+                )
             if not isinstance(inp.get("parameters") or {}, dict):
                 raise BadRequest(f"input '{name}': 'parameters' must be an object")
             params = dict(inp.get("parameters") or {})
@@ -144,7 +177,13 @@ class V2Adapter:
                     raise BadRequest(f"input '{name}': binary_data_size does not match the body")
                 raw = binary[offset : offset + size]
                 offset += size
+                _check_binary_size(name, datatype, shape, raw)
                 elems = _bytes_elements(raw, name) if datatype == "BYTES" else None
+                if elems is not None and len(elems) != element_count(name, shape):
+                    raise BadRequest(
+                        f"input '{name}': shape {shape} needs {element_count(name, shape)} "
+                        f"elements, the BYTES data has {len(elems)}"
+                    )
             else:
                 if "data" not in inp:
                     raise BadRequest(f"input '{name}': 'data' is required without binary_data_size")

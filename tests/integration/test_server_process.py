@@ -220,6 +220,15 @@ async def test_served_process_routes_model_admin_probe_and_expect_requests_as_th
         async with s.get(gw.url + "/metrics") as r:
             text = await r.text()
         assert 'latentgate_requests_total{backend="upstream",route="chat",status="200"} 1.0' in text
+        # the request_target middleware's work: dot segments resolved, undecodable headers refused
+        async with s.post(gw.url + "/v1/x/../chat/completions", json=CHAT) as r:
+            assert r.status == 200
+            assert (await r.json())["object"] == "chat.completion"
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    writer.write(b"GET /v1/models HTTP/1.1\r\nHost: gw\r\nX-Bad: \xff\xfe\r\n\r\n")
+    await writer.drain()
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 400")
+    writer.close()
     reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
     body = json.dumps(CHAT).encode()
     writer.write(

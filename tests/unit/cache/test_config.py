@@ -27,6 +27,8 @@ async def test_default_config_memory_only_without_redis_url() -> None:
         "local-embeddings",
         "local-v2",
         "anthropic-messages",
+        "grpc-local-v2",
+        "grpc-v2",
     }
     await close_backends(state)
 
