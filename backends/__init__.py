@@ -1,5 +1,6 @@
 """Backends: remote replica pools and local engines. Never imports cache or gateway."""
 
+from backends import v2tensors
 from backends.base import (
     GRPC_MESSAGE_HEADER,
     GRPC_STATUS_HEADER,
@@ -19,14 +20,12 @@ from backends.errors import (
     UpstreamTimeout,
 )
 from backends.factory import build_backends, preflight
-from backends.local.engine import V2_NUMERIC
 from backends.remote.metrics import RemoteMetrics
 from backends.settings import BackendSettings, BatcherSettings, RoutePolicy, SessionOptions
 
 __all__ = [
     "GRPC_MESSAGE_HEADER",
     "GRPC_STATUS_HEADER",
-    "V2_NUMERIC",
     "Backend",
     "BackendError",
     "BackendSettings",
@@ -46,4 +45,5 @@ __all__ = [
     "UpstreamTimeout",
     "build_backends",
     "preflight",
+    "v2tensors",
 ]

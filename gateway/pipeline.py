@@ -134,6 +134,9 @@ class Pipeline:
         except GatewayError as err:
             status = err.status
             return responses.error(protocol, err, timing)
+        except BadInput as exc:  # a shared codec (backends.v2tensors) found the client's mistake
+            status = 400
+            return responses.error(protocol, BadRequest(str(exc)), timing)
         finally:
             self.metrics.observe_request(
                 route_name, backend_name, status, time.perf_counter() - timing.start

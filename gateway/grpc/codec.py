@@ -17,12 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from backends import V2_NUMERIC
+from backends import v2tensors
 from gateway.errors import BadRequest
 from gateway.grpc.proto import config_pb2, pb2
 
 # Element sizes; BF16 has no numpy type here, BYTES no fixed size.
-_ITEMSIZE: dict[str, int] = {k: v.itemsize for k, v in V2_NUMERIC.items()} | {"BF16": 2}
+_ITEMSIZE = v2tensors.ITEMSIZE
+V2_NUMERIC = v2tensors.V2_NUMERIC
+_bytes_elements = v2tensors.bytes_elements
 _CONTENTS = {
     "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
     "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
@@ -47,20 +49,6 @@ def params_of(params: Any) -> dict[str, Any]:
     for k, p in params.items():
         which = p.WhichOneof("parameter_choice")
         out[k] = getattr(p, which) if which is not None else None
-    return out
-
-
-def _bytes_elements(raw: bytes, name: str) -> list[bytes]:
-    out, i = [], 0
-    while i < len(raw):
-        if i + 4 > len(raw):
-            raise BadRequest(f"input '{name}': truncated BYTES element length")
-        (n,) = struct.unpack_from("<I", raw, i)
-        i += 4
-        if i + n > len(raw):
-            raise BadRequest(f"input '{name}': a BYTES element runs past the end of its data")
-        out.append(raw[i : i + n])
-        i += n
     return out
 
 

@@ -18,7 +18,7 @@ import grpc
 import grpc.aio
 from prometheus_client import Counter, Histogram
 
-from backends import BackendError, UpstreamRequest, UpstreamResponse
+from backends import BackendError, BadInput, UpstreamRequest, UpstreamResponse
 from gateway.errors import GatewayError
 from gateway.grpc import codec
 from gateway.grpc.calls import (
@@ -94,6 +94,8 @@ class InferenceService:
                     return reply
                 except GatewayError as exc:
                     err = from_gateway(exc)
+                except BadInput as exc:  # the shared v2 tensor codec's word for a bad request
+                    err = from_backend(exc, "-")
                 except RpcError as exc:
                     err = exc
                 code = err.code

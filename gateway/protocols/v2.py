@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import re
 import struct
 from collections.abc import Mapping
@@ -17,59 +16,22 @@ from typing import Any
 
 import numpy as np
 
-from backends import V2_NUMERIC
+from backends import v2tensors
 from gateway.errors import BadRequest, PayloadTooLarge
 from gateway.protocols.base import Call, decode_body
 
 INFER_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer$")
-BINARY_HEADER = "inference-header-content-length"
+BINARY_HEADER = v2tensors.BINARY_HEADER
 
-# No tensor a gateway forwards has more elements than this; larger shapes are refused before any
-# arithmetic on them (a product computed in int64 wraps: [7, 7905747460161236407] → 1).
-MAX_ELEMENTS = 1 << 40
-
-# BF16 and BYTES have no fixed numpy layout here: None.
-DTYPES: dict[str, np.dtype[Any] | None] = {**V2_NUMERIC, "BF16": None, "BYTES": None}
-
-
-def _flatten(data: Any) -> list[Any]:
-    if isinstance(data, list):
-        out: list[Any] = []
-        for item in data:
-            out.extend(_flatten(item))
-        return out
-    return [data]
-
-
-def _bytes_elements(raw: bytes, name: str) -> list[bytes]:
-    out, i = [], 0
-    while i < len(raw):
-        if i + 4 > len(raw):
-            raise BadRequest(f"input '{name}': truncated BYTES element length")
-        (n,) = struct.unpack_from("<I", raw, i)
-        i += 4
-        if i + n > len(raw):
-            raise BadRequest(f"input '{name}': BYTES element runs past the end of its data")
-        out.append(raw[i : i + n])
-        i += n
-    return out
-
-
-def element_count(name: str, shape: list[int]) -> int:
-    """The element count of a shape, in Python integers (no wrap-around), bounded."""
-    count = math.prod(shape)
-    if count > MAX_ELEMENTS:
-        raise BadRequest(f"input '{name}': shape {shape} has more than {MAX_ELEMENTS} elements")
-    return count
-
-
-_ITEMSIZE = {"BF16": 2}
+DTYPES = v2tensors.V2_DTYPES
+_bytes_elements = v2tensors.bytes_elements
+_flatten = v2tensors.flatten
+element_count = v2tensors.element_count
 
 
 def _check_binary_size(name: str, datatype: str, shape: list[int], raw: bytes) -> None:
     count = element_count(name, shape)
-    dtype = DTYPES.get(datatype)
-    itemsize = dtype.itemsize if dtype is not None else _ITEMSIZE.get(datatype)
+    itemsize = v2tensors.ITEMSIZE.get(datatype)
     if itemsize is not None and count * itemsize != len(raw):
         raise BadRequest(
             f"input '{name}': shape {shape} of {datatype} needs {count * itemsize} bytes, "

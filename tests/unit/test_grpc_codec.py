@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 
+from backends import BadInput
 from gateway.errors import BadRequest
 from gateway.grpc import codec
 from gateway.grpc.proto import pb2
@@ -61,7 +62,7 @@ def test_with_id_overrides_the_stored_id(rid: str) -> None:
 def test_bad_tensors_name_the_problem(mutate: object, message: str) -> None:
     req = _raw()
     mutate(req)  # type: ignore[operator]
-    with pytest.raises(BadRequest, match=re.escape(message)):
+    with pytest.raises((BadRequest, BadInput), match=re.escape(message)):
         codec.input_tensors(req)
 
 
