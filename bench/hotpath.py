@@ -17,6 +17,10 @@ wrk -t1 at 1 and 32 connections (-c32 is the headline), setups in turns, `--roun
 table shows medians. CPU µs per request is the server process's user + system time (from
 /proc, all threads) over the 32-connection run, divided by the requests it answered: the figure
 that survives a shared, noisy machine best.
+
+`--profile` also records a py-spy flame graph of latentgate during each of its 32-connection
+runs (bench/results/hotpath-<row>-<time>.svg; py-spy comes with the `bench` extra). Sampling
+costs the gateway CPU: read a profiled run's figures as a profile, not as a benchmark.
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ import json
 import os
 import platform
 import random
+import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +49,7 @@ from bench import peers
 from bench.proxy_bench import PATH, fmt_ms, wrk
 
 NO_STORE = "Cache-Control: no-store"
+RESULTS = Path(__file__).with_name("results")
 # Deterministic (temperature 0): the default config caches only calls whose answer is determined.
 BODY = json.dumps(
     {
@@ -90,7 +97,19 @@ def x_cache(port: int, header: str) -> str:
         return str(resp.headers.get("X-Cache") or resp.headers.get("X-Cache-Status") or "-")
 
 
-def measure(row: Row, target: peers.Target, seconds: float) -> dict[str, dict[str, float]]:
+def py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy (the `bench` extra) sampling the gateway into a flame graph while wrk runs."""
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(exe).exists():
+        raise SystemExit("--profile needs py-spy: pip install -e '.[bench]'")
+    cmd = [exe, "record", "-p", str(pid), "-d", str(max(1, round(seconds))), "-r", "200"]
+    cmd += ["--nonblocking", "-o", str(out)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def measure(
+    row: Row, target: peers.Target, seconds: float, profile: Path | None = None
+) -> dict[str, dict[str, float]]:
     def run(conns: int, secs: float) -> dict[str, float]:
         # a new question sequence every run: a repeat would be an exact hit
         os.environ["BENCH_SEED"] = str(random.randrange(1, 2**31))
@@ -98,11 +117,17 @@ def measure(row: Row, target: peers.Target, seconds: float) -> dict[str, dict[st
 
     run(4, 1)  # warm-up: connections, pools, the first embeddings
     out = {"c1": run(1, seconds)}
+    spy = None
+    if profile is not None and target.name.startswith("latentgate") and target.proc is not None:
+        spy = py_spy(target.proc.pid, seconds, profile)
     cpu0 = target.cpu_seconds()
     out["c32"] = run(32, seconds)
     out["c32"]["cpu_us_per_req"] = (
         (target.cpu_seconds() - cpu0) / max(1, out["c32"]["requests"]) * 1e6
     )
+    if spy is not None:
+        spy.wait(60)
+        print(f"{row.label}: flame graph {profile}", file=sys.stderr)
     return out
 
 
@@ -175,10 +200,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--seconds", type=float, default=5, help="seconds per wrk run")
     ap.add_argument("--rounds", type=int, default=2, help="setups in turns this many times")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="py-spy flame graphs of latentgate's c32 runs in bench/results/ (perturbs them)",
+    )
     ap.add_argument("--only", help="comma-separated row keys: " + ",".join(r.key for r in rows()))
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = Path(tempfile.mkdtemp(prefix="lg-hotpath-"))
+    RESULTS.mkdir(exist_ok=True)
     todo = [r for r in rows() if not args.only or r.key in args.only.split(",")]
     starters: dict[str, Callable[[int], peers.Target]] = {
         "nginx-proxy": lambda up: peers.start_nginx_proxy(tmp, up),
@@ -203,7 +234,10 @@ def main() -> int:
         for rnd in range(args.rounds):
             for r in todo:
                 t0 = time.monotonic()
-                r.runs.append(measure(r, targets[r.target], args.seconds))
+                svg = None
+                if args.profile:
+                    svg = RESULTS / f"hotpath-{r.key}-{time.strftime('%Y%m%d-%H%M%S')}.svg"
+                r.runs.append(measure(r, targets[r.target], args.seconds, svg))
                 print(
                     f"round {rnd + 1}/{args.rounds}: {r.label} "
                     f"{r.runs[-1]['c32']['rps']:,.0f} req/s at c32 "
@@ -215,9 +249,7 @@ def main() -> int:
             t.stop()
         upstream.stop()
     print(report(todo, args))
-    out = Path(__file__).with_name("results")
-    out.mkdir(exist_ok=True)
-    path = out / f"hotpath-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path = RESULTS / f"hotpath-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps({"args": vars(args), "runs": {r.key: r.runs for r in todo}}))
     print(f"raw results: {path}")
     return 0
