@@ -41,7 +41,9 @@ def credential_headers(extra: Iterable[str] = ()) -> tuple[str, ...]:
 def _values(headers: Mapping[str, str], name: str) -> list[str]:
     getall = getattr(headers, "getall", None)
     if getall is not None:
-        return list(getall(name, []))
+        # a multidict (case-insensitive): most credential headers are absent, and `in` says so
+        # without building a list (this runs for every name on every cached request)
+        return list(getall(name)) if name in headers else []
     # plain dicts (tests, purge bodies): names are matched without regard to case
     return [v for k, v in headers.items() if k.lower() == name]
 

@@ -264,7 +264,7 @@ class Pipeline:
         return (
             flow.route,
             request.method,
-            request.path_qs,
+            request.raw_path,  # as sent (finer than path_qs, and no URL built per request)
             request.headers.get("Content-Type", ""),
             request.headers.get("Inference-Header-Content-Length", ""),
             # hashed: even this in-process map never holds a credential in clear
