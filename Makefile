@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CONFIG ?= config/latentgate.yaml
 
-.PHONY: install run test lint typecheck redis-server bench bench-proxy clean
+.PHONY: install run test lint typecheck redis-server bench bench-proxy bench-hotpath clean
 
 install: $(STAMP)
 
@@ -40,6 +40,11 @@ typecheck: install
 # Pass-through vs nginx, a bare aiohttp proxy and latentgate; BENCH_ARGS=--litellm adds LiteLLM.
 bench-proxy: install
 	$(BIN)/python bench/proxy_bench.py $(BENCH_ARGS)
+
+# The hot path on the default config beside nginx and the aiohttp floors; BENCH_ARGS=--profile
+# adds py-spy flame graphs (the `bench` extra).
+bench-hotpath: install
+	$(BIN)/python -m bench.hotpath $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
