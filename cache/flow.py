@@ -31,6 +31,7 @@ from cache.semantic.off import NoSemantic
 from cache.semantic.route import CallLike, SemanticRoute
 from cache.semantic.stage import SemanticHit
 from cache.singleflight import Lead, LeaderGone, SingleFlight
+from cache.tenant import credential_headers, tenant_of
 
 log = logging.getLogger("latentgate.cache.flow")
 
@@ -133,6 +134,7 @@ class CacheFlow:
         self.semantic = semantic
         self.flights = flights
         self.aliases = AliasMap()
+        self._identity_names: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     @property
     def route(self) -> str:
@@ -140,6 +142,15 @@ class CacheFlow:
 
     def key(self, model: str | None, key_fields: Any, headers: Mapping[str, str]) -> CacheKey:
         return self.rc.key(model, key_fields, headers)
+
+    def tenant(self, headers: Mapping[str, str], extra: tuple[str, ...] = ()) -> str:
+        """The request's tenant identity over this route's credential headers and `extra`
+        (the header names resolved once per route, not per request)."""
+        names = self._identity_names.get(extra)
+        if names is None:
+            names = credential_headers((*self.rc.tenant_headers, *extra))
+            self._identity_names[extra] = names
+        return tenant_of(headers, names, resolved=True)
 
     def fast_hit(self, alias: AliasKey) -> tuple[CacheEntry, object] | None:
         """The L1 entry (and remembered framing) for request bytes seen before, or None."""

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cache.tenant import TenantHasher, tenant_of
+from cache.tenant import TenantHasher, credential_headers, tenant_of
 
 __all__ = [
     "CacheKey",
@@ -77,19 +77,20 @@ class CacheKey:
 class KeyBuilder:
     """Builds keys for one route; the route's hash is computed once."""
 
-    __slots__ = ("_hasher", "_route", "_route_h", "_tenant_headers")
+    __slots__ = ("_hasher", "_identity_names", "_route", "_route_h", "_tenant_headers")
 
     def __init__(self, route: str, tenant_headers: Sequence[str], hasher: TenantHasher) -> None:
         """tenant_headers: the route's extra credential headers (the built-in ones always count)."""
         self._route = route
         self._route_h = short_hash(route)
         self._tenant_headers = tuple(tenant_headers)
+        self._identity_names = credential_headers(self._tenant_headers)
         self._hasher = hasher
 
     def build(
         self, model: str | None, key_fields: Any, headers: Mapping[str, str] | None
     ) -> CacheKey:
-        tenant = self._hasher.digest(tenant_of(headers, self._tenant_headers))
+        tenant = self._hasher.digest(tenant_of(headers, self._identity_names, resolved=True))
         model_s = model or ""
         h = hashlib.blake2b(digest_size=_DIGEST)
         # Length-prefixed parts: no value can shift bytes into its neighbour.

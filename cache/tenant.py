@@ -41,9 +41,7 @@ def credential_headers(extra: Iterable[str] = ()) -> tuple[str, ...]:
 def _values(headers: Mapping[str, str], name: str) -> list[str]:
     getall = getattr(headers, "getall", None)
     if getall is not None:
-        # a multidict (case-insensitive): most credential headers are absent, and `in` says so
-        # without building a list (this runs for every name on every cached request)
-        return list(getall(name)) if name in headers else []
+        return list(getall(name, []))
     # plain dicts (tests, purge bodies): names are matched without regard to case
     return [v for k, v in headers.items() if k.lower() == name]
 
@@ -54,14 +52,24 @@ def _safe(value: str) -> str:
     return value.encode("utf-8", "surrogateescape").decode("latin-1")
 
 
-def tenant_of(headers: Mapping[str, str] | None, names: Sequence[str] = ()) -> str:
+def tenant_of(
+    headers: Mapping[str, str] | None, names: Sequence[str] = (), *, resolved: bool = False
+) -> str:
     """The identity string of a request: every credential header present (built-ins + `names`),
-    each value length-prefixed so no value can shift into its neighbour. "" = no credentials."""
+    each value length-prefixed so no value can shift into its neighbour. "" = no credentials.
+    `resolved`: `names` already is `credential_headers(...)`'s answer (hot callers keep it)."""
     if headers is None:
         return ""
+    wanted = names if resolved else credential_headers(names)
+    getall = getattr(headers, "getall", None)
+    if getall is not None:
+        # a multidict (case-insensitive): `in` skips the absent ones, most of them, cheaply
+        present = [(name, getall(name)) for name in wanted if name in headers]
+    else:
+        present = [(name, _values(headers, name)) for name in wanted]
     parts = []
-    for name in credential_headers(names):
-        for value in _values(headers, name):
+    for name, values in present:
+        for value in values:
             v = _safe(value)
             parts.append(f"{name}:{len(v)}:{v}")
     return "\n".join(parts)

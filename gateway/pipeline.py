@@ -36,7 +36,6 @@ from cache import (
     Flows,
     Hit,
     request_directives,
-    tenant_of,
 )
 from gateway import responses
 from gateway.config import LimitSettings
@@ -260,7 +259,7 @@ class Pipeline:
 
     def _alias(self, request: web.Request, flow: CacheFlow, body: bytes) -> AliasKey:
         # with the headers an adapter keys on (same bytes, other anthropic-version: another key)
-        tenant = tenant_of(request.headers, (*flow.rc.tenant_headers, *KEYED_HEADERS))
+        tenant = flow.tenant(request.headers, KEYED_HEADERS)
         return (
             flow.route,
             request.method,

@@ -11,6 +11,7 @@ from cache.keys import KeyBuilder
 from cache.tenant import (
     SECRET_ENV,
     TenantHasher,
+    credential_headers,
     identity_from_purge,
     resolve_secret,
     share_generated_secret,
@@ -99,3 +100,22 @@ def test_generated_secret_is_put_where_forked_workers_find_it() -> None:
     configured: dict[str, str] = {}
     share_generated_secret("from-config-secret", configured)
     assert configured == {}
+
+
+def test_identity_is_the_same_from_a_multidict_a_dict_and_resolved_names() -> None:
+    """The hot path resolves the header names once and skips absent ones; the identity (and so
+    every key and alias) must not depend on which way it was computed."""
+    pairs = [
+        ("Host", "gw"),
+        ("Authorization", "Bearer k"),
+        ("API-KEY", "a"),
+        ("api-key", "b"),
+        ("X-Tenant", "t1"),
+    ]
+    extra = ["X-Tenant", "anthropic-version"]
+    multi = CIMultiDict(pairs)
+    want = "api-key:1:a\napi-key:1:b\nauthorization:8:Bearer k\nx-tenant:2:t1"
+    assert tenant_of(multi, extra) == want
+    assert tenant_of(multi, credential_headers(extra), resolved=True) == want
+    assert tenant_of(dict(pairs), extra) == want
+    assert tenant_of(CIMultiDict([("Host", "gw")]), extra) == ""
