@@ -84,7 +84,10 @@ class RedisLeaseSettings(_Frozen):
 
 class RedisSettings(_Frozen):
     # None (e.g. an unset ${LATENTGATE_REDIS_URL:-}) means no Redis: memory only.
+    # cluster/sentinel: the URL lists seed nodes / sentinels, comma-separated (cache.redis_client).
     url: str | None = None
+    mode: Literal["standalone", "cluster", "sentinel"] = "standalone"
+    sentinel_master: str = "mymaster"  # the primary's name in sentinel mode
     timeouts: RedisTimeouts = RedisTimeouts()
     pool: RedisPoolSettings = RedisPoolSettings()
     breaker: RedisBreakerSettings = RedisBreakerSettings()

@@ -3,6 +3,11 @@
 Every operation has a short deadline and goes through a breaker; a Redis that is down, slow or
 flapping costs a request at most one op timeout, then nothing while the breaker is open.
 redis-py errors are mapped to the CacheError tree here (`map_errors`) and never leave this module.
+An outage is logged when it starts and when it ends (`OutageLog`), never once per request; the
+failures are counted in `latentgate_cache_redis_errors_total`.
+
+Modes (cache.redis_client): standalone, sentinel (one primary at a time, found by name) and
+cluster, where a batch of GETs is split by hash slot, and purge and stats visit every primary.
 """
 
 from __future__ import annotations
@@ -15,16 +20,15 @@ from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.asyncio import RedisCluster
 
 from cache.breaker import Breaker
 from cache.codec import CacheEntry, decode, encode
 from cache.errors import CodecError, TierError, TierTimeout
 from cache.keys import Selector
 from cache.metrics import CacheMetrics
+from cache.outage import OutageLog
+from cache.redis_client import REDIS_ERRORS, connect
 from cache.settings import RedisSettings
 
 log = logging.getLogger("latentgate.cache.redis")
@@ -48,15 +52,15 @@ class RedisTier:
         self.breaker = Breaker(
             settings.breaker.failures, settings.breaker.open_s, on_change=self._breaker_changed
         )
-        pool = BlockingConnectionPool.from_url(
-            settings.url,
-            max_connections=settings.pool.max_connections,
-            timeout=settings.timeouts.op,
+        self.client = connect(
+            settings,
             socket_timeout=settings.timeouts.op,
-            socket_connect_timeout=settings.timeouts.connect,
+            max_connections=settings.pool.max_connections,
         )
-        # No retries inside redis-py: a retry multiplies the time an outage costs a request.
-        self.client = Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
+        self.cluster = isinstance(self.client, RedisCluster)
+        self._outage = OutageLog(
+            log, f"redis ({settings.mode})", "latentgate_cache_redis_errors_total"
+        )
         self._release = self.client.register_script(_RELEASE)
         self._tasks: set[asyncio.Task[None]] = set()
         # GETs issued in the same loop iteration go out as one MGET (see _batched_get).
@@ -64,7 +68,8 @@ class RedisTier:
 
     def _breaker_changed(self, state: int) -> None:
         self._metrics.breaker_state.set(state)
-        log.warning("redis breaker is now %s", ("closed", "open", "half-open")[state])
+        # open ⇄ half-open repeats every open_s during an outage: only its ends are news
+        log.debug("redis breaker is now %s", ("closed", "open", "half-open")[state])
 
     @asynccontextmanager
     async def _guard(self, op: str, deadline_s: float | None = None) -> AsyncIterator[None]:
@@ -75,13 +80,16 @@ class RedisTier:
                 yield
             verdict = True
             self.breaker.success()
+            self._outage.ok()
         except TimeoutError as exc:
             verdict = True
             self._failed(op, "timeout")
+            self._outage.failed(f"{op} timed out after {deadline_s or self._op:g}s")
             raise TierTimeout(f"redis {op} timed out") from exc
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             verdict = True
             self._failed(op, type(exc).__name__)
+            self._outage.failed(f"{op}: {type(exc).__name__}: {exc}")
             raise TierError(f"redis {op} failed: {exc}") from exc
         finally:
             if not verdict:
@@ -128,9 +136,13 @@ class RedisTier:
 
     async def _mget(self, batch: dict[str, list[asyncio.Future[Raw]]]) -> None:
         keys = list(batch)
+        full = [self.prefix + k for k in keys]
         try:
             async with self._guard("get"):
-                values = await self.client.mget([self.prefix + k for k in keys])
+                if self.cluster:  # one MGET per hash slot, sent together
+                    values = await self.client.mget_nonatomic(full)  # type: ignore[union-attr]
+                else:
+                    values = await self.client.mget(full)
         except TierError as exc:
             for futs in batch.values():
                 for f in futs:
@@ -215,11 +227,18 @@ class RedisTier:
                 n = 0
                 async for _ in self.client.scan_iter(match=self.prefix + "*", count=1000):
                     n += 1
-                info = await self.client.info("memory")
-            out.update(entries=n, bytes=int(info.get("used_memory", 0)))
+                used = await self._used_memory()
+            out.update(entries=n, bytes=used)
         except TierError as exc:
             out["error"] = str(exc)
         return out
+
+    async def _used_memory(self) -> int:
+        if not self.cluster:
+            info = await self.client.info("memory")
+            return int(info.get("used_memory", 0))
+        per_node: Any = await self.client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+        return sum(int(i.get("used_memory", 0)) for i in per_node.values())
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
