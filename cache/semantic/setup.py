@@ -71,10 +71,17 @@ class SemanticSetup:
         self._engine_metrics = engine_metrics
         self.metrics = SemanticMetrics(registry)
         self.index = VectorIndex(
-            384, flat_max=s.flat_max, hnsw_m=s.hnsw_m, ef_search=s.ef_search, device=s.device
+            384,
+            flat_max=s.flat_max,
+            hnsw_m=s.hnsw_m,
+            ef_search=s.ef_search,
+            device=s.device,
+            quantizer=s.quantizer,
         )
         max_entries = max(r.cache.semantic.max_entries for r in routes)
-        self.stage = SemanticStage(_Pending(), self.index, self.metrics, max_entries)
+        self.stage = SemanticStage(
+            _Pending(), self.index, self.metrics, max_entries, max_bytes=s.max_bytes
+        )
         self.routes: dict[str, SemanticRoute] = {}
         for r in routes:
             p = r.cache.semantic

@@ -45,7 +45,7 @@ def _pack(entry: Entry) -> bytes:
             "ns": entry.namespace,
             "k": entry.exact_key,
             "t": entry.text,
-            "v": np.asarray(entry.vector, np.float32).tobytes(),
+            "v": np.asarray(entry.vector, np.float32).tobytes(),  # the caller's full vector
             "x": entry.expires_at,
             "b": entry.bar,
         }
