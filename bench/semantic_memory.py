@@ -28,7 +28,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from cache.keys import KeyBuilder
-from cache.semantic.index import VectorIndex
+from cache.semantic.index import Quantizer, VectorIndex
 from cache.semantic.metrics import SemanticMetrics
 from cache.semantic.namespace import namespace_of
 from cache.semantic.stage import Entry, SemanticStage
@@ -154,9 +154,10 @@ def agreement() -> list[dict[str, Any]]:
     a = a[np.sort(first)]
     exact = np.argmax(b @ a.T, axis=1)
     out = []
-    for quantizer in ("fp32", "fp16", "8bit"):
+    quantizers: tuple[Quantizer, ...] = ("fp32", "fp16", "8bit")
+    for quantizer in quantizers:
         for flat_max in (20_000, 100):
-            index = VectorIndex(DIM, device="cpu", quantizer=quantizer, flat_max=flat_max)  # type: ignore[arg-type]
+            index = VectorIndex(DIM, device="cpu", quantizer=quantizer, flat_max=flat_max)
             for i, v in enumerate(a):
                 index.add("ns", i, v)
             got = np.asarray([index.search("ns", q, 1)[0][0] for q in b])

@@ -30,6 +30,11 @@ class OutageLog:
                 self.counter_hint,
             )
 
+    def count(self) -> None:
+        """A failure that does not by itself change the state (e.g. before a breaker opens)."""
+        if self.failing:
+            self.failures += 1
+
     def ok(self) -> None:
         if self.failing:
             self._log.warning("%s recovered after %d failures", self.what, self.failures)

@@ -27,8 +27,10 @@ from redis.exceptions import RedisClusterException, RedisError
 from cache.settings import RedisSettings
 
 AnyRedis = Redis | RedisCluster
-# What a failing Redis raises in any mode (cluster routing errors are not RedisErrors).
-REDIS_ERRORS = (RedisError, RedisClusterException, OSError)
+# What a failing Redis raises in any mode (cluster routing errors are not RedisErrors), plus
+# RuntimeError: redis-py's cluster client writes to a transport uvloop already closed when a
+# node dies mid-command ("unable to perform operation on <TCPTransport closed=True>").
+REDIS_ERRORS = (RedisError, RedisClusterException, OSError, RuntimeError)
 
 
 def parse_hosts(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:

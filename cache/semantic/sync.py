@@ -27,6 +27,7 @@ from typing import Any
 
 import msgpack
 import numpy as np
+from redis.asyncio import RedisCluster
 from redis.typing import EncodableT, FieldT
 
 from cache.outage import OutageLog
@@ -97,7 +98,13 @@ class RedisSync:
         pipeline; the tail blocks in XREAD for block_ms, so its connection's timeout is above
         that (with the op timeout on it, every idle read failed and warned)."""
         t = settings.timeouts
-        pub = connect(settings, socket_timeout=max(t.op, 0.5), max_connections=8)
+        # sentinel and cluster pools refuse (not queue) past max_connections: size it like
+        # the tier's pool, for bursts of concurrent misses
+        pub = connect(
+            settings,
+            socket_timeout=max(t.op, 0.5),
+            max_connections=settings.pool.max_connections,
+        )
         tail = connect(
             settings, socket_timeout=block_ms / 1000 + 1.0 + t.connect, max_connections=2
         )
@@ -155,21 +162,28 @@ class RedisSync:
         """The hash record (written, or deleted when `record` is None) and the stream event in
         one round trip. A Redis failure is logged and counted, never raised: the local index
         already has the change."""
+        fields: dict[FieldT, EncodableT] = {"o": self.origin}
+        fields.update(event)
         try:
-            async with self.redis.pipeline(transaction=False) as p:
+            if isinstance(self.redis, RedisCluster):
+                # Two commands, not a cluster pipeline: a plain command that meets a dead node
+                # makes the client re-read the slot map (and so find the promoted replica);
+                # redis-py's cluster pipeline kept dialling the dead primary.
                 if record is None:
-                    p.hdel(self.entries_key, key)
+                    await self.redis.hdel(self.entries_key, key)
                 else:
-                    p.hset(self.entries_key, key, record)
-                fields: dict[FieldT, EncodableT] = {"o": self.origin}
-                fields.update(event)
-                p.xadd(
-                    self.stream_key,
-                    fields,
-                    maxlen=STREAM_MAXLEN,
-                    approximate=True,
+                    await self.redis.hset(self.entries_key, key, record)
+                await self.redis.xadd(
+                    self.stream_key, fields, maxlen=STREAM_MAXLEN, approximate=True
                 )
-                await p.execute()
+            else:
+                async with self.redis.pipeline(transaction=False) as p:
+                    if record is None:
+                        p.hdel(self.entries_key, key)
+                    else:
+                        p.hset(self.entries_key, key, record)
+                    p.xadd(self.stream_key, fields, maxlen=STREAM_MAXLEN, approximate=True)
+                    await p.execute()
             self._m.labels("publish", "ok").inc()
             self._publish_log.ok()
         except REDIS_ERRORS as exc:

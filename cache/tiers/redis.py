@@ -22,7 +22,7 @@ from typing import Any
 
 from redis.asyncio import RedisCluster
 
-from cache.breaker import Breaker
+from cache.breaker import CLOSED, OPEN, Breaker
 from cache.codec import CacheEntry, decode, encode
 from cache.errors import CodecError, TierError, TierTimeout
 from cache.keys import Selector
@@ -58,8 +58,14 @@ class RedisTier:
             max_connections=settings.pool.max_connections,
         )
         self.cluster = isinstance(self.client, RedisCluster)
+        # A cluster client first learns the slot map (CLUSTER SLOTS, a connection per node):
+        # that gets the connect timeout, not a request's op deadline.
+        self._mapped = not self.cluster
+        self._last_error = ""
         self._outage = OutageLog(
-            log, f"redis ({settings.mode})", "latentgate_cache_redis_errors_total"
+            log,
+            f"redis ({settings.mode}), breaker open,",
+            "latentgate_cache_redis_errors_total",
         )
         self._release = self.client.register_script(_RELEASE)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -69,27 +75,36 @@ class RedisTier:
     def _breaker_changed(self, state: int) -> None:
         self._metrics.breaker_state.set(state)
         # open ⇄ half-open repeats every open_s during an outage: only its ends are news
+        # One line when the breaker opens after having been closed and one when it closes
+        # again: open ⇄ half-open repeats every open_s during an outage and is not news.
         log.debug("redis breaker is now %s", ("closed", "open", "half-open")[state])
+        if state == OPEN:
+            self._outage.failed(self._last_error)
+        elif state == CLOSED:
+            self._outage.ok()
 
     @asynccontextmanager
     async def _guard(self, op: str, deadline_s: float | None = None) -> AsyncIterator[None]:
         """map_errors + deadline + breaker bookkeeping for one Redis operation."""
         verdict = False
         try:
+            if not self._mapped:
+                async with asyncio.timeout(self.settings.timeouts.connect * 4):
+                    await self.client.initialize()
+                self._mapped = True
             async with asyncio.timeout(deadline_s or self._op):
                 yield
             verdict = True
             self.breaker.success()
-            self._outage.ok()
         except TimeoutError as exc:
             verdict = True
+            self._last_error = f"{op} timed out after {deadline_s or self._op:g}s"
             self._failed(op, "timeout")
-            self._outage.failed(f"{op} timed out after {deadline_s or self._op:g}s")
             raise TierTimeout(f"redis {op} timed out") from exc
         except REDIS_ERRORS as exc:
             verdict = True
+            self._last_error = f"{op}: {type(exc).__name__}: {exc}"
             self._failed(op, type(exc).__name__)
-            self._outage.failed(f"{op}: {type(exc).__name__}: {exc}")
             raise TierError(f"redis {op} failed: {exc}") from exc
         finally:
             if not verdict:
@@ -97,6 +112,7 @@ class RedisTier:
 
     def _failed(self, op: str, kind: str) -> None:
         self._metrics.redis_errors.labels(op, kind).inc()
+        self._outage.count()
         self.breaker.failure()
 
     async def get(self, key: str) -> CacheEntry | None:
@@ -143,11 +159,16 @@ class RedisTier:
                     values = await self.client.mget_nonatomic(full)  # type: ignore[union-attr]
                 else:
                     values = await self.client.mget(full)
-        except TierError as exc:
+        except BaseException as exc:
+            # Every waiter gets an answer, whatever went wrong: a lookup must never hang on an
+            # unanswered future (cancellation included).
+            err = exc if isinstance(exc, TierError) else TierError(f"redis get failed: {exc!r}")
             for futs in batch.values():
                 for f in futs:
                     if not f.done():
-                        f.set_exception(exc)
+                        f.set_exception(err)
+            if not isinstance(exc, TierError):
+                raise
             return
         for k, v in zip(keys, values, strict=True):
             for f in batch[k]:
