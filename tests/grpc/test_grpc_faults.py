@@ -122,7 +122,6 @@ def test_hedge_answers_from_the_fast_replica(start_gateway: Callable[..., Server
             pool={"balancer": {"policy": "round_robin"}},
         )
         c = client(start_gateway(cfg))
-        started = time.monotonic()
         replicas = [_replica({}, c.infer("m", _input(float(i)))) for i in range(4)]
         assert replicas == ["fast"] * 4  # no answer came from the slow replica
         assert slow.model.calls["ModelInfer"] >= 1  # it was tried, and beaten
