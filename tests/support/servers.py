@@ -174,7 +174,10 @@ class GatewayProcess:
     ) -> None:
         self.port = free_port()
         cfg = dict(config)
-        listeners = [x for x in cfg.get("listeners", []) if "unix" in x]
+        # The main TCP listener is this object's; unix sockets and gRPC listeners are kept.
+        listeners = [
+            x for x in cfg.get("listeners", []) if "unix" in x or x.get("protocol") == "grpc"
+        ]
         cfg["listeners"] = [{"name": "main", "host": "127.0.0.1", "port": self.port}, *listeners]
         fd, self.config_path = tempfile.mkstemp(suffix=".yaml", prefix="lg-")
         with os.fdopen(fd, "w") as f:
