@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
-from redis.asyncio import Redis
 
 from cache.embedder import Embedder, load_embedder
 from cache.keys import Selector
@@ -72,10 +71,17 @@ class SemanticSetup:
         self._engine_metrics = engine_metrics
         self.metrics = SemanticMetrics(registry)
         self.index = VectorIndex(
-            384, flat_max=s.flat_max, hnsw_m=s.hnsw_m, ef_search=s.ef_search, device=s.device
+            384,
+            flat_max=s.flat_max,
+            hnsw_m=s.hnsw_m,
+            ef_search=s.ef_search,
+            device=s.device,
+            quantizer=s.quantizer,
         )
         max_entries = max(r.cache.semantic.max_entries for r in routes)
-        self.stage = SemanticStage(_Pending(), self.index, self.metrics, max_entries)
+        self.stage = SemanticStage(
+            _Pending(), self.index, self.metrics, max_entries, max_bytes=s.max_bytes
+        )
         self.routes: dict[str, SemanticRoute] = {}
         for r in routes:
             p = r.cache.semantic
@@ -91,7 +97,6 @@ class SemanticSetup:
             )
             self.routes[r.name] = SemanticRoute(self.stage, r.name, p, ver)
         self._sync: RedisSync | None = None
-        self._redis: Redis | None = None
         self._cross_encoder: CrossEncoder | None = None
 
     async def open(self) -> None:
@@ -140,12 +145,7 @@ class SemanticSetup:
         await self._open_cross_encoder()
         redis = self.settings.redis
         if s.sync and redis is not None and redis.url:
-            self._redis = Redis.from_url(
-                redis.url,
-                socket_timeout=max(redis.timeouts.op, 0.5),
-                socket_connect_timeout=redis.timeouts.connect,
-            )
-            self._sync = RedisSync(self.stage, self._redis, redis.key_prefix)
+            self._sync = RedisSync.from_settings(self.stage, redis)
             await self._sync.start()
 
     async def _open_cross_encoder(self) -> None:
@@ -184,8 +184,6 @@ class SemanticSetup:
     async def aclose(self) -> None:
         if self._sync is not None:
             await self._sync.aclose()
-        if self._redis is not None:
-            await self._redis.aclose()
         await self.stage.embedder.aclose()
         if self._cross_encoder is not None:
             self._cross_encoder.close()
