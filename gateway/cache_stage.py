@@ -34,6 +34,7 @@ from gateway.errors import BadGateway, GatewayError
 from gateway.headers import downstream_headers
 from gateway.protocols import openai_sse
 from gateway.protocols.base import Call
+from gateway.semantic_labels import audit_fetch, entry_loader
 
 if TYPE_CHECKING:
     import numpy as np
@@ -155,7 +156,7 @@ class CacheStage:
                 return resp  # (an entry that cannot take this framing is treated as a miss)
         vector = None  # the semantic vector of this call, embedded once for lookup and store
         if found is None and directives.lookup:
-            sem, vector = await self._semantic_lookup(rc, call, key, directives, timing, t)
+            sem, vector = await self._semantic_lookup(rc, call, key, directives, timing, t, fetch)
             if sem is not None:
                 return sem
         if not directives.store:
@@ -203,7 +204,7 @@ class CacheStage:
             entry = rc.entry(up.status, kept, body=up.body or b"", model=call.model, kind=call.kind)
             if storable:
                 await rc.store(key, entry)
-                await self._index_semantic(rc, call, key, vector)
+                await self._index_semantic(rc, call, key, vector, entry)
             return Outcome(entry=entry, shareable=shareable)
         return await self._tee(
             request, rc, call, key, up, kept, storable, shareable, timing, x_cache, vector
@@ -270,7 +271,7 @@ class CacheStage:
             entry = rc.entry(up.status, kept, body=bytes(copy), model=call.model, kind=call.kind)
         if storable:
             await rc.store(key, entry)
-            await self._index_semantic(rc, call, key, vector)
+            await self._index_semantic(rc, call, key, vector, entry)
         return Outcome(entry=entry, shareable=shareable, response=resp)
 
     async def _semantic_lookup(
@@ -281,6 +282,7 @@ class CacheStage:
         directives: RequestDirectives,
         timing: Timing,
         t: float,
+        fetch: Fetch,
     ) -> tuple[web.Response | None, np.ndarray | None]:
         """After an exact miss: a verified near-duplicate's stored answer, in this namespace,
         and the call's vector (for the store after a miss)."""
@@ -299,7 +301,12 @@ class CacheStage:
         vector = hit = None
         try:
             vector = await sr.embed(call)
-            hit = await sr.lookup(call, key.tenant_h, payload, vector)
+            # issue 14 (error budget): search = lookup + the unserved candidate to label
+            res = await sr.search(call, key.tenant_h, payload, vector)
+            hit = res.hit
+            call.extra["semantic_candidate"] = res.candidate
+            if hit is not None and sr.should_audit(call, hit):
+                sr.audit(call, hit, found[hit.exact_key], audit_fetch(fetch, call))
         except Exception:  # the cache boundary: a semantic failure is a miss, never an error
             log.exception("semantic lookup failed on route %s", rc.route)
         timing.add("semantic", t)
@@ -313,12 +320,20 @@ class CacheStage:
         return resp, vector
 
     async def _index_semantic(
-        self, rc: RouteCache, call: Call, key: CacheKey, vector: np.ndarray | None
+        self,
+        rc: RouteCache,
+        call: Call,
+        key: CacheKey,
+        vector: np.ndarray | None,
+        entry: CacheEntry,
     ) -> None:
         sr = self.semantic.get(rc.route)
         if sr is None:
             return
         try:
             await sr.remember(call, key.tenant_h, key.value, rc.policy.ttl, vector)
+            cand = call.extra.get("semantic_candidate")  # issue 14: label the unserved candidate
+            if cand is not None:
+                sr.label_after_miss(call, cand, entry_loader(rc, cand.exact_key), entry)
         except Exception:  # the cache boundary: the response still goes out
             log.exception("semantic store failed on route %s", rc.route)
