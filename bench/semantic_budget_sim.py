@@ -11,7 +11,6 @@ at them.
 from __future__ import annotations
 
 import argparse
-import random
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,7 +36,7 @@ class RouteSim:
     exact: dict[str, int] = field(default_factory=dict)
     hits: int = 0
     audits: int = 0
-    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    credit: float = 0.0
     log: list[tuple[int, int]] = field(default_factory=list)  # per request: (hit, wrong)
 
 
@@ -104,7 +103,9 @@ def _budget(r, i, classes, info, v, top, cos, cands, cvecs, ver) -> int:  # type
             rate = r.audit_rate
             if bar.labels < LEARNING_LABELS:
                 rate = min(AUDIT_CAP, 2 * rate)
-            if r.audits + 1 <= AUDIT_CAP * r.hits and r.rng.random() < rate:
+            r.credit += rate
+            if r.credit >= 1.0 - 1e-9 and r.audits + 1 <= AUDIT_CAP * r.hits + 1e-9:
+                r.credit -= 1.0
                 r.audits += 1
                 agree = classes[r.keys[j]] == classes[i]
                 g.label(c, p, agree)

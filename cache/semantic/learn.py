@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
@@ -41,7 +40,6 @@ class RouteBudget:
         stage: SemanticStage,
         metrics: SemanticMetrics,
         audit_rate: float,
-        seed: int = 0,
     ) -> None:
         self.route = route
         self.grid = grid
@@ -51,7 +49,7 @@ class RouteBudget:
         self.audit_rate = audit_rate
         self.hits = 0
         self.audits = 0
-        self._rng = random.Random(seed)
+        self._credit = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         # Called with (cosine, score, wrong, volume) deltas: the shared store's hook.
         self.on_count: Callable[[float, float, int, int, int], None] | None = None
@@ -86,8 +84,11 @@ class RouteBudget:
         rate = self.audit_rate
         if self.grid.bar().labels < LEARNING_LABELS:
             rate = min(AUDIT_CAP, 2 * rate)
-        if self.audits + 1 > AUDIT_CAP * self.hits or self._rng.random() >= rate:
+        # A credit per hit rather than a coin: exactly `rate` of the hits, evenly spread.
+        self._credit += rate
+        if self._credit < 1.0 - 1e-9 or self.audits + 1 > AUDIT_CAP * self.hits + 1e-9:
             return False
+        self._credit -= 1.0
         self.audits += 1
         return True
 
