@@ -23,6 +23,7 @@ import argparse
 import http.client
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,7 +93,7 @@ def routes_config(upstream: str) -> dict[str, Any]:
     policy = default_policy()
     chat = next(r for r in cfg["routes"] if r["name"] == "chat")
     routes = []
-    for name in ("static", *(f"budget-{b}" for b in BUDGETS)):
+    for name in ("static", *(f"budget-{b:.2f}" for b in BUDGETS)):
         sem = dict(policy)
         if name != "static":
             sem["max_error_rate"] = float(name.split("-")[1])
@@ -140,7 +141,7 @@ def run_stream(stream: Stream) -> dict[str, Any]:
     gw = GatewayProcess(routes_config(upstream.url)).start()
     runs = [
         RouteRun(m, http.client.HTTPConnection("127.0.0.1", gw.port))
-        for m in ("static", *(f"budget-{b}" for b in BUDGETS))
+        for m in ("static", *(f"budget-{b:.2f}" for b in BUDGETS))
     ]
     texts = stream.first + stream.second
     t0 = time.perf_counter()
@@ -153,7 +154,8 @@ def run_stream(stream: Stream) -> dict[str, Any]:
         time.sleep(1.0)  # the last background labels
         state = admin(gw.port)
         assert upstream.app is not None
-        calls = dict(upstream.app[CALLS])
+        counted: Counter[str] = upstream.app[CALLS]
+        calls = dict(counted)
     finally:
         for r in runs:
             r.conn.close()

@@ -13,8 +13,8 @@ from collections import Counter
 
 from aiohttp import web
 
-ANSWERS = web.AppKey("answers", dict)
-CALLS = web.AppKey("calls", Counter)
+ANSWERS: web.AppKey[dict[str, str]] = web.AppKey("answers", dict)
+CALLS: web.AppKey[Counter[str]] = web.AppKey("calls", Counter)
 
 
 def class_answer(cls: str) -> str:
