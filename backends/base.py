@@ -57,6 +57,8 @@ class UpstreamResponse:
 
 class Backend(Protocol):
     name: str
+    # What its time is called in Server-Timing: "upstream" for replicas, "engine" for local models.
+    timing_stage: str
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse: ...
 

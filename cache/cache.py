@@ -10,8 +10,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
@@ -110,6 +109,30 @@ class Cache:
         }
 
 
+class Claim:
+    """A Redis lease held (or not) for one key; see RouteCache.claim."""
+
+    __slots__ = ("_key", "_redis", "_token", "peer")
+
+    def __init__(
+        self,
+        peer: CacheEntry | None = None,
+        redis: RedisTier | None = None,
+        key: str = "",
+        token: str | None = None,
+    ) -> None:
+        self.peer = peer
+        self._redis = redis
+        self._key = key
+        self._token = token
+
+    async def release(self) -> None:
+        redis, token = self._redis, self._token
+        self._redis = self._token = None
+        if redis is not None and token is not None:
+            await redis.release_lease(self._key, token)
+
+
 class RouteCache:
     """One route's exact cache: its key layout, tier stack and policy, all resolved once."""
 
@@ -197,40 +220,38 @@ class RouteCache:
         except Exception:  # the cache boundary: a failed insert is logged, the response still goes
             log.exception("cache store failed on route %s", self.route)
 
-    async def coalesce(
-        self, key: CacheKey, compute: Callable[[], Awaitable[T]], shareable: Callable[[T], bool]
-    ) -> tuple[T, bool]:
-        if not self.policy.coalesce:
-            return await compute(), True
-        return await self.cache.flights.run(
-            key.value, compute, self.policy.coalesce_wait_s, shareable
-        )
+    async def peek(self, key_value: str, directives: RequestDirectives) -> CacheEntry | None:
+        """An entry by its stored key (the semantic stage's payloads), through the same error
+        boundary as `lookup` but not counted as a lookup of this request's own key."""
+        try:
+            found = await self.tiers.lookup(key_value)
+        except Exception:  # the cache boundary: a broken tier is a miss
+            log.exception("cache peek failed on route %s", self.route)
+            return None
+        if found is None or not directives.acceptable(found[0].age()):
+            return None
+        return found[0]
 
-    @asynccontextmanager
-    async def lease(self, key: CacheKey) -> AsyncIterator[CacheEntry | None]:
+    async def claim(self, key: CacheKey) -> Claim:
         """Cross-process single flight through Redis, best effort.
 
-        Yields None when this process should compute (it holds the lease, or Redis cannot say),
-        or the entry a peer stored while this process waited for the peer's lease.
+        The claim's `peer` is the entry another process stored while this one waited for its
+        lease; otherwise this process computes, holding the lease (when Redis could grant one)
+        until `release()`, which the caller owes once its answer is stored.
         """
         redis = self.cache.redis
         lease = redis.settings.lease if redis is not None else None
         if redis is None or lease is None or not lease.enabled or not self.tiers.has_l2:
-            yield None
-            return
+            return Claim()
         token = await redis.acquire_lease(key.value, lease.ttl_ms)
         if token is None:
             peer = await self._await_peer(redis, key, lease.ttl_ms / 1000, lease.poll_ms / 1000)
             if peer is not None:
                 if self.tiers.l1 is not None:
                     self.tiers.l1.put_now(key.value, peer)
-                yield peer
-                return
-        try:
-            yield None
-        finally:
-            if token is not None:
-                await redis.release_lease(key.value, token)
+                return Claim(peer=peer)
+            return Claim()
+        return Claim(redis=redis, key=key.value, token=token)
 
     async def _await_peer(
         self, redis: RedisTier, key: CacheKey, budget_s: float, poll_s: float

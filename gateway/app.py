@@ -12,13 +12,18 @@ from backends.local.shared import EngineShare
 from backends.remote.metrics import RemoteMetrics
 from backends.settings import BackendSettings
 from cache.cache import Cache
+from cache.codec import CacheEntry
+from cache.flow import CacheFlow, Flows
+from cache.semantic.off import NoSemantic
+from cache.semantic.route import SemanticRoute
 from cache.semantic.setup import build_semantic, semantic_routes
+from cache.singleflight import SingleFlight
 from gateway import admin, admin_semantic, reload
-from gateway.cache_stage import CacheStage
 from gateway.config import RouteSettings, Settings
 from gateway.metrics import Metrics
 from gateway.middleware import listener_roles
 from gateway.pipeline import Pipeline
+from gateway.protocols.anthropic import AnthropicAdapter
 from gateway.protocols.base import Adapter
 from gateway.protocols.openai import OpenAIAdapter
 from gateway.protocols.passthrough import PassthroughAdapter
@@ -31,6 +36,8 @@ from gateway.tracing import build_tracing
 def build_adapter(route: RouteSettings) -> Adapter:
     if route.protocol == "openai":
         return OpenAIAdapter(frozenset(route.cache.exact.key.ignore_fields))
+    if route.protocol == "anthropic":
+        return AnthropicAdapter(frozenset(route.cache.exact.key.ignore_fields))
     if route.protocol == "v2":
         return V2Adapter(route.cache.semantic.field)
     return PassthroughAdapter()
@@ -69,16 +76,26 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     backends = make_backends(settings.backends)
     router = build_router(settings)
     cache = Cache(settings.cache, metrics.registry)
-    route_caches = {
-        r.name: rc for r in settings.routes if (rc := cache.for_route(r.name, r.cache.exact))
-    }
     semantic = build_semantic(
         settings.cache, metrics.registry, settings.routes, engine_metrics, engines
     )
     if semantic is not None:
         cache.purge_listeners.append(semantic.purge)
-    stage = CacheStage(route_caches, semantic_routes(semantic))
-    pipeline = Pipeline(router, backends, metrics, settings.limits, stage)
+    by_route: Mapping[str, SemanticRoute] = semantic_routes(semantic)
+    no_semantic = NoSemantic()
+    flights: SingleFlight[CacheEntry | None] = cache.flights
+
+    def build_flows(routes: list[RouteSettings]) -> dict[str, CacheFlow]:
+        """Each cached route's flow; routes share the process's single flight."""
+        flows = {}
+        for r in routes:
+            rc = cache.for_route(r.name, r.cache.exact)
+            if rc is not None:
+                flows[r.name] = CacheFlow(rc, by_route.get(r.name, no_semantic), flights)
+        return flows
+
+    flows = Flows(build_flows(settings.routes))
+    pipeline = Pipeline(router, backends, metrics, settings.limits, flows)
     pipeline.tracing = build_tracing(settings.tracing)
     state = AppState(
         settings=settings, metrics=metrics, backends=backends, pipeline=pipeline, cache=cache
@@ -86,10 +103,10 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
 
     def swap_policies(new: Settings) -> None:
         """A reload's cache policies: each route's cache rebuilt from its new exact policy."""
-        routes = {r.name: rc for r in new.routes if (rc := cache.for_route(r.name, r.cache.exact))}
-        for name in [n for n in cache.routes if n not in routes]:
+        new_flows = build_flows(new.routes)
+        for name in [n for n in cache.routes if n not in new_flows]:
             del cache.routes[name]
-        stage.replace_routes(routes)
+        flows.replace(new_flows)
 
     def pool_source() -> dict[str, dict[str, dict[str, int]]]:
         out = {}

@@ -88,7 +88,7 @@ class RouteMatch(_Frozen):
 class RouteSettings(_Frozen):
     name: str
     match: RouteMatch
-    protocol: Literal["openai", "v2", "passthrough"] = "passthrough"
+    protocol: Literal["openai", "anthropic", "v2", "passthrough"] = "passthrough"
     backend: str
     cache: CachePolicy = CachePolicy()
     upstream: RoutePolicy = RoutePolicy()

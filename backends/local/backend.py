@@ -57,6 +57,8 @@ def _json(doc: Any, status: int = 200) -> UpstreamResponse:
 
 
 class LocalBackend:
+    timing_stage = "engine"
+
     def __init__(
         self,
         name: str,

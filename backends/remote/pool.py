@@ -60,6 +60,8 @@ class _TrackedBody:
 
 
 class Pool:
+    timing_stage = "upstream"
+
     def __init__(
         self,
         name: str,

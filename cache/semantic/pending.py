@@ -32,6 +32,7 @@ class Flight:
     vector: np.ndarray
     info: TextInfo
     owner: PendingFlights
+    key: str = ""  # the leader's exact key (the flow waits on that exact flight)
     future: asyncio.Future[CacheEntry | None] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -74,8 +75,9 @@ class PendingFlights:
     def __len__(self) -> int:
         return sum(len(v) for v in self._by_ns.values())
 
-    def begin(self, namespace: str, text: str, vector: np.ndarray) -> Flight:
-        flight = Flight(namespace, text, np.asarray(vector, np.float32), text_info(text), self)
+    def begin(self, namespace: str, text: str, vector: np.ndarray, key: str = "") -> Flight:
+        vec = np.asarray(vector, np.float32)
+        flight = Flight(namespace, text, vec, text_info(text), self, key)
         self._by_ns.setdefault(namespace, []).append(flight)
         return flight
 

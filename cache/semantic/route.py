@@ -170,9 +170,13 @@ class SemanticRoute:
             self.namespace(call, tenant), call.semantic_text, vector, self.verifier, bar
         )
 
-    def begin(self, call: CallLike, tenant: str, vector: np.ndarray) -> Flight | None:
-        """Announce this miss's flight; the caller must `finish` (or `fail`) it."""
+    def begin(
+        self, call: CallLike, tenant: str, vector: np.ndarray, key: str = ""
+    ) -> Flight | None:
+        """Announce this miss's flight (key: its exact key); the caller must `finish` (or
+        `fail`) it."""
         if not self.applies(call):
             return None
         assert call.semantic_text is not None
-        return self.pending.begin(self.namespace(call, tenant), call.semantic_text, vector)
+        ns = self.namespace(call, tenant)
+        return self.pending.begin(ns, call.semantic_text, vector, key)

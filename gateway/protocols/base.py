@@ -15,6 +15,11 @@ MSGPACK_TYPES = frozenset(
     {"application/msgpack", "application/x-msgpack", "application/vnd.msgpack"}
 )
 
+# Request headers an adapter puts into its key (anthropic: the API version and beta set).
+# Anything keyed on request bytes without parsing them (the exact cache's alias) must tell
+# these apart too.
+KEYED_HEADERS = ("anthropic-version", "anthropic-beta")
+
 
 @dataclass(slots=True)
 class Call:

@@ -1,4 +1,5 @@
-"""A real HTTP model server for tests and benchmarks: OpenAI-compatible and Open Inference v2.
+"""A real HTTP model server for tests and benchmarks: OpenAI-compatible, the Anthropic Messages
+API (tests/support/upstream_anthropic.py) and Open Inference v2.
 
 Behaviour on demand through request headers:
   X-Test-Status: N        answer with status N and an OpenAI-style error body
@@ -25,6 +26,8 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
+
+from tests.support.upstream_anthropic import message_for, stream_events, write_stream
 
 NAME = web.AppKey("name", str)
 FAULTS = web.AppKey("faults", dict)
@@ -217,6 +220,19 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
         _stats(request.app)["in_flight"] -= 1
 
 
+async def messages(request: web.Request) -> web.StreamResponse:
+    try:
+        if (early := await _common(request)) is not None:
+            return early
+        body = await request.json()
+        msg = message_for(body, request.app[NAME])
+        if body.get("stream"):
+            return await write_stream(request, stream_events(msg), _extra_headers(request))
+        return web.json_response(msg, headers=_extra_headers(request))
+    finally:
+        _stats(request.app)["in_flight"] -= 1
+
+
 async def models(request: web.Request) -> web.Response:
     return web.json_response(
         {"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "test"}]}
@@ -372,6 +388,7 @@ def build_upstream(
     r.add_post("/v1/chat/completions", chat)
     r.add_post("/v1/completions", completions)
     r.add_post("/v1/embeddings", embeddings)
+    r.add_post("/v1/messages", messages)
     r.add_get("/v1/models", models)
     r.add_get("/health", health)
     r.add_get("/v2", v2_server)

@@ -1,0 +1,424 @@
+"""One cached call, start to finish: exact → semantic → coalesce → compute → store → index.
+
+The gateway hands in what it parsed (an `Ask`) and one backend callable; it gets back what to
+send (a `Hit` or a `Fresh` answer) and only renders and streams it. Nothing here knows HTTP:
+what is protocol-specific about an answer (may this client be served from that entry? is this
+recorded stream complete?) comes in with the Ask as its `answers`.
+
+Single flight covers every cached route, semantic ones included. A request can check the exact
+tier just before the leader stores, then spend milliseconds embedding and reach the coalescer
+after the flight has closed; so whoever wins a flight re-checks the tiers before computing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from backends import UpstreamError, UpstreamResponse
+from cache.alias import AliasKey, AliasMap
+from cache.cache import Claim, RouteCache
+from cache.codec import CacheEntry
+from cache.keys import CacheKey
+from cache.policy import RequestDirectives, response_shareable, response_storable
+from cache.semantic import flow_hooks  # issue 14: error budget, semantic single flight
+from cache.semantic.off import NoSemantic
+from cache.semantic.route import CallLike, SemanticRoute
+from cache.semantic.stage import Candidate, SemanticHit
+from cache.singleflight import Lead, LeaderGone, SingleFlight
+
+log = logging.getLogger("latentgate.cache.flow")
+
+Compute = Callable[[], Awaitable[UpstreamResponse]]
+_HANDOVERS = 3
+# Response headers an entry never keeps: per-response facts, and what the gateway sets itself.
+NOT_KEPT = frozenset(
+    {
+        "date",
+        "server",
+        "set-cookie",
+        "age",
+        "x-cache",
+        "server-timing",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "te",
+        "trailer",
+        "upgrade",
+    }
+)
+
+
+class Clock(Protocol):
+    """Where the flow records its stages (the gateway's Server-Timing)."""
+
+    def add(self, name: str, since: float) -> float: ...
+
+
+class Answers(Protocol):
+    """The protocol's rules for answers, as the flow needs them (supplied per request)."""
+
+    def serves(self, entry: CacheEntry) -> bool:
+        """May this request be answered from `entry` (e.g. its framing can be rendered)?"""
+        ...
+
+    def seal(self, content_type: str, data: bytes) -> bytes | list[bytes] | None:
+        """A finished recording as an entry's body (bytes) or events (list); None when the
+        stream did not complete, so it is never stored or shared."""
+        ...
+
+
+class AnswerIncomplete(UpstreamError):
+    """The leader's stream ended or broke before it completed; waiters get this."""
+
+
+@dataclass(slots=True)
+class Ask:
+    key: CacheKey
+    directives: RequestDirectives
+    call: CallLike
+    kind: str
+    answers: Answers
+    clock: Clock
+    compute_stage: str = "upstream"  # the Server-Timing name of the backend's time
+    # issue 14: the best candidate the semantic lookup did not serve; the fresh answer labels it
+    semantic_candidate: Candidate | None = None
+
+
+@dataclass(slots=True)
+class Hit:
+    """Served from the cache (or from the leader of the flight this request waited on)."""
+
+    entry: CacheEntry
+    x_cache: str  # hit | semantic-hit | miss (a waiter's share of the leader's answer)
+    semantic: SemanticHit | None = None
+
+
+@dataclass(slots=True)
+class Fresh:
+    """The backend's own answer, going out now. A stream comes with its `recording`, which
+    the writer iterates instead of the raw stream and must close."""
+
+    response: UpstreamResponse
+    x_cache: str
+    recording: Recording | None = None
+
+
+Result = Hit | Fresh
+
+
+class CacheFlow:
+    """One route's cached calls. Built once per route (and again on reload)."""
+
+    def __init__(
+        self,
+        rc: RouteCache,
+        semantic: SemanticRoute | NoSemantic,
+        flights: SingleFlight[CacheEntry | None],
+    ) -> None:
+        self.rc = rc
+        self.semantic = semantic
+        self.flights = flights
+        self.aliases = AliasMap()
+
+    @property
+    def route(self) -> str:
+        return self.rc.route
+
+    def key(self, model: str | None, key_fields: Any, headers: Mapping[str, str]) -> CacheKey:
+        return self.rc.key(model, key_fields, headers)
+
+    def fast_hit(self, alias: AliasKey) -> tuple[CacheEntry, object] | None:
+        """The L1 entry (and remembered framing) for request bytes seen before, or None."""
+        known = self.aliases.get(alias)
+        if known is None:
+            return None
+        key, framing = known
+        entry = self.rc.lookup_l1(key, _DEFAULT)
+        return None if entry is None else (entry, framing)
+
+    async def run(self, ask: Ask, compute: Compute) -> Result:
+        d = ask.directives
+        t = time.perf_counter()
+        if d.lookup:
+            entry = self.rc.lookup_l1(ask.key, d)
+            if entry is None:
+                found = await self.rc.lookup(ask.key, d)
+                entry = found[0] if found is not None else None
+            if entry is not None and ask.answers.serves(entry):
+                ask.clock.add("cache", t)
+                return Hit(entry, "hit")
+        else:
+            self.rc.bypass()
+        t = ask.clock.add("cache", t)
+        vector = None
+        if d.lookup:
+            hit, vector = await self._semantic(ask, t, compute)
+            if hit is not None:
+                return hit
+            # issue 14: a paraphrase of a miss in flight waits for that answer
+            sr = self.semantic
+            if vector is not None and d.store and isinstance(sr, SemanticRoute):
+                wait_s = self.rc.policy.coalesce_wait_s
+                joined = await flow_hooks.join_flight(
+                    sr, self.flights, ask.call, ask.key.tenant_h, vector, wait_s, ask.key.value
+                )
+                if joined is not None and ask.answers.serves(joined[0]):
+                    return Hit(joined[0], "semantic-hit", joined[1])
+        if not d.store:
+            return Fresh(await self._compute(ask, compute), "bypass")
+        return await self._coalesced(ask, compute, "miss" if d.lookup else "bypass", vector)
+
+    async def _semantic(
+        self, ask: Ask, t: float, compute: Compute
+    ) -> tuple[Hit | None, np.ndarray | None]:
+        """After an exact miss: a verified near-duplicate's stored answer, and the call's vector
+        (embedded once: a miss stores it)."""
+        sr = self.semantic
+        if not sr.applies(ask.call):
+            return None, None
+        found: dict[str, CacheEntry] = {}
+
+        async def payload(exact_key: str) -> bool:
+            entry = await self.rc.peek(exact_key, ask.directives)
+            if entry is None or not ask.answers.serves(entry):
+                return False
+            found[exact_key] = entry
+            return True
+
+        vector = hit = None
+        try:
+            vector = await sr.embed(ask.call)
+            # issue 14: search = lookup + the unserved candidate (labelled after the miss)
+            assert isinstance(sr, SemanticRoute)
+            res = await sr.search(ask.call, ask.key.tenant_h, payload, vector)
+            hit, ask.semantic_candidate = res.hit, res.candidate
+            if hit is not None and sr.should_audit(ask.call, hit):
+                fetch = flow_hooks.audit_fetch(compute, ask.answers, ask.kind)
+                sr.audit(ask.call, hit, found[hit.exact_key], fetch)
+        except Exception:  # the cache boundary: a semantic failure is a miss, never an error
+            log.exception("semantic lookup failed on route %s", self.route)
+        ask.clock.add("semantic", t)
+        if hit is None:
+            return None, vector
+        return Hit(found[hit.exact_key], "semantic-hit", hit), vector
+
+    async def _coalesced(
+        self, ask: Ask, compute: Compute, x_cache: str, vector: np.ndarray | None
+    ) -> Result:
+        if self.rc.policy.coalesce:
+            for _ in range(_HANDOVERS):
+                lead = self.flights.try_lead(ask.key.value)
+                if lead is not None:
+                    # issue 14: paraphrases may wait on this flight while it computes
+                    flight = None
+                    if isinstance(self.semantic, SemanticRoute):
+                        flight = flow_hooks.announce(
+                            self.semantic, ask.call, ask.key.tenant_h, vector, ask.key.value
+                        )
+                    try:
+                        return await self._lead(ask, compute, x_cache, vector, lead)
+                    finally:
+                        if flight is not None:
+                            flight.finish(None)
+                try:
+                    shared = await self.flights.wait(ask.key.value, self.rc.policy.coalesce_wait_s)
+                except LeaderGone:
+                    continue
+                except TimeoutError:
+                    break
+                if shared is None or not ask.answers.serves(shared):
+                    break  # the leader's answer was private, or cannot be shown to this client
+                return Hit(shared, x_cache)
+        return await self._lead(ask, compute, x_cache, vector, None)
+
+    async def _lead(
+        self,
+        ask: Ask,
+        compute: Compute,
+        x_cache: str,
+        vector: np.ndarray | None,
+        lead: Lead[CacheEntry | None] | None,
+    ) -> Result:
+        claim: Claim | None = None
+        try:
+            if ask.directives.lookup:
+                # a flight that closed while this request was on its way here left its entry
+                entry = self.rc.lookup_l1(ask.key, ask.directives)
+                if entry is not None and ask.answers.serves(entry):
+                    _settle(lead, entry)
+                    return Hit(entry, "hit")
+            claim = await self.rc.claim(ask.key)
+            if claim.peer is not None and ask.answers.serves(claim.peer):
+                _settle(lead, claim.peer)
+                return Hit(claim.peer, x_cache)
+            up = await self._compute(ask, compute)
+        except asyncio.CancelledError:
+            if lead is not None:
+                lead.abandon()
+            if claim is not None:
+                await claim.release()
+            raise
+        except BaseException as exc:
+            if lead is not None:
+                lead.fail(exc)
+            if claim is not None:
+                await claim.release()
+            raise
+        storable = ask.directives.store and response_storable(up.status, up.headers)
+        shareable = response_shareable(up.status, up.headers)
+        kept = kept_headers(up.headers)
+        if up.body is not None or up.stream is None:
+            entry = self.rc.entry(
+                up.status, kept, body=up.body or b"", model=ask.call.model, kind=ask.kind
+            )
+            _settle(lead, entry if shareable else None)
+            if storable:
+                await self._store(ask, entry, vector)
+            await claim.release()
+            return Fresh(up, x_cache)
+        recording = Recording(self, ask, up, kept, storable, shareable, vector, lead, claim)
+        return Fresh(up, x_cache, recording)
+
+    async def _compute(self, ask: Ask, compute: Compute) -> UpstreamResponse:
+        t = time.perf_counter()
+        up = await compute()
+        ask.clock.add(ask.compute_stage, t)
+        return up
+
+    async def _store(self, ask: Ask, entry: CacheEntry, vector: np.ndarray | None) -> None:
+        await self.rc.store(ask.key, entry)
+        try:
+            await self.semantic.remember(
+                ask.call, ask.key.tenant_h, ask.key.value, self.rc.policy.ttl, vector
+            )
+            cand, sr = ask.semantic_candidate, self.semantic  # issue 14: label the candidate
+            if cand is not None and isinstance(sr, SemanticRoute):
+                load = flow_hooks.stored_loader(self.rc, cand.exact_key)
+                sr.label_after_miss(ask.call, cand, load, entry)
+        except Exception:  # the cache boundary: the response still goes out
+            log.exception("semantic store failed on route %s", self.route)
+
+
+class Recording:
+    """A streamed answer going out to the leader's client while the flow keeps a copy.
+
+    The writer iterates `chunks()` and always awaits `close()`: a complete recording is
+    stored, indexed and handed to the flight's waiters; an incomplete one fails them.
+    """
+
+    def __init__(
+        self,
+        flow: CacheFlow,
+        ask: Ask,
+        up: UpstreamResponse,
+        kept: list[tuple[str, str]],
+        storable: bool,
+        shareable: bool,
+        vector: np.ndarray | None,
+        lead: Lead[CacheEntry | None] | None,
+        claim: Claim,
+    ) -> None:
+        self._flow = flow
+        self._ask = ask
+        self._up = up
+        self._kept = kept
+        self._storable = storable
+        self._shareable = shareable
+        self._vector = vector
+        self._lead = lead
+        self._claim = claim
+        self._copy: bytearray | None = bytearray() if storable or shareable else None
+        self._ended = False  # the upstream stream reached its end (not cut, not abandoned)
+
+    @property
+    def wanted(self) -> bool:
+        """Does anyone but the leader's client still want the rest (waiters, the store)?"""
+        return self._copy is not None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        assert self._up.stream is not None
+        limit = self._flow.rc.max_entry_bytes
+        async for chunk in self._up.stream:
+            copy = self._copy
+            if copy is not None:
+                copy += chunk
+                if len(copy) > limit:
+                    self._copy, self._storable, self._shareable = None, False, False
+            yield chunk
+        self._ended = True
+
+    async def close(self) -> None:
+        try:
+            if self._up.stream is not None:
+                await self._up.stream.aclose()  # type: ignore[attr-defined]
+            entry = self._seal() if self._ended else None
+            if entry is None:
+                if self._lead is not None:
+                    if self._ended and self._copy is None:
+                        self._lead.done(None)  # complete but too large or private: not shared
+                    else:
+                        self._lead.fail(
+                            AnswerIncomplete("upstream stream ended before it completed")
+                        )
+                return
+            if self._lead is not None:
+                self._lead.done(entry if self._shareable else None)
+            if self._storable:
+                await self._flow._store(self._ask, entry, self._vector)
+        finally:
+            if self._lead is not None and self._lead.open:
+                self._lead.abandon()
+            await self._claim.release()
+
+    def _seal(self) -> CacheEntry | None:
+        if self._copy is None:
+            return None
+        up, ask = self._up, self._ask
+        sealed = ask.answers.seal(up.header("Content-Type") or "", bytes(self._copy))
+        if sealed is None:
+            return None
+        rc = self._flow.rc
+        if isinstance(sealed, list):
+            return rc.entry(
+                up.status, self._kept, events=sealed, model=ask.call.model, kind=ask.kind
+            )
+        return rc.entry(up.status, self._kept, body=sealed, model=ask.call.model, kind=ask.kind)
+
+
+def kept_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The response headers an entry keeps (the hop-by-hop ones never arrive here)."""
+    return [(k, v) for k, v in headers if k.lower() not in NOT_KEPT]
+
+
+def _settle(lead: Lead[CacheEntry | None] | None, entry: CacheEntry | None) -> None:
+    if lead is not None:
+        lead.done(entry)
+
+
+_DEFAULT = RequestDirectives()
+
+
+class Flows:
+    """Every cached route's flow, by route name; swapped whole on reload."""
+
+    def __init__(self, flows: Mapping[str, CacheFlow] | None = None) -> None:
+        self._flows: dict[str, CacheFlow] = dict(flows or {})
+
+    def get(self, route: str) -> CacheFlow | None:
+        return self._flows.get(route)
+
+    def replace(self, flows: Mapping[str, CacheFlow]) -> None:
+        """A reload's new policies; aliases go with the old flows (a changed key policy could
+        make a remembered request → key mapping point at an entry the new one would not match)."""
+        self._flows = dict(flows)
