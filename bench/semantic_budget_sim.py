@@ -55,8 +55,9 @@ def run(
                 continue
             hit_j = -1
             if r.vecs:
-                cos_all = np.stack(r.vecs) @ vec[i] if len(r.vecs) < 64 else _mat(r) @ vec[i]
-                top = np.argsort(-cos_all)[:5]
+                cos_all = _mat(r) @ vec[i]
+                top = np.argpartition(-cos_all, min(5, len(cos_all) - 1))[:5]
+                top = top[np.argsort(-cos_all[top])]
                 cos = cos_all[top]
                 if cos.max() >= ver.floor:
                     cands = [r.infos[k] for k in top]
@@ -78,15 +79,23 @@ def run(
             r.bars.append(0.0)
             r.vecs.append(vec[i])
             r.infos.append(infos[i])
-            r._mat = None  # type: ignore[attr-defined]
 
 
 def _mat(r: RouteSim) -> np.ndarray:
-    m = getattr(r, "_mat", None)
-    if m is None or len(m) != len(r.vecs):
-        m = np.stack(r.vecs)
-        r._mat = m  # type: ignore[attr-defined]
-    return m
+    """The entries' vectors, grown in place (a restack per store would be quadratic)."""
+    buf = getattr(r, "_buf", None)
+    filled = getattr(r, "_filled", 0)
+    n = len(r.vecs)
+    if buf is None or len(buf) < n:
+        grown = np.zeros((max(1024, 2 * n), r.vecs[0].shape[0]), np.float32)
+        if buf is not None:
+            grown[:filled] = buf[:filled]
+        buf = grown
+        r._buf = buf  # type: ignore[attr-defined]
+    for k in range(filled, n):
+        buf[k] = r.vecs[k]
+    r._filled = n  # type: ignore[attr-defined]
+    return buf[:n]
 
 
 def _budget(r, i, classes, info, v, top, cos, cands, cvecs, ver) -> int:  # type: ignore[no-untyped-def]
@@ -150,10 +159,13 @@ def main() -> None:
     ap.add_argument("--delta", type=float, default=0.05)
     ap.add_argument("--min-labels", type=int, default=30)
     ap.add_argument("--audit-rate", type=float, default=0.05)
+    ap.add_argument("--streams", default="qqp,paws,stsb")
     args = ap.parse_args()
     ver = MlpVerifier.load()
     enc = st_encoder()
     for name, texts, classes in streams(args.part):
+        if name.split("-")[0] not in args.streams.split(","):
+            continue
         vec = embed_cached(texts, enc, MODEL_TAG)
         routes = [RouteSim("static", None)] + [
             RouteSim(

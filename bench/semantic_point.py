@@ -67,23 +67,30 @@ def cosine_at(curve: list[tuple[float, float, float]], recall: float) -> float:
     return max(ok) if ok else 0.0
 
 
-def choose(qqp: Part, paws: Part) -> tuple[float, float, dict[str, float]]:
+def choose(
+    qqp: Part, paws: Part, min_recall: float = MIN_RECALL
+) -> tuple[float, float, dict[str, float]]:
     curve = qqp.cosine_curve()
     best: tuple[float, float, float, dict[str, float]] | None = None
+    rows = []
     for floor in FLOORS:
         for p in SCORES:
             s = qqp.labelled(choose_verified(qqp.pool, qqp.prob, floor, p))
-            if not s.hits or s.recall < MIN_RECALL:
+            if not s.hits or s.recall < min_recall:
                 continue
             fh, neg = paws.paws_false_hits(floor, p)
             if rate_upper_bound(fh, neg) > PAWS_GOAL:
                 continue
             margin = s.precision - cosine_at(curve, s.recall)
             row = {"precision": s.precision, "recall": s.recall, "margin": margin, "paws": fh / neg}
+            rows.append((margin, floor, p, s.precision, s.recall))
             if best is None or margin > best[0]:
                 best = (margin, floor, p, row)
+    print("calib, best margins over cosine (margin, floor, score, precision, recall):")
+    for r in sorted(rows, reverse=True)[:8]:
+        print("  " + "  ".join(f"{x:.3f}" for x in r))
     if best is None:
-        raise SystemExit("no point passes PAWS with recall >= MIN_RECALL on calib")
+        raise SystemExit("no point passes PAWS with recall >= min_recall on calib")
     return best[1], best[2], best[3]
 
 
@@ -106,6 +113,7 @@ def report(part: Part, floor: float, p: float, label: str) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--write", action="store_true", help="store the point in verifier.npz")
+    ap.add_argument("--min-recall", type=float, default=MIN_RECALL)
     args = ap.parse_args()
     ver = MlpVerifier.load()
     data = splits()
@@ -116,7 +124,7 @@ def main() -> None:
         for d in ("qqp", "paws")
         for s in ("calib", "eval")
     }
-    floor, p, row = choose(parts[("qqp", "calib")], parts[("paws", "calib")])
+    floor, p, row = choose(parts[("qqp", "calib")], parts[("paws", "calib")], args.min_recall)
     print(f"chosen on calib: floor {floor} score >= {p}: {json.dumps(row)}")
     out = {}
     for (d, s), part in parts.items():
