@@ -221,16 +221,8 @@ class CacheFlow:
                 lead = self.flights.try_lead(ask.key.value)
                 if lead is not None:
                     # issue 14: paraphrases may wait on this flight while it computes
-                    flight = None
-                    if isinstance(self.semantic, SemanticRoute):
-                        flight = flow_hooks.announce(
-                            self.semantic, ask.call, ask.key.tenant_h, vector, ask.key.value
-                        )
-                    try:
+                    with flow_hooks.announced(self.semantic, ask.call, ask.key, vector):
                         return await self._lead(ask, compute, x_cache, vector, lead)
-                    finally:
-                        if flight is not None:
-                            flight.finish(None)
                 try:
                     shared = await self.flights.wait(ask.key.value, self.rc.policy.coalesce_wait_s)
                 except LeaderGone:

@@ -8,14 +8,16 @@ equivalent miss in flight.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Protocol
 
 import numpy as np
 
 from backends import UpstreamResponse
 from cache.codec import CacheEntry
+from cache.keys import CacheKey
 from cache.policy import RequestDirectives
 from cache.semantic.pending import Flight
 from cache.semantic.route import CallLike, SemanticRoute
@@ -63,13 +65,20 @@ def stored_loader(rc: Peek, exact_key: str) -> Callable[[], Awaitable[CacheEntry
     return load
 
 
-def announce(
-    sr: SemanticRoute, call: CallLike, tenant: str, vector: np.ndarray | None, key: str
-) -> Flight | None:
-    """The leader of an exact flight that missed the semantic index says what it asks."""
-    if vector is None:
-        return None
-    return sr.begin(call, tenant, vector, key)
+@contextlib.contextmanager
+def announced(
+    sr: object, call: CallLike, key: CacheKey, vector: np.ndarray | None
+) -> Iterator[Flight | None]:
+    """While the leader of an exact flight that missed the semantic index computes, its
+    question is announced to paraphrases (SemanticRoute.join); withdrawn when it returns."""
+    flight = None
+    if vector is not None and isinstance(sr, SemanticRoute):
+        flight = sr.begin(call, key.tenant_h, vector, key.value)
+    try:
+        yield flight
+    finally:
+        if flight is not None:
+            flight.finish(None)
 
 
 async def join_flight(
