@@ -76,3 +76,19 @@ def test_never_below_the_verifier_floor() -> None:
     assert g.cell(0.87, 0.9) is None
     label_many(g, 0.87, 0.9, 500, wrong=0)
     assert not g.bar().open
+
+
+def test_config_keys_are_validated() -> None:
+    from pydantic import ValidationError
+
+    from cache.settings import SemanticPolicy
+
+    assert SemanticPolicy().max_error_rate is None  # absent: today's static point
+    with pytest.raises(ValidationError, match="judge"):
+        SemanticPolicy(enabled=True, max_error_rate=0.05, answer_match="judge")
+    with pytest.raises(ValidationError):
+        SemanticPolicy(max_error_rate=1.5)
+    with pytest.raises(ValidationError):
+        SemanticPolicy(audit_rate=0.2)  # audits never exceed 10 % of hits
+    ok = SemanticPolicy(answer_match="judge", judge={"url": "http://127.0.0.1:1/v1", "model": "j"})
+    assert ok.judge is not None and ok.judge.model == "j"
