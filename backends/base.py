@@ -9,6 +9,10 @@ from typing import Protocol
 from backends.settings import RoutePolicy
 
 Headers = list[tuple[str, str]]
+# A gRPC replica's non-OK status rides on an UpstreamResponse in these headers (code number,
+# message), so the gateway can answer its client with the upstream's own status.
+GRPC_STATUS_HEADER = "grpc-status"
+GRPC_MESSAGE_HEADER = "grpc-message"
 
 
 @dataclass(slots=True)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from cache.keys import CacheKey
 
-# (route, method, path and query, content type, tenant hash, body)
-AliasKey = tuple[str, str, str, str, bytes, bytes]
+# (route, method, path and query, content type, Inference-Header-Content-Length, tenant hash,
+# body): every request header the parser reads, so the same bytes under another split or type
+# are parsed afresh (and refused the same way) rather than served from the alias
+AliasKey = tuple[str, str, str, str, str, bytes, bytes]
 
 MAX_BODY = 16 << 10
 _MAX_BYTES = 16 << 20

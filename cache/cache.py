@@ -22,6 +22,7 @@ from cache.metrics import CacheMetrics
 from cache.policy import RequestDirectives
 from cache.settings import CacheSettings, ExactPolicy
 from cache.singleflight import SingleFlight
+from cache.tenant import TenantHasher, credential_headers, resolve_secret
 from cache.tiers.layered import LayeredTier
 from cache.tiers.memory import MemoryTier
 from cache.tiers.redis import RedisTier
@@ -34,6 +35,7 @@ class Cache:
     def __init__(self, settings: CacheSettings, registry: CollectorRegistry) -> None:
         self.settings = settings
         self.metrics = CacheMetrics(registry)
+        self.tenants = TenantHasher(resolve_secret(settings.tenant_secret))
         self.memory = MemoryTier(settings.memory.max_bytes, self.metrics)
         redis = settings.redis
         self.redis = RedisTier(redis, self.metrics) if redis is not None and redis.url else None
@@ -69,7 +71,8 @@ class Cache:
     async def purge(
         self, route: str | None = None, model: str | None = None, tenant: str | None = None
     ) -> dict[str, object]:
-        selector = Selector.of(route, model, tenant)
+        # tenant: an identity string (cache.tenant.tenant_of), hashed as this cache's keys are
+        selector = Selector.of(route, model, tenant, self.tenants)
         out: dict[str, object] = {"memory": await self.memory.purge(selector)}
         for listener in self.purge_listeners:
             out.setdefault("semantic", await listener(selector))
@@ -141,8 +144,10 @@ class RouteCache:
         self.route = route
         self.policy = policy
         self.tiers = tiers
-        self.keys = KeyBuilder(route, policy.key.tenant_headers)
+        self.keys = KeyBuilder(route, policy.key.tenant_headers, cache.tenants)
         self.tenant_headers = tuple(policy.key.tenant_headers)
+        # a response may Vary on these and still be stored: the key holds them
+        self.vary_ok = frozenset(h.lower() for h in credential_headers(self.tenant_headers))
         self.max_entry_bytes = policy.max_entry_bytes
         self.policy_version = hashlib.blake2b(
             policy.model_dump_json().encode(), digest_size=4
@@ -157,6 +162,10 @@ class RouteCache:
         self, model: str | None, key_fields: Any, headers: Mapping[str, str] | None
     ) -> CacheKey:
         return self.keys.build(model, key_fields, headers)
+
+    def not_stored(self, reason: str) -> None:
+        """A 2xx answer the upstream's headers kept out of the cache (counted by reason)."""
+        self.cache.metrics.stores.labels("all", reason).inc()
 
     def bypass(self) -> None:
         self._counts["bypasses"] += 1
@@ -198,6 +207,7 @@ class RouteCache:
         events: list[bytes] | None = None,
         model: str | None = None,
         kind: str = "",
+        ttl: float | None = None,
     ) -> CacheEntry:
         return CacheEntry(
             status=status,
@@ -205,7 +215,7 @@ class RouteCache:
             body=body,
             events=events,
             created_at=time.time(),
-            ttl=self.policy.ttl,
+            ttl=self.policy.ttl if ttl is None or ttl <= 0 else ttl,
             model=model,
             policy_version=self.policy_version,
             kind=kind,

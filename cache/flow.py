@@ -26,7 +26,7 @@ from cache.alias import AliasKey, AliasMap
 from cache.cache import Claim, RouteCache
 from cache.codec import CacheEntry
 from cache.keys import CacheKey
-from cache.policy import RequestDirectives, response_shareable, response_storable
+from cache.policy import RequestDirectives, response_shareable, storable_ttl
 from cache.semantic import flow_hooks  # issue 14: error budget, semantic single flight
 from cache.semantic.off import NoSemantic
 from cache.semantic.route import CallLike, SemanticRoute
@@ -37,6 +37,9 @@ log = logging.getLogger("latentgate.cache.flow")
 
 Compute = Callable[[], Awaitable[UpstreamResponse]]
 _HANDOVERS = 3
+# Semantic skip reasons a client is told (X-Cache-Semantic-Skip); the others are the route's
+# policy doing what it says (no semantic stage, a sampled call, a short text).
+_TOLD = frozenset({"too_long"})
 # Response headers an entry never keeps: per-response facts, and what the gateway sets itself.
 NOT_KEPT = frozenset(
     {
@@ -91,6 +94,7 @@ class Ask:
     answers: Answers
     clock: Clock
     compute_stage: str = "upstream"  # the Server-Timing name of the backend's time
+    skipped: str = ""  # set by the flow: why the semantic stage passed this call by
     # issue 14: the best candidate the semantic lookup did not serve; the fresh answer labels it
     semantic_candidate: Candidate | None = None
 
@@ -112,6 +116,8 @@ class Fresh:
     response: UpstreamResponse
     x_cache: str
     recording: Recording | None = None
+    reason: str = ""  # why a bypass did not use the cache (sampled, no-store, no-cache)
+    semantic_skip: str = ""  # why the semantic stage did not look this call up (too_long)
 
 
 Result = Hit | Fresh
@@ -149,6 +155,11 @@ class CacheFlow:
 
     async def run(self, ask: Ask, compute: Compute) -> Result:
         d = ask.directives
+        if self.rc.policy.only_deterministic and not ask.call.deterministic:
+            # A sampled call's answer is one draw: replaying it would change what the client
+            # gets. Not looked up, not stored, not coalesced (each caller gets its own draw).
+            self.rc.bypass()
+            return Fresh(await self._compute(ask, compute), "bypass", reason="sampled")
         t = time.perf_counter()
         if d.lookup:
             entry = self.rc.lookup_l1(ask.key, d)
@@ -176,7 +187,7 @@ class CacheFlow:
                 if joined is not None and ask.answers.serves(joined[0]):
                     return Hit(joined[0], "semantic-hit", joined[1])
         if not d.store:
-            return Fresh(await self._compute(ask, compute), "bypass")
+            return Fresh(await self._compute(ask, compute), "bypass", reason="no-store")
         return await self._coalesced(ask, compute, "miss" if d.lookup else "bypass", vector)
 
     async def _semantic(
@@ -185,7 +196,10 @@ class CacheFlow:
         """After an exact miss: a verified near-duplicate's stored answer, and the call's vector
         (embedded once: a miss stores it)."""
         sr = self.semantic
-        if not sr.applies(ask.call):
+        skip = sr.skip_reason(ask.call)
+        if skip is not None:
+            if skip in _TOLD:
+                ask.skipped = skip
             return None, None
         found: dict[str, CacheEntry] = {}
 
@@ -267,20 +281,26 @@ class CacheFlow:
             if claim is not None:
                 await claim.release()
             raise
-        storable = ask.directives.store and response_storable(up.status, up.headers)
+        ttl, why = storable_ttl(up.status, up.headers, self.rc.policy.ttl, self.rc.vary_ok)
+        if why and 200 <= up.status < 300:
+            self.rc.not_stored(why)
+        storable = ask.directives.store and ttl > 0
         shareable = response_shareable(up.status, up.headers)
         kept = kept_headers(up.headers)
+        reason = "" if ask.directives.lookup else "no-cache"
         if up.body is not None or up.stream is None:
             entry = self.rc.entry(
-                up.status, kept, body=up.body or b"", model=ask.call.model, kind=ask.kind
+                up.status, kept, body=up.body or b"", model=ask.call.model, kind=ask.kind, ttl=ttl
             )
             _settle(lead, entry if shareable else None)
             if storable:
                 await self._store(ask, entry, vector)
             await claim.release()
-            return Fresh(up, x_cache)
-        recording = Recording(self, ask, up, kept, storable, shareable, vector, lead, claim)
-        return Fresh(up, x_cache, recording)
+            return Fresh(up, x_cache, reason=reason, semantic_skip=ask.skipped)
+        recording = Recording(
+            self, ask, up, kept, ttl if storable else 0.0, shareable, vector, lead, claim
+        )
+        return Fresh(up, x_cache, recording, reason, ask.skipped)
 
     async def _compute(self, ask: Ask, compute: Compute) -> UpstreamResponse:
         t = time.perf_counter()
@@ -292,7 +312,7 @@ class CacheFlow:
         await self.rc.store(ask.key, entry)
         try:
             await self.semantic.remember(
-                ask.call, ask.key.tenant_h, ask.key.value, self.rc.policy.ttl, vector
+                ask.call, ask.key.tenant_h, ask.key.value, entry.ttl, vector
             )
             cand, sr = ask.semantic_candidate, self.semantic  # issue 14: label the candidate
             if cand is not None and isinstance(sr, SemanticRoute):
@@ -315,7 +335,7 @@ class Recording:
         ask: Ask,
         up: UpstreamResponse,
         kept: list[tuple[str, str]],
-        storable: bool,
+        ttl: float,
         shareable: bool,
         vector: np.ndarray | None,
         lead: Lead[CacheEntry | None] | None,
@@ -325,12 +345,13 @@ class Recording:
         self._ask = ask
         self._up = up
         self._kept = kept
-        self._storable = storable
+        self._ttl = ttl
+        self._storable = ttl > 0
         self._shareable = shareable
         self._vector = vector
         self._lead = lead
         self._claim = claim
-        self._copy: bytearray | None = bytearray() if storable or shareable else None
+        self._copy: bytearray | None = bytearray() if self._storable or shareable else None
         self._ended = False  # the upstream stream reached its end (not cut, not abandoned)
 
     @property
@@ -357,8 +378,10 @@ class Recording:
             entry = self._seal() if self._ended else None
             if entry is None:
                 if self._lead is not None:
-                    if self._ended and self._copy is None:
-                        self._lead.done(None)  # complete but too large or private: not shared
+                    if self._copy is None:
+                        # nothing shareable was kept (private or too large), however far the
+                        # stream got: waiters fetch their own answers rather than fail
+                        self._lead.done(None)
                     else:
                         self._lead.fail(
                             AnswerIncomplete("upstream stream ended before it completed")
@@ -381,11 +404,14 @@ class Recording:
         if sealed is None:
             return None
         rc = self._flow.rc
+        ttl = self._ttl or rc.policy.ttl  # (an entry not stored still goes to waiters)
         if isinstance(sealed, list):
             return rc.entry(
-                up.status, self._kept, events=sealed, model=ask.call.model, kind=ask.kind
+                up.status, self._kept, events=sealed, model=ask.call.model, kind=ask.kind, ttl=ttl
             )
-        return rc.entry(up.status, self._kept, body=sealed, model=ask.call.model, kind=ask.kind)
+        return rc.entry(
+            up.status, self._kept, body=sealed, model=ask.call.model, kind=ask.kind, ttl=ttl
+        )
 
 
 def kept_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -14,7 +14,9 @@ class _Frozen(BaseModel):
 class KeySettings(_Frozen):
     """What goes into an exact key beyond the protocol's canonical fields."""
 
-    tenant_headers: list[str] = ["Authorization"]
+    # Extra credential headers (e.g. X-Tenant) on top of the built-in set that always partitions
+    # the cache: Authorization, api-key, x-api-key, OpenAI-Organization, OpenAI-Project.
+    tenant_headers: list[str] = []
     ignore_fields: list[str] = []
 
 
@@ -24,6 +26,9 @@ class ExactPolicy(_Frozen):
     tiers: list[Literal["memory", "redis"]] = ["memory", "redis"]
     max_entry_bytes: int = Field(1 << 20, ge=1)
     key: KeySettings = KeySettings()
+    # Only calls whose answer the request determines (temperature 0 or a seed, embeddings, v2
+    # infer) are answered from the cache; false also caches sampled calls (replays one sample).
+    only_deterministic: bool = True
     # Identical concurrent misses share one backend call; a waiter gives up after coalesce_wait_s.
     coalesce: bool = True
     coalesce_wait_s: float = Field(30.0, gt=0)
@@ -50,6 +55,10 @@ class SemanticPolicy(_Frozen):
     max_entries: int = Field(100_000, ge=1)
     ttl: float = Field(3600.0, gt=0)
     min_chars: int = Field(8, ge=0)
+    # Longer texts skip the stage (reason "too_long"): the embedder reads 256 tokens (~1,000
+    # characters), so two long prompts sharing a start would look alike; and no request's
+    # tokenising may stall the others.
+    max_chars: int = Field(2048, ge=1)
     field: str | None = None
     # With the verifier on, `threshold` is the cosine floor for candidates and this is the
     # verifier's acceptance score; None = the operating point stored in the trained artifact.
@@ -111,7 +120,10 @@ class RedisLeaseSettings(_Frozen):
 
 class RedisSettings(_Frozen):
     # None (e.g. an unset ${LATENTGATE_REDIS_URL:-}) means no Redis: memory only.
+    # cluster/sentinel: the URL lists seed nodes / sentinels, comma-separated (cache.redis_client).
     url: str | None = None
+    mode: Literal["standalone", "cluster", "sentinel"] = "standalone"
+    sentinel_master: str = "mymaster"  # the primary's name in sentinel mode
     timeouts: RedisTimeouts = RedisTimeouts()
     pool: RedisPoolSettings = RedisPoolSettings()
     breaker: RedisBreakerSettings = RedisBreakerSettings()
@@ -128,6 +140,11 @@ class SemanticIndexSettings(_Frozen):
     flat_max: int = Field(20_000, ge=1)
     hnsw_m: int = Field(32, ge=4)
     ef_search: int = Field(64, ge=1)
+    # How vectors are stored: "8bit" = fp16 codes in flat shards, 8-bit scalar codes in HNSW
+    # shards (see docs/benchmarks.md for memory and top-1 agreement); "fp16"; "fp32" = exact.
+    quantizer: Literal["fp32", "fp16", "8bit"] = "8bit"
+    # The process's semantic index (all routes) in bytes; past it the oldest entries go.
+    max_bytes: int = Field(256 << 20, ge=1 << 16)
     # Concurrent lookups are embedded together: up to batch_max texts, waiting at most
     # batch_max_delay_ms; with batch_target_p95_ms set the wait adapts to the arrival rate and
     # is zero when lookups come one at a time (no latency added to a lone request).
@@ -144,6 +161,9 @@ class SemanticIndexSettings(_Frozen):
 
 
 class CacheSettings(_Frozen):
+    # Keys tenant hashes (blake2b); None: $LATENTGATE_TENANT_SECRET, else generated at start
+    # (shared by the workers of one server, not by other sidecars: see docs/security.md).
+    tenant_secret: str | None = Field(None, repr=False)
     memory: MemorySettings = MemorySettings()
     redis: RedisSettings | None = None
     semantic: SemanticIndexSettings = SemanticIndexSettings()

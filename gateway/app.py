@@ -7,24 +7,27 @@ from typing import Any
 
 from aiohttp import web
 
-from backends import Backend, build_backends
-from backends.local.shared import EngineShare
-from backends.remote.metrics import RemoteMetrics
-from backends.settings import BackendSettings
-from cache.cache import Cache
-from cache.codec import CacheEntry
-from cache.flow import CacheFlow, Flows
-from cache.semantic.off import NoSemantic
-from cache.semantic.route import SemanticRoute
-from cache.semantic.setup import build_semantic, semantic_routes
-from cache.singleflight import SingleFlight
+from backends import Backend, BackendSettings, RemoteMetrics, build_backends
+from backends.local import EngineShare
+from cache import (
+    Cache,
+    CacheEntry,
+    CacheFlow,
+    Flows,
+    NoSemantic,
+    SemanticRoute,
+    SingleFlight,
+    build_semantic,
+    semantic_routes,
+)
 from gateway import admin, admin_semantic, reload
 from gateway.config import RouteSettings, Settings
 from gateway.metrics import Metrics
-from gateway.middleware import listener_roles
+from gateway.middleware import listener_roles, request_target
 from gateway.pipeline import Pipeline
 from gateway.protocols.anthropic import AnthropicAdapter
 from gateway.protocols.base import Adapter
+from gateway.protocols.grpc import GrpcRouteAdapter
 from gateway.protocols.openai import OpenAIAdapter
 from gateway.protocols.passthrough import PassthroughAdapter
 from gateway.protocols.v2 import V2Adapter
@@ -35,11 +38,13 @@ from gateway.tracing import build_tracing
 
 def build_adapter(route: RouteSettings) -> Adapter:
     if route.protocol == "openai":
-        return OpenAIAdapter(frozenset(route.cache.exact.key.ignore_fields))
+        return OpenAIAdapter(frozenset(route.cache.exact.key.ignore_fields), route.limits.max_items)
     if route.protocol == "anthropic":
         return AnthropicAdapter(frozenset(route.cache.exact.key.ignore_fields))
     if route.protocol == "v2":
-        return V2Adapter(route.cache.semantic.field)
+        return V2Adapter(route.cache.semantic.field, route.limits.max_items)
+    if route.protocol == "grpc":
+        return GrpcRouteAdapter()
     return PassthroughAdapter()
 
 
@@ -54,7 +59,7 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
 
     def engine_metrics() -> Any:
         if not local_metrics:
-            from backends.local.metrics import LocalMetrics
+            from backends.local import LocalMetrics
 
             local_metrics.append(LocalMetrics(metrics.registry))
         return local_metrics[0]
@@ -121,6 +126,7 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     app = web.Application(client_max_size=settings.limits.max_body_bytes, handler_args=None)
     app[STATE] = state
     listener_roles.install(app, separate=settings.admin.listener is not None)
+    request_target.install(app)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await cache.open()
@@ -139,6 +145,10 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
         await cache.aclose()
 
     app.cleanup_ctx.append(lifecycle)
+    if any(lst.protocol == "grpc" for lst in settings.listeners):
+        from gateway.grpc import server as grpc_server  # grpc loads only when a listener needs it
+
+        grpc_server.install(app, state)  # after `lifecycle`: starts after, stops before backends
     admin.register(app)
     reload.register(app, config_path, build_router, make_backends, swap_policies)
     if semantic is not None:

@@ -8,6 +8,7 @@ here talks to Redis, runs a model, or decides what is cached.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import time
@@ -27,11 +28,16 @@ from backends import (
     UpstreamResponse,
     UpstreamTimeout,
 )
-from cache.alias import MAX_BODY as ALIAS_MAX_BODY
-from cache.alias import AliasKey
-from cache.flow import Ask, CacheFlow, Flows, Hit
-from cache.keys import tenant_of
-from cache.policy import request_directives
+from cache import (
+    ALIAS_MAX_BODY,
+    AliasKey,
+    Ask,
+    CacheFlow,
+    Flows,
+    Hit,
+    request_directives,
+    tenant_of,
+)
 from gateway import responses
 from gateway.config import LimitSettings
 from gateway.errors import (
@@ -58,6 +64,8 @@ log = logging.getLogger("latentgate.pipeline")
 
 # Passthrough bodies larger than this (or of unknown length) stream through instead of buffering.
 _STREAM_BODY_OVER = 1 << 20
+# Bodies larger than this are parsed (and keyed) in a worker thread.
+_PARSE_INLINE = 256 << 10
 
 
 class Pipeline:
@@ -126,6 +134,9 @@ class Pipeline:
         except GatewayError as err:
             status = err.status
             return responses.error(protocol, err, timing)
+        except BadInput as exc:  # a shared codec (backends.v2tensors) found the client's mistake
+            status = 400
+            return responses.error(protocol, BadRequest(str(exc)), timing)
         finally:
             self.metrics.observe_request(
                 route_name, backend_name, status, time.perf_counter() - timing.start
@@ -159,7 +170,8 @@ class Pipeline:
                 return hit
         call: Call | None = None
         if isinstance(body, bytes) and (route.protocol != "passthrough" or cached):
-            call = route.adapter.parse(
+            parse = functools.partial(
+                route.adapter.parse,
                 request.method,
                 request.path,
                 request.query_string,
@@ -167,6 +179,9 @@ class Pipeline:
                 body,
                 request.headers,
             )
+            # Megabytes of JSON take 100s of ms to decode: off the event loop, so health checks
+            # and cache hits keep being answered meanwhile.
+            call = await asyncio.to_thread(parse) if len(body) > _PARSE_INLINE else parse()
             if len(candidates) > 1:
                 picked = Router.pick_by_model(candidates, call.model if call else None)
                 if picked is None:
@@ -187,6 +202,7 @@ class Pipeline:
                     proto=request.scheme,
                     host=request.host,
                     keep_length=not isinstance(body, bytes),
+                    identity=flow is not None,
                 ),
                 body=body
                 if (isinstance(body, bytes) and body) or not isinstance(body, bytes)
@@ -212,7 +228,10 @@ class Pipeline:
     ) -> web.StreamResponse:
         headers = request.headers
         framing = framing_of(call)
-        key = flow.key(call.model, call.key_fields, headers)
+        if len(body) > _PARSE_INLINE:  # canonicalising megabytes is as slow as parsing them
+            key = await asyncio.to_thread(flow.key, call.model, call.key_fields, headers)
+        else:
+            key = flow.key(call.model, call.key_fields, headers)
         flow.aliases.remember(self._alias(request, flow, body), key, framing)
         ask = Ask(
             key=key,
@@ -239,6 +258,7 @@ class Pipeline:
             request.method,
             request.path_qs,
             request.headers.get("Content-Type", ""),
+            request.headers.get("Inference-Header-Content-Length", ""),
             # hashed: even this in-process map never holds a credential in clear
             hashlib.blake2b(tenant.encode()).digest(),
             body,

@@ -16,6 +16,7 @@ from gateway.protocols.base import Call
 from gateway.protocols.stream_codecs import completion_check, convertible
 
 SSE = "text/event-stream"
+_OPENAI_KINDS = frozenset({"chat", "completions"})
 
 Rendered = tuple[bytes, list[tuple[str, str]]]
 
@@ -58,21 +59,39 @@ def rendered(entry: CacheEntry, framing: Framing) -> Rendered | None:
 
 
 def _render(entry: CacheEntry, stream: bool, include_usage: bool) -> Rendered | None:
-    """Body and headers of the entry in the call's framing (computed once per entry and framing)."""
+    """Body and headers of the entry in the call's framing (computed once per entry and framing);
+    None when this framing cannot be served from it.
+
+    Usage follows each client's `stream_options`: a streaming client that did not ask for usage
+    never gets the usage chunk; one that asked, or a client wanting one JSON body (which always
+    carries usage), is not served from an entry without usage: that is a miss, whose answer
+    completes the entry.
+    """
     body: bytes | None
     ctype: str | None = None
     codec = convertible(entry.kind)  # per kind: openai_sse for chat/completions, anthropic_sse
+    usage_rules = entry.kind in _OPENAI_KINDS
     if entry.events is not None:
         if stream or codec is None:
-            body = openai_sse.join_events(entry.events)
+            events = entry.events
+            if usage_rules and stream:
+                if include_usage and not openai_sse.has_usage(events):
+                    return None
+                if not include_usage:
+                    events = openai_sse.without_usage(events)
+            body = openai_sse.join_events(events)
         else:
+            if usage_rules and not openai_sse.has_usage(entry.events):
+                return None
             body, ctype = codec.events_to_body(entry.events, entry.kind), "application/json"
     else:
         body = entry.body
         if stream and codec is not None and "json" in _content_type(entry):
             assert entry.body is not None
-            events = codec.body_to_events(entry.body, entry.kind, include_usage)
-            body, ctype = (openai_sse.join_events(events) if events else None), SSE
+            if usage_rules and include_usage and not openai_sse.body_has_usage(entry.body):
+                return None
+            converted = codec.body_to_events(entry.body, entry.kind, include_usage)
+            body, ctype = (openai_sse.join_events(converted) if converted else None), SSE
     if body is None:
         return None
     headers = entry.headers

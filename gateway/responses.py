@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from backends import UpstreamError, UpstreamResponse
-from cache.flow import Fresh, Hit, Recording
+from cache import Fresh, Hit, Recording
 from gateway.errors import GatewayError, error_body
 from gateway.headers import downstream_headers
 from gateway.render import Framing, rendered
@@ -24,7 +24,7 @@ from gateway.timing import Timing
 
 log = logging.getLogger("latentgate.responses")
 
-_OURS = frozenset({"x-cache", "age"})
+_OURS = frozenset({"x-cache", "age", "x-cache-bypass-reason", "x-cache-semantic-skip"})
 
 
 def cached(hit: Hit, framing: Framing, timing: Timing) -> web.Response:
@@ -49,9 +49,17 @@ def cached(hit: Hit, framing: Framing, timing: Timing) -> web.Response:
 async def fresh(
     request: web.Request, answer: Fresh, timing: Timing, on_cut: Callable[[], None]
 ) -> web.StreamResponse:
-    """The backend's answer to a cached route's request, with its X-Cache."""
+    """The backend's answer to a cached route's request, with its X-Cache (and, on a bypass,
+    X-Cache-Bypass-Reason: sampled, no-store or no-cache)."""
     return await upstream(
-        request, answer.response, timing, on_cut, x_cache=answer.x_cache, recording=answer.recording
+        request,
+        answer.response,
+        timing,
+        on_cut,
+        x_cache=answer.x_cache,
+        reason=answer.reason,
+        semantic_skip=answer.semantic_skip,
+        recording=answer.recording,
     )
 
 
@@ -62,12 +70,18 @@ async def upstream(
     on_cut: Callable[[], None],
     *,
     x_cache: str | None = None,
+    reason: str = "",
+    semantic_skip: str = "",
     recording: Recording | None = None,
 ) -> web.StreamResponse:
     headers = downstream_headers(up.headers)
     if x_cache is not None:
         headers = [(k, v) for k, v in headers if k.lower() not in _OURS]
         headers.append(("X-Cache", x_cache))
+        if reason:
+            headers.append(("X-Cache-Bypass-Reason", reason))
+        if semantic_skip:
+            headers.append(("X-Cache-Semantic-Skip", semantic_skip))
     headers.append(("Server-Timing", timing.header()))
     if up.body is not None or up.stream is None:
         return web.Response(status=up.status, reason=up.reason, headers=headers, body=up.body)

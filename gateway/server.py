@@ -11,9 +11,11 @@ import signal
 import socket
 import sys
 
+from cache import share_generated_secret
 from gateway.app import build_app
 from gateway.config import Settings
 from gateway.connections import ConnectionGuard, GuardedAppRunner
+from gateway.grpc import GRPC
 from gateway.listeners import bind_unix, make_sites
 from gateway.middleware.listener_roles import ROLES
 from gateway.reload import RELOADER
@@ -39,6 +41,9 @@ async def serve(
 ) -> None:
     app = build_app(settings, config_path)
     state = app[STATE]
+    grpc_listeners = app.get(GRPC)
+    if grpc_listeners is not None:
+        grpc_listeners.reuse_port = reuse_port
     limits = settings.limits
     runner = GuardedAppRunner(
         app,
@@ -77,11 +82,19 @@ async def serve(
     state.draining = True
     for site in sites:
         await site.stop()
+    # The gRPC listener drains beside HTTP: new calls refused now, in-flight ones finish.
+    grpc_drain = (
+        asyncio.create_task(grpc_listeners.drain(limits.shutdown_grace_s))
+        if grpc_listeners is not None
+        else None
+    )
     try:
         async with asyncio.timeout(limits.shutdown_grace_s):
             await state.pipeline.idle.wait()
     except TimeoutError:
         log.warning("grace period over with %d requests in flight", state.pipeline.in_flight)
+    if grpc_drain is not None:
+        await grpc_drain
     await runner.cleanup()
     for lst in [*settings.listeners, settings.admin.listener]:
         if lst is not None and lst.unix is not None:
@@ -100,6 +113,9 @@ def _tune_gc() -> None:
 
 
 def run(settings: Settings, workers: int = 1, config_path: str | None = None) -> int:
+    # Before any fork: every worker must hash tenants with the same secret, or a worker could
+    # neither read its siblings' entries in Redis nor purge them.
+    share_generated_secret(settings.cache.tenant_secret, os.environ)
     if workers <= 1:
         with asyncio.Runner(loop_factory=_new_loop) as runner:
             runner.run(serve(settings, config_path=config_path))

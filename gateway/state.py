@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from backends import Backend
-from cache.cache import Cache
+from cache import Cache
 from gateway.config import Settings
 from gateway.metrics import Metrics
 from gateway.pipeline import Pipeline

@@ -5,7 +5,8 @@ One hash per route, `{prefix}sem:budget:{route}`; a field per grid cell and coun
 a grid with other edges still reads them. A process counts locally and, every `interval`
 seconds, adds its new counts (HINCRBY) and reads the fleet's totals (HGETALL) in one pipeline:
 every process then derives the same bar from the same counts. Plain hash commands only, on the
-client the semantic sync already uses. A Redis failure is logged and counted; the counts stay
+client the semantic sync publishes with (standalone, sentinel or cluster: one key per route, so
+a cluster pipeline sends each to its slot). A Redis failure is logged and counted; the counts stay
 local and go with the next flush.
 """
 
@@ -18,9 +19,8 @@ from collections import Counter
 from collections.abc import Mapping
 
 import numpy as np
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
+from cache.redis_client import REDIS_ERRORS, AnyRedis
 from cache.semantic.budget import BudgetGrid
 from cache.semantic.learn import RouteBudget
 
@@ -52,7 +52,7 @@ def _arrays(grid: BudgetGrid, counts: Mapping[str, int]) -> list[np.ndarray]:
 class BudgetStore:
     def __init__(
         self,
-        redis: Redis,
+        redis: AnyRedis,
         budgets: Mapping[str, RouteBudget],
         prefix: str = "lg:",
         interval: float = 0.5,
@@ -95,7 +95,7 @@ class BudgetStore:
                         p.hincrby(self.key(route), f, n)
                     p.hgetall(self.key(route))
                 res = await p.execute()
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             for route, counts in taken.items():
                 self._new[route].update(counts)  # kept for the next flush
             log.warning("semantic budget: Redis flush failed (%s); counting locally", exc)
@@ -125,5 +125,5 @@ class BudgetStore:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        with contextlib.suppress(RedisError, OSError):
+        with contextlib.suppress(*REDIS_ERRORS):
             await self.flush()

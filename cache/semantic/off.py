@@ -14,6 +14,9 @@ from cache.semantic.stage import SemanticHit
 class NoSemantic:
     enabled = False
 
+    def skip_reason(self, call: CallLike) -> str | None:
+        return "disabled"
+
     def applies(self, call: CallLike) -> bool:
         return False
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
-from redis.asyncio import Redis
 
 from cache.embedder import Embedder, load_embedder
 from cache.keys import Selector
@@ -76,10 +75,17 @@ class SemanticSetup:
         self._engine_metrics = engine_metrics
         self.metrics = SemanticMetrics(registry)
         self.index = VectorIndex(
-            384, flat_max=s.flat_max, hnsw_m=s.hnsw_m, ef_search=s.ef_search, device=s.device
+            384,
+            flat_max=s.flat_max,
+            hnsw_m=s.hnsw_m,
+            ef_search=s.ef_search,
+            device=s.device,
+            quantizer=s.quantizer,
         )
         max_entries = max(r.cache.semantic.max_entries for r in routes)
-        self.stage = SemanticStage(_Pending(), self.index, self.metrics, max_entries)
+        self.stage = SemanticStage(
+            _Pending(), self.index, self.metrics, max_entries, max_bytes=s.max_bytes
+        )
         self.routes: dict[str, SemanticRoute] = {}
         for r in routes:
             p = r.cache.semantic
@@ -99,7 +105,6 @@ class SemanticSetup:
             self.routes[r.name] = sr
         self._sync: RedisSync | None = None
         self._budget_store: BudgetStore | None = None
-        self._redis: Redis | None = None
         self._cross_encoder: CrossEncoder | None = None
 
     def _budget(self, route: str, p: SemanticPolicy, ver: Verifier) -> RouteBudget:
@@ -126,7 +131,7 @@ class SemanticSetup:
     async def open(self) -> None:
         s = self.settings.semantic
         shared = self._engine_metrics() if self._engine_metrics is not None else None
-        from backends.settings import BatcherSettings
+        from backends import BatcherSettings
 
         batching = BatcherSettings(
             max_batch=s.batch_max,
@@ -169,15 +174,11 @@ class SemanticSetup:
         await self._open_cross_encoder()
         redis = self.settings.redis
         if s.sync and redis is not None and redis.url:
-            self._redis = Redis.from_url(
-                redis.url,
-                socket_timeout=max(redis.timeouts.op, 0.5),
-                socket_connect_timeout=redis.timeouts.connect,
-            )
-            self._sync = RedisSync(self.stage, self._redis, redis.key_prefix)
+            self._sync = RedisSync.from_settings(self.stage, redis)
             await self._sync.start()
             if self.budgets():
-                self._budget_store = BudgetStore(self._redis, self.budgets(), redis.key_prefix)
+                # the sync's publishing client: one Redis client set per process
+                self._budget_store = BudgetStore(self._sync.redis, self.budgets(), redis.key_prefix)
                 await self._budget_store.start()
 
     async def _open_cross_encoder(self) -> None:
@@ -220,8 +221,6 @@ class SemanticSetup:
             await b.aclose()
         if self._sync is not None:
             await self._sync.aclose()
-        if self._redis is not None:
-            await self._redis.aclose()
         await self.stage.embedder.aclose()
         if self._cross_encoder is not None:
             self._cross_encoder.close()

@@ -78,3 +78,5 @@ def decode_body(content_type: str, body: bytes) -> Any:
         ) from None
     except RecursionError:
         raise BadRequest("request body is nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer past Python's 4,300-digit conversion limit
+        raise BadRequest(f"request body has a value out of range: {str(exc)[:120]}") from None

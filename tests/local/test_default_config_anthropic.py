@@ -20,7 +20,9 @@ from tests.support.upstream import build_upstream
 def servers() -> Iterator[tuple[ServerThread, ServerThread]]:
     upstream = ServerThread(build_upstream).start()
     settings = load_settings(
-        ROOT / "config/latentgate.yaml", environ={"LATENTGATE_UPSTREAM": upstream.url}
+        ROOT / "config/latentgate.yaml",
+        # The OS picks the gRPC port: 8001 may be taken on a shared machine.
+        environ={"LATENTGATE_UPSTREAM": upstream.url, "LATENTGATE_GRPC_PORT": "0"},
     )
     gateway = ServerThread(lambda: build_app(settings)).start()
     wait_ready(gateway.url)

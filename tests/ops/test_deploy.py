@@ -187,6 +187,24 @@ def test_compose_wires_the_gateway_to_redis_and_the_model() -> None:
     assert set(gw["depends_on"]) == {"redis", "model"}
 
 
+def test_cluster_compose_runs_the_gateway_in_cluster_mode_on_every_node() -> None:
+    (compose,) = _load_all(DEPLOY / "compose" / "cluster-compose.yaml")
+    services = compose["services"]
+    nodes = {n for n in services if n.startswith("redis-")}
+    assert len(nodes) == 6
+    init = " ".join(services["cluster-init"]["command"])
+    assert "--cluster-replicas 1" in init and all(f"{n}:6379" in init for n in nodes)
+    gw = services["latentgate"]
+    env = {k: str(v) for k, v in gw["environment"].items()}
+    redis = load_settings(DEPLOY / "compose" / "latentgate.yaml", environ=env).cache.redis
+    assert redis is not None and redis.mode == "cluster"
+    from cache.redis_client import parse_hosts
+
+    hosts, _ = parse_hosts(redis.url or "")
+    assert {h for h, _ in hosts} == nodes
+    assert gw["depends_on"]["cluster-init"]["condition"] == "service_completed_successfully"
+
+
 def test_systemd_unit_reloads_with_sighup_and_outlasts_the_drain() -> None:
     unit = configparser.ConfigParser(strict=False, interpolation=None)
     unit.optionxform = str  # type: ignore[assignment, method-assign]
@@ -220,7 +238,9 @@ def test_dashboard_queries_only_exported_metrics(
         if route["name"] == "chat":  # the exact cache on, so its series exist
             route["cache"] = {"exact": {"enabled": True, "tiers": ["memory"]}}
     gw = gateway_process(cfg)
-    chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    chat = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+    ).encode()
     for _ in range(3):
         http("POST", gw.url + "/v1/chat/completions", chat, {"Content-Type": "application/json"})
     # An upstream timeout (an uncached body), so the error series exist as in production.

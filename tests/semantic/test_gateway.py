@@ -71,7 +71,9 @@ def test_refusals_other_tenants_and_sampled_calls_miss(gw: ServerThread) -> None
         ]
         == "miss"
     )
-    assert ask(c, "How can I reset my password?", temperature=0.8)[1]["x-cache"] == "miss"
+    # a sampled call is not answered from the cache at all, and says why
+    sampled = ask(c, "How can I reset my password?", temperature=0.8)[1]
+    assert (sampled["x-cache"], sampled["x-cache-bypass-reason"]) == ("bypass", "sampled")
 
 
 def test_purge_removes_vectors(gw: ServerThread) -> None:
@@ -102,6 +104,25 @@ def test_metrics_name_where_the_embedder_and_index_run(gw: ServerThread) -> None
     series = [ln for ln in text.splitlines() if ln.startswith("latentgate_semantic_device_info{")]
     # One series once the embedder has loaded (no stale "pending" one beside it).
     assert series == ['latentgate_semantic_device_info{embedder="cpu",index="cpu"} 1.0']
+
+
+def test_metrics_count_the_index_bytes(gw: ServerThread) -> None:
+    def index_bytes() -> float:
+        with urllib.request.urlopen(f"{gw.url}/metrics", timeout=10) as r:
+            lines = r.read().decode().splitlines()
+        (line,) = [ln for ln in lines if ln.startswith("latentgate_semantic_index_bytes ")]
+        return float(line.split()[1])
+
+    before = index_bytes()
+    ask(
+        client_for(gw.url),
+        f"What is the boiling point of water {uuid.uuid4().hex[:6]}?",
+        temperature=0,
+    )
+    deadline = time.monotonic() + 5
+    while index_bytes() == before and time.monotonic() < deadline:
+        time.sleep(0.05)  # the entry is stored after the answer is sent
+    assert index_bytes() > before
 
 
 def test_a_miss_embeds_its_question_once(gw: ServerThread) -> None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 from cache.semantic.route import SemanticRoute
 from cache.semantic.stage import SemanticStage
@@ -49,3 +50,20 @@ async def test_short_texts_and_other_tenants_miss(
     assert (
         await route.lookup(chat("How can I reset my password?", temperature=0), "tenant-b") is None
     )
+
+
+def test_skip_reasons_say_why_the_stage_did_not_look() -> None:
+    def call(text: str | None, deterministic: bool = True) -> Any:
+        return SimpleNamespace(
+            model="m", deterministic=deterministic, semantic_text=text, context=None
+        )
+
+    route = SemanticRoute(cast(Any, None), "chat", SemanticPolicy(enabled=True), cast(Any, None))
+    assert route.skip_reason(call("How do I reset my password?")) is None
+    assert route.skip_reason(call(None)) == "no_text"
+    assert route.skip_reason(call("hi")) == "too_short"
+    assert route.skip_reason(call("word " * 100_000)) == "too_long"  # decided on length alone
+    assert route.skip_reason(call("How do I reset my password?", False)) == "sampled"
+    off = SemanticRoute(cast(Any, None), "chat", SemanticPolicy(), cast(Any, None))
+    assert off.skip_reason(call("How do I reset my password?")) == "disabled"
+    assert not route.applies(call("word " * 100_000))

@@ -104,9 +104,10 @@ class ServerThread:
 
 
 class RedisServer:
-    """A real redis-server process on a free port, persistence off."""
+    """A real redis-server process on a free port, persistence off; `extra` adds arguments
+    (cluster mode, replicaof: see tests/support/redis_topologies.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra: list[str] | None = None) -> None:
         exe = os.environ.get("LATENTGATE_REDIS_SERVER") or shutil.which("redis-server")
         if exe is None:
             raise RuntimeError(
@@ -115,6 +116,7 @@ class RedisServer:
         self.exe = exe
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="lg-redis-")
+        self.extra = extra or []
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -137,6 +139,7 @@ class RedisServer:
                 self.dir,
                 "--protected-mode",
                 "no",
+                *self.extra,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -171,7 +174,10 @@ class GatewayProcess:
     ) -> None:
         self.port = free_port()
         cfg = dict(config)
-        listeners = [x for x in cfg.get("listeners", []) if "unix" in x]
+        # The main TCP listener is this object's; unix sockets and gRPC listeners are kept.
+        listeners = [
+            x for x in cfg.get("listeners", []) if "unix" in x or x.get("protocol") == "grpc"
+        ]
         cfg["listeners"] = [{"name": "main", "host": "127.0.0.1", "port": self.port}, *listeners]
         fd, self.config_path = tempfile.mkstemp(suffix=".yaml", prefix="lg-")
         with os.fdopen(fd, "w") as f:

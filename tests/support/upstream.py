@@ -150,6 +150,11 @@ async def chat(request: web.Request) -> web.StreamResponse:
                     "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
                 }
             )
+            if (body.get("stream_options") or {}).get("include_usage"):
+                # as OpenAI does: one last chunk with no choices and the call's usage
+                n = len(words)
+                usage = {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": 3 + n}
+                chunks.append({**chunks[-1], "choices": [], "usage": usage})
             return await _sse(request, chunks)
         out = {
             "id": rid,
@@ -386,6 +391,7 @@ def build_upstream(
     r.add_get("/_test/stats", test_stats)
     r.add_post("/_test/reset", test_reset)
     r.add_post("/v1/chat/completions", chat)
+    r.add_post("/openai/deployments/{deployment}/chat/completions", chat)  # Azure OpenAI clients
     r.add_post("/v1/completions", completions)
     r.add_post("/v1/embeddings", embeddings)
     r.add_post("/v1/messages", messages)

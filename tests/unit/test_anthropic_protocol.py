@@ -9,6 +9,7 @@ import pytest
 
 from cache.keys import KeyBuilder
 from cache.semantic.namespace import namespace_of
+from cache.tenant import TenantHasher
 from gateway.errors import BadRequest, error_body
 from gateway.protocols import anthropic_sse
 from gateway.protocols.anthropic import AnthropicAdapter
@@ -38,7 +39,11 @@ def parse(body: dict[str, Any], headers: dict[str, str] | None = None) -> Call:
 
 def key(body: dict[str, Any], headers: dict[str, str] | None = None) -> str:
     call = parse(body, headers)
-    return KeyBuilder("messages", []).build(call.model, call.key_fields, None).value
+    return (
+        KeyBuilder("messages", [], TenantHasher(b"test"))
+        .build(call.model, call.key_fields, None)
+        .value
+    )
 
 
 def ns(body: dict[str, Any], headers: dict[str, str] | None = None) -> str:

@@ -31,7 +31,11 @@ def cache_config(
             r["cache"] = {"exact": policy}
     cfg["admin"] = {"token": ADMIN_TOKEN}
     if redis_url is not None:
-        cfg["cache"] = {"redis": {"url": redis_url, "key_prefix": f"it{uuid.uuid4().hex[:8]}:"}}
+        cfg["cache"] = {
+            "redis": {"url": redis_url, "key_prefix": f"it{uuid.uuid4().hex[:8]}:"},
+            # sidecars sharing a Redis share entries only under one tenant secret
+            "tenant_secret": "integration-tests-shared-secret",
+        }
     return cfg
 
 

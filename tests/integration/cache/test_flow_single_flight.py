@@ -33,7 +33,11 @@ def fresh_upstream() -> Iterator[ServerThread]:
 
 
 def _default_gateway(upstream: ServerThread, redis_url: str = "") -> ServerThread:
-    env = {"LATENTGATE_UPSTREAM": upstream.url, "LATENTGATE_REDIS_URL": redis_url}
+    env = {
+        "LATENTGATE_UPSTREAM": upstream.url,
+        "LATENTGATE_REDIS_URL": redis_url,
+        "LATENTGATE_GRPC_PORT": "0",  # the OS picks: 8001 may be taken on a shared machine
+    }
     settings = load_settings(ROOT / "config/latentgate.yaml", environ=env)
     server = ServerThread(lambda: build_app(settings)).start()
     wait_ready(server.url)
