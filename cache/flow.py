@@ -27,9 +27,10 @@ from cache.cache import Claim, RouteCache
 from cache.codec import CacheEntry
 from cache.keys import CacheKey
 from cache.policy import RequestDirectives, response_shareable, storable_ttl
+from cache.semantic import flow_hooks  # issue 14: error budget, semantic single flight
 from cache.semantic.off import NoSemantic
 from cache.semantic.route import CallLike, SemanticRoute
-from cache.semantic.stage import SemanticHit
+from cache.semantic.stage import Candidate, SemanticHit
 from cache.singleflight import Lead, LeaderGone, SingleFlight
 from cache.tenant import credential_headers, tenant_of
 
@@ -95,6 +96,8 @@ class Ask:
     clock: Clock
     compute_stage: str = "upstream"  # the Server-Timing name of the backend's time
     skipped: str = ""  # set by the flow: why the semantic stage passed this call by
+    # issue 14: the best candidate the semantic lookup did not serve; the fresh answer labels it
+    semantic_candidate: Candidate | None = None
 
 
 @dataclass(slots=True)
@@ -207,14 +210,25 @@ class CacheFlow:
         t = ask.clock.add("cache", t)
         vector = None
         if d.lookup:
-            hit, vector = await self._semantic(ask, t)
+            hit, vector = await self._semantic(ask, t, compute)
             if hit is not None:
                 return hit
+            # issue 14: a paraphrase of a miss in flight waits for that answer
+            sr = self.semantic
+            if vector is not None and d.store and isinstance(sr, SemanticRoute):
+                wait_s = self.rc.policy.coalesce_wait_s
+                joined = await flow_hooks.join_flight(
+                    sr, self.flights, ask.call, ask.key.tenant_h, vector, wait_s, ask.key.value
+                )
+                if joined is not None and ask.answers.serves(joined[0]):
+                    return Hit(joined[0], "semantic-hit", joined[1])
         if not d.store:
             return Fresh(await self._compute(ask, compute), "bypass", reason="no-store")
         return await self._coalesced(ask, compute, "miss" if d.lookup else "bypass", vector)
 
-    async def _semantic(self, ask: Ask, t: float) -> tuple[Hit | None, np.ndarray | None]:
+    async def _semantic(
+        self, ask: Ask, t: float, compute: Compute
+    ) -> tuple[Hit | None, np.ndarray | None]:
         """After an exact miss: a verified near-duplicate's stored answer, and the call's vector
         (embedded once: a miss stores it)."""
         sr = self.semantic
@@ -235,7 +249,13 @@ class CacheFlow:
         vector = hit = None
         try:
             vector = await sr.embed(ask.call)
-            hit = await sr.lookup(ask.call, ask.key.tenant_h, payload, vector)
+            # issue 14: search = lookup + the unserved candidate (labelled after the miss)
+            assert isinstance(sr, SemanticRoute)
+            res = await sr.search(ask.call, ask.key.tenant_h, payload, vector)
+            hit, ask.semantic_candidate = res.hit, res.candidate
+            if hit is not None and sr.should_audit(ask.call, hit):
+                fetch = flow_hooks.audit_fetch(compute, ask.answers, ask.kind)
+                sr.audit(ask.call, hit, found[hit.exact_key], fetch)
         except Exception:  # the cache boundary: a semantic failure is a miss, never an error
             log.exception("semantic lookup failed on route %s", self.route)
         ask.clock.add("semantic", t)
@@ -250,7 +270,9 @@ class CacheFlow:
             for _ in range(_HANDOVERS):
                 lead = self.flights.try_lead(ask.key.value)
                 if lead is not None:
-                    return await self._lead(ask, compute, x_cache, vector, lead)
+                    # issue 14: paraphrases may wait on this flight while it computes
+                    with flow_hooks.announced(self.semantic, ask.call, ask.key, vector):
+                        return await self._lead(ask, compute, x_cache, vector, lead)
                 try:
                     shared = await self.flights.wait(ask.key.value, self.rc.policy.coalesce_wait_s)
                 except LeaderGone:
@@ -328,6 +350,10 @@ class CacheFlow:
             await self.semantic.remember(
                 ask.call, ask.key.tenant_h, ask.key.value, entry.ttl, vector
             )
+            cand, sr = ask.semantic_candidate, self.semantic  # issue 14: label the candidate
+            if cand is not None and isinstance(sr, SemanticRoute):
+                load = flow_hooks.stored_loader(self.rc, cand.exact_key)
+                sr.label_after_miss(ask.call, cand, load, entry)
         except Exception:  # the cache boundary: the response still goes out
             log.exception("semantic store failed on route %s", self.route)
 

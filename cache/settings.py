@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Frozen(BaseModel):
@@ -34,6 +34,15 @@ class ExactPolicy(_Frozen):
     coalesce_wait_s: float = Field(30.0, gt=0)
 
 
+class JudgeSettings(_Frozen):
+    """`answer_match: judge`: an OpenAI-compatible chat endpoint asked "same answer? yes/no"."""
+
+    url: str
+    model: str
+    headers: dict[str, str] = {}
+    timeout: float = Field(30.0, gt=0)
+
+
 class SemanticPolicy(_Frozen):
     enabled: bool = False
     # The cosine a candidate needs. None: the verifier's calibrated floor (stored in its trained
@@ -54,6 +63,24 @@ class SemanticPolicy(_Frozen):
     # With the verifier on, `threshold` is the cosine floor for candidates and this is the
     # verifier's acceptance score; None = the operating point stored in the trained artifact.
     min_score: float | None = Field(None, ge=0.0, le=1.0)
+    # Error budget (cache.semantic.budget): None = the static point above, as before. Set, the
+    # route learns its bar from labels (misses with a candidate, audited hits) so that the
+    # upper confidence bound of the error rate among served hits stays <= max_error_rate.
+    max_error_rate: float | None = Field(None, gt=0.0, lt=1.0)
+    # Share of semantic hits also sent upstream in the background to label them; doubled
+    # (to at most 0.10) while the served bar has few labels. Audits never exceed 10 % of hits.
+    audit_rate: float = Field(0.05, ge=0.0, le=0.10)
+    answer_match: Literal["exact", "embedding", "judge"] = "exact"
+    answer_cosine: float = Field(0.95, ge=-1.0, le=1.0)  # answer_match: embedding
+    judge: JudgeSettings | None = None  # answer_match: judge
+    error_confidence: float = Field(0.95, ge=0.5, lt=1.0)  # of the one-sided bound
+    min_labels: int = Field(30, ge=1)  # in a served region before it can be proven
+
+    @model_validator(mode="after")
+    def _judge_needs_endpoint(self) -> SemanticPolicy:
+        if self.answer_match == "judge" and self.judge is None:
+            raise ValueError("answer_match 'judge' needs a judge: {url, model}")
+        return self
 
 
 class CachePolicy(_Frozen):

@@ -1,4 +1,7 @@
-"""Admin endpoint for client feedback on semantic hits: a reported wrong hit tightens that entry.
+"""Admin endpoints of the semantic cache: client feedback on hits, and the error budgets.
+
+GET /admin/semantic: per route, the serving bar and, on routes with an error budget, the
+labelled error estimate, its upper bound, label and audit counts.
 
 POST /admin/cache/semantic/wrong-hit {"entry": <X-Cache-Entry>, "score": <X-Cache-Score>}
 (bearer-guarded like every /admin route). After it, only a closer match than the reported one
@@ -8,10 +11,13 @@ may reuse that entry; other entries are unaffected.
 from __future__ import annotations
 
 import json
+import math
+from typing import Any
 
 from aiohttp import web
 
 from cache import SemanticSetup
+from cache.semantic.route import SemanticRoute
 from gateway.admin import guarded
 from gateway.errors import BadRequest, NotFound
 
@@ -33,4 +39,40 @@ def register(app: web.Application, semantic: SemanticSetup) -> None:
             status=200, body=b'{"tightened": true}', content_type="application/json"
         )
 
+    async def status(request: web.Request) -> web.Response:
+        routes = {name: route_status(sr) for name, sr in sorted(semantic.routes.items())}
+        return web.json_response({"routes": routes, "entries": len(semantic.stage.entries)})
+
     app.router.add_post("/admin/cache/semantic/wrong-hit", guarded(wrong_hit))
+    app.router.add_get("/admin/semantic", guarded(status))
+
+
+def route_status(sr: SemanticRoute) -> dict[str, Any]:
+    v = sr.verifier
+    out: dict[str, Any] = {
+        "verifier": v.name,
+        "static_point": {"cosine": v.floor, "score": v.p_min},
+        "max_error_rate": sr.policy.max_error_rate,
+        "pending_flights": len(sr.pending),
+    }
+    b = sr.budget
+    if b is None:
+        return out
+    bar = b.bar()
+    g = b.grid
+    out["budget"] = {
+        "bar": {"open": bar.open, "cosine": bar.cosine, "score": bar.score},
+        "served_region": {
+            "labels": bar.labels,
+            "error_estimate": None if math.isnan(bar.estimate) else bar.estimate,
+            "error_bound": bar.bound,
+        },
+        "labels": int(g.labels.sum()),
+        "wrong": int(g.wrong.sum()),
+        "lookups_with_a_candidate": int(g.volume.sum()),
+        "semantic_hits": b.hits,
+        "audits": b.audits,
+        "audit_rate": b.audit_rate,
+        "confidence": sr.policy.error_confidence,
+    }
+    return out

@@ -55,3 +55,34 @@ class SemanticMetrics:
             ["direction", "outcome"],
             registry=registry,
         )
+        # Error budget (routes with cache.semantic.max_error_rate), per route.
+        self.audits = Counter(
+            p + "audits",
+            "Audited semantic hits by outcome (agree, disagree, unusable, error)",
+            ["route", "outcome"],
+            registry=registry,
+        )
+        self.labels = Counter(
+            p + "labels",
+            "Labelled candidates by source (miss, audit) and outcome (agree, disagree)",
+            ["route", "source", "outcome"],
+            registry=registry,
+        )
+        self.error_rate = Gauge(
+            p + "error_rate",
+            "Labelled error rate of the served region: estimate, its upper bound, the budget",
+            ["route", "stat"],
+            registry=registry,
+        )
+        self.bar = Gauge(
+            p + "bar",
+            "The learned serving bar (1.01 while closed)",
+            ["route", "dim"],
+            registry=registry,
+        )
+        self.bar_open = Gauge(
+            p + "bar_open",
+            "1 while a proven bar serves hits, 0 while learning",
+            ["route"],
+            registry=registry,
+        )

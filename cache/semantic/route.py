@@ -12,8 +12,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from cache.codec import CacheEntry
+from cache.semantic.budget import Bar
+from cache.semantic.learn import RouteBudget, Stored
 from cache.semantic.namespace import namespace_of
-from cache.semantic.stage import SemanticHit, SemanticStage
+from cache.semantic.pending import Flight, Joined, PendingFlights
+from cache.semantic.stage import Candidate, Search, SemanticHit, SemanticStage
 from cache.semantic.verifier import Verifier
 from cache.settings import SemanticPolicy
 
@@ -35,6 +39,9 @@ class SemanticRoute:
         self.route = route
         self.policy = policy
         self.verifier = verifier
+        # Set (by cache.semantic.setup) when the policy has max_error_rate: the bar is learned.
+        self.budget: RouteBudget | None = None
+        self.pending = PendingFlights()
 
     def skip_reason(self, call: CallLike) -> str | None:
         """Why the stage does not look this call up (None: it does). Reasons: "disabled",
@@ -100,3 +107,90 @@ class SemanticRoute:
         ns = self.namespace(call, tenant)
         await self.stage.add(ns, call.semantic_text, exact_key, ttl, vector)
         return True
+
+    # -- the flow's API (error budget, semantic single flight) -----------------------------
+
+    def bar(self) -> Bar | None:
+        return None if self.budget is None else self.budget.bar()
+
+    async def search(
+        self,
+        call: CallLike,
+        tenant: str,
+        payload_exists: Callable[[str], Awaitable[bool]] | None = None,
+        vector: np.ndarray | None = None,
+    ) -> Search:
+        """`lookup` plus, on a route with an error budget, the best candidate it did not serve
+        (hand it to `label_after_miss` once the upstream has answered). Without a budget the
+        hit is exactly `lookup`'s and the candidate is None."""
+        if not self.applies(call):
+            return Search(None, None)
+        assert call.semantic_text is not None
+        if self.budget is None:
+            hit = await self.lookup(call, tenant, payload_exists, vector)
+            return Search(hit, None)
+        return await self.stage.search(
+            self.namespace(call, tenant),
+            call.semantic_text,
+            self.verifier,
+            self.budget.bar(),
+            payload_exists,
+            vector,
+            self.budget.observe,
+        )
+
+    def labels(self, call: CallLike) -> bool:
+        """Answers to this call may label: a budget, and a deterministic call."""
+        return self.budget is not None and call.deterministic
+
+    def label_after_miss(
+        self, call: CallLike, candidate: Candidate | None, stored: Stored, fresh: CacheEntry
+    ) -> None:
+        """Background: the fresh answer against the unserved candidate's stored one (stored: the
+        entry, or an async loader of it). Never raises, never waits."""
+        if candidate is None or self.budget is None or not self.labels(call):
+            return
+        self.budget.label_after_miss(candidate, call.semantic_text or "", stored, fresh)
+
+    def should_audit(self, call: CallLike, hit: SemanticHit) -> bool:
+        return self.budget is not None and self.labels(call) and self.budget.should_audit(hit)
+
+    def audit(
+        self,
+        call: CallLike,
+        hit: SemanticHit,
+        stored: Stored,
+        fetch: Callable[[], Awaitable[CacheEntry | None]],
+    ) -> None:
+        """Background: fetch a fresh answer (bypassing the cache) and label the hit by it."""
+        if self.budget is not None:
+            self.budget.audit(hit, call.semantic_text or "", stored, fetch)
+
+    def label_audit(
+        self, call: CallLike, hit: SemanticHit, stored: Stored, fresh: CacheEntry
+    ) -> None:
+        if self.budget is not None:
+            self.budget.label_audit(hit, call.semantic_text or "", stored, fresh)
+
+    async def join(self, call: CallLike, tenant: str, vector: np.ndarray) -> Joined | None:
+        """Semantic single flight: an in-flight miss in this namespace whose question the
+        lookup rule would serve for this one; `await joined.wait(seconds)` gives its answer
+        (None: the leader failed or was too slow; go upstream)."""
+        if not self.applies(call):
+            return None
+        assert call.semantic_text is not None
+        bar = self.bar()
+        return await self.pending.find(
+            self.namespace(call, tenant), call.semantic_text, vector, self.verifier, bar
+        )
+
+    def begin(
+        self, call: CallLike, tenant: str, vector: np.ndarray, key: str = ""
+    ) -> Flight | None:
+        """Announce this miss's flight (key: its exact key); the caller must `finish` (or
+        `fail`) it."""
+        if not self.applies(call):
+            return None
+        assert call.semantic_text is not None
+        ns = self.namespace(call, tenant)
+        return self.pending.begin(ns, call.semantic_text, vector, key)

@@ -17,14 +17,18 @@ from prometheus_client import CollectorRegistry
 
 from cache.embedder import Embedder, load_embedder
 from cache.keys import Selector
+from cache.semantic.answers import EmbeddingMatch, ExactMatch, JudgeMatch, Matcher
+from cache.semantic.budget import BudgetGrid
+from cache.semantic.budget_store import BudgetStore
 from cache.semantic.cross_encoder import CrossEncoder
 from cache.semantic.index import VectorIndex
+from cache.semantic.learn import RouteBudget
 from cache.semantic.metrics import SemanticMetrics
 from cache.semantic.route import SemanticRoute
 from cache.semantic.stage import SemanticStage
 from cache.semantic.sync import RedisSync
-from cache.semantic.verifier import CrossEncoderVerifier, load_verifier
-from cache.settings import CachePolicy, CacheSettings
+from cache.semantic.verifier import CrossEncoderVerifier, Verifier, load_verifier
+from cache.settings import CachePolicy, CacheSettings, SemanticPolicy
 
 log = logging.getLogger("latentgate.semantic")
 
@@ -95,9 +99,34 @@ class SemanticSetup:
             ver = load_verifier(
                 p.verifier, p.threshold, p.min_score, s.verifier_artifact, s.cross_encoder_artifact
             )
-            self.routes[r.name] = SemanticRoute(self.stage, r.name, p, ver)
+            sr = SemanticRoute(self.stage, r.name, p, ver)
+            if p.max_error_rate is not None:
+                sr.budget = self._budget(r.name, p, ver)
+            self.routes[r.name] = sr
         self._sync: RedisSync | None = None
+        self._budget_store: BudgetStore | None = None
         self._cross_encoder: CrossEncoder | None = None
+
+    def _budget(self, route: str, p: SemanticPolicy, ver: Verifier) -> RouteBudget:
+        assert p.max_error_rate is not None
+        grid = BudgetGrid(
+            p.max_error_rate,
+            ver.floor,
+            ver.p_min,
+            delta=1.0 - p.error_confidence,
+            min_labels=p.min_labels,
+        )
+        matcher: Matcher = ExactMatch()
+        if p.answer_match == "embedding":
+            matcher = EmbeddingMatch(self.stage.embed, p.answer_cosine)
+        elif p.answer_match == "judge":
+            assert p.judge is not None
+            j = p.judge
+            matcher = JudgeMatch(j.url, j.model, j.headers, j.timeout)
+        return RouteBudget(route, grid, matcher, self.stage, self.metrics, p.audit_rate)
+
+    def budgets(self) -> dict[str, RouteBudget]:
+        return {n: r.budget for n, r in self.routes.items() if r.budget is not None}
 
     async def open(self) -> None:
         s = self.settings.semantic
@@ -147,6 +176,10 @@ class SemanticSetup:
         if s.sync and redis is not None and redis.url:
             self._sync = RedisSync.from_settings(self.stage, redis)
             await self._sync.start()
+            if self.budgets():
+                # the sync's publishing client: one Redis client set per process
+                self._budget_store = BudgetStore(self._sync.redis, self.budgets(), redis.key_prefix)
+                await self._budget_store.start()
 
     async def _open_cross_encoder(self) -> None:
         """One cross-encoder per process, shared by the routes whose verifier uses it."""
@@ -182,6 +215,10 @@ class SemanticSetup:
         return len(keys)
 
     async def aclose(self) -> None:
+        if self._budget_store is not None:
+            await self._budget_store.aclose()
+        for b in self.budgets().values():
+            await b.aclose()
         if self._sync is not None:
             await self._sync.aclose()
         await self.stage.embedder.aclose()

@@ -63,6 +63,26 @@ class SemanticHit:
     score: float
 
 
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """The best candidate a budgeted lookup did not serve: the miss that follows labels it."""
+
+    exact_key: str
+    similarity: float
+    score: float
+    served_by_bar: bool  # the route's bar would serve it (a per-entry bar or payload refused)
+
+
+@dataclass(frozen=True, slots=True)
+class Search:
+    hit: SemanticHit | None
+    candidate: Candidate | None
+
+
+class Bar(Protocol):
+    def serves(self, cosine: float, score: float) -> bool: ...
+
+
 class Replicator(Protocol):
     async def publish_add(self, entry: Entry) -> None: ...
 
@@ -159,6 +179,69 @@ class SemanticStage:
             return None
         self.metrics.lookups.labels("hit").inc()
         return SemanticHit(chosen.exact_key, float(cos[decision.index]), decision.score)
+
+    async def search(
+        self,
+        namespace: str,
+        text: str,
+        verifier: Verifier,
+        bar: Bar,
+        payload_exists: Callable[[str], Awaitable[bool]] | None = None,
+        vector: np.ndarray | None = None,
+        observe: Callable[[float, float], None] | None = None,
+    ) -> Search:
+        """A lookup under a learned bar: every candidate over the cosine floor is scored, the
+        most probable one the bar (and its own per-entry bar) serves is the hit; the best one
+        overall, when not served, comes back as the candidate to label. `observe` gets the best
+        candidate's (cosine, score): where the route's traffic is."""
+        vec = await self.embed(text) if vector is None else vector
+        t = time.perf_counter()
+        found = self.index.search(namespace, vec, TOP_K)
+        t2 = time.perf_counter()
+        self.metrics.latency.labels("search").observe(t2 - t)
+        now = time.time()
+        cands: list[Entry] = []
+        sims: list[float] = []
+        for ident, sim in found:
+            e = self.entries.get(ident)
+            if e is None or e.expires_at <= now:
+                self._drop(ident)
+                continue
+            cands.append(e)
+            sims.append(sim)
+        cos = np.asarray(sims, dtype=np.float32)
+        if not cands or float(cos.max()) < verifier.floor:
+            self.metrics.lookups.labels("miss").inc()
+            return Search(None, None)
+        idents = [entry_id(c.exact_key) for c in cands]
+        infos = [self._info(i, c) for i, c in zip(idents, cands, strict=True)]
+        args = (text_info(text), vec, infos, self.index.vectors(idents))
+        if verifier.offload:
+            score = await asyncio.to_thread(verifier.scores, *args, cos)
+        else:
+            score = verifier.scores(*args, cos)
+        self.metrics.latency.labels("verify").observe(time.perf_counter() - t2)
+        self.metrics.similarity.observe(float(cos[0]))
+        best = int(np.argmax(score))
+        if observe is not None:
+            observe(float(cos[best]), float(score[best]))
+        order = np.argsort(-score, kind="stable")
+        for i in order.tolist():
+            c, p = float(cos[i]), float(score[i])
+            if p < 0 or not bar.serves(c, p) or p < cands[i].bar:
+                continue
+            if payload_exists is not None and not await payload_exists(cands[i].exact_key):
+                await self.remove_key(cands[i].exact_key)
+                self.metrics.lookups.labels("stale").inc()
+                continue
+            self.metrics.lookups.labels("hit").inc()
+            return Search(SemanticHit(cands[i].exact_key, c, p), None)
+        self.metrics.lookups.labels("miss").inc()
+        b = cands[best]
+        if entry_id(b.exact_key) not in self.entries:
+            return Search(None, None)  # its payload was gone (removed above)
+        served = bar.serves(float(cos[best]), float(score[best]))
+        return Search(None, Candidate(b.exact_key, float(cos[best]), float(score[best]), served))
 
     def _info(self, ident: int, entry: Entry) -> TextInfo:
         info = self._infos.get(ident)

@@ -56,6 +56,17 @@ class Verifier(Protocol):
         tighten: Sequence[float] = (),
     ) -> Decision: ...
 
+    def scores(
+        self,
+        query: TextInfo,
+        query_vec: np.ndarray,
+        cands: Sequence[TextInfo],
+        cand_vecs: np.ndarray,
+        cand_cos: np.ndarray,
+    ) -> np.ndarray:
+        """Each candidate's score (-1 under the cosine floor): what an error budget bars on."""
+        ...
+
 
 class CosineVerifier:
     """No second stage: the best candidate at or above the cosine threshold is served."""
@@ -81,6 +92,17 @@ class CosineVerifier:
             if c >= need:
                 return Decision(i, float(c), i)
         return Decision(-1, float(cand_cos[0]) if len(cand_cos) else 0.0, 0)
+
+    def scores(
+        self,
+        query: TextInfo,
+        query_vec: np.ndarray,
+        cands: Sequence[TextInfo],
+        cand_vecs: np.ndarray,
+        cand_cos: np.ndarray,
+    ) -> np.ndarray:
+        cos = np.asarray(cand_cos, np.float32)
+        return np.where(cos >= self.floor, cos, -1.0).astype(np.float32)
 
 
 class MlpVerifier:
@@ -166,6 +188,27 @@ class MlpVerifier:
         )
         return _pick(self.probabilities(x), keep, self.p_min, tighten)
 
+    def scores(
+        self,
+        query: TextInfo,
+        query_vec: np.ndarray,
+        cands: Sequence[TextInfo],
+        cand_vecs: np.ndarray,
+        cand_cos: np.ndarray,
+    ) -> np.ndarray:
+        out = np.full(len(cands), -1.0, np.float32)
+        keep = [i for i, c in enumerate(cand_cos) if c >= self.floor]
+        if keep:
+            x = self.features(
+                query,
+                query_vec,
+                [cands[i] for i in keep],
+                cand_vecs[keep],
+                np.asarray(cand_cos)[keep],
+            )
+            out[keep] = self.probabilities(x)
+        return out
+
 
 def build_matrix(cos: np.ndarray, lex: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
     """[cos, lexical..., u*v, |u-v|] per row; u broadcasts against v's rows."""
@@ -218,6 +261,21 @@ class CrossEncoderVerifier:
             return Decision(-1, 0.0, len(keep))
         prob = self.model.score_pairs_sync([query.text] * len(keep), [cands[i].text for i in keep])
         return _pick(prob, keep, self.p_min, tighten)
+
+    def scores(
+        self,
+        query: TextInfo,
+        query_vec: np.ndarray,
+        cands: Sequence[TextInfo],
+        cand_vecs: np.ndarray,
+        cand_cos: np.ndarray,
+    ) -> np.ndarray:
+        out = np.full(len(cands), -1.0, np.float32)
+        keep = [i for i, c in enumerate(cand_cos) if c >= self.floor]
+        if keep and self.model is not None:
+            texts = [cands[i].text for i in keep]
+            out[keep] = self.model.score_pairs_sync([query.text] * len(keep), texts)
+        return out
 
 
 def load_verifier(

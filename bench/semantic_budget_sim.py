@@ -1,0 +1,188 @@
+"""Offline replay of the error-budget controller, for tuning on the calib parts only:
+`python -m bench.semantic_budget_sim [--part calib]`.
+
+The same BudgetGrid and audit rule as the gateway (cache.semantic.budget, cache.semantic.learn),
+with sentence-transformers embeddings and labels from the pair classes (labelled duplicates share
+an answer), no HTTP. The reported figures come from `bench.semantic_budget` through a real
+gateway on the eval parts; this one is for choosing the controller's constants without looking
+at them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bench.semantic_data import MODEL_TAG, embed_cached, load_qqp, splits, st_encoder
+from bench.semantic_pooled import label_roots
+from cache.semantic.budget import BudgetGrid
+from cache.semantic.features import TextInfo, text_info
+from cache.semantic.learn import AUDIT_CAP, LEARNING_LABELS
+from cache.semantic.stage import TIGHTEN_STEP
+from cache.semantic.verifier import MlpVerifier
+
+
+@dataclass
+class RouteSim:
+    name: str
+    grid: BudgetGrid | None
+    audit_rate: float = 0.05
+    keys: list[int] = field(default_factory=list)  # request index of each entry
+    bars: list[float] = field(default_factory=list)
+    vecs: list[np.ndarray] = field(default_factory=list)
+    infos: list[TextInfo] = field(default_factory=list)
+    exact: dict[str, int] = field(default_factory=dict)
+    hits: int = 0
+    audits: int = 0
+    credit: float = 0.0
+    log: list[tuple[int, int]] = field(default_factory=list)  # per request: (hit, wrong)
+
+
+def run(
+    texts: list[str],
+    classes: list[str],
+    vec: np.ndarray,
+    ver: MlpVerifier,
+    routes: list[RouteSim],
+) -> None:
+    infos = [text_info(t) for t in texts]
+    for i, t in enumerate(texts):
+        for r in routes:
+            if t in r.exact:
+                r.log.append((0, 0))
+                continue
+            hit_j = -1
+            if r.vecs:
+                cos_all = _mat(r) @ vec[i]
+                top = np.argpartition(-cos_all, min(5, len(cos_all) - 1))[:5]
+                top = top[np.argsort(-cos_all[top])]
+                cos = cos_all[top]
+                if cos.max() >= ver.floor:
+                    cands = [r.infos[k] for k in top]
+                    cvecs = _mat(r)[top]
+                    if r.grid is None:
+                        d = ver.choose(infos[i], vec[i], cands, cvecs, cos)
+                        hit_j = int(top[d.index]) if d.index >= 0 else -1
+                    else:
+                        hit_j = _budget(
+                            r, i, classes, infos[i], vec[i], top, cos, cands, cvecs, ver
+                        )
+            if hit_j >= 0:
+                wrong = int(classes[r.keys[hit_j]] != classes[i])
+                r.log.append((1, wrong))
+                continue
+            r.log.append((0, 0))
+            r.exact[t] = len(r.keys)
+            r.keys.append(i)
+            r.bars.append(0.0)
+            r.vecs.append(vec[i])
+            r.infos.append(infos[i])
+
+
+def _mat(r: RouteSim) -> np.ndarray:
+    """The entries' vectors, grown in place (a restack per store would be quadratic)."""
+    buf = getattr(r, "_buf", None)
+    filled = getattr(r, "_filled", 0)
+    n = len(r.vecs)
+    if buf is None or len(buf) < n:
+        grown = np.zeros((max(1024, 2 * n), r.vecs[0].shape[0]), np.float32)
+        if buf is not None:
+            grown[:filled] = buf[:filled]
+        buf = grown
+        r._buf = buf  # type: ignore[attr-defined]
+    for k in range(filled, n):
+        buf[k] = r.vecs[k]
+    r._filled = n  # type: ignore[attr-defined]
+    return buf[:n]
+
+
+def _budget(r, i, classes, info, v, top, cos, cands, cvecs, ver) -> int:  # type: ignore[no-untyped-def]
+    g = r.grid
+    score = ver.scores(info, v, cands, cvecs, cos)
+    best = int(np.argmax(score))
+    g.observe(float(cos[best]), float(score[best]))
+    bar = g.bar()
+    for k in np.argsort(-score, kind="stable").tolist():
+        c, p = float(cos[k]), float(score[k])
+        j = int(top[k])
+        if p >= 0 and bar.serves(c, p) and p >= r.bars[j]:
+            r.hits += 1
+            rate = r.audit_rate
+            if bar.labels < LEARNING_LABELS:
+                rate = min(AUDIT_CAP, 2 * rate)
+            r.credit += rate
+            if r.credit >= 1.0 - 1e-9 and r.audits + 1 <= AUDIT_CAP * r.hits + 1e-9:
+                r.credit -= 1.0
+                r.audits += 1
+                agree = classes[r.keys[j]] == classes[i]
+                g.label(c, p, agree)
+                if not agree:
+                    r.bars[j] = max(r.bars[j], p + TIGHTEN_STEP)
+            return j
+    c, p, j = float(cos[best]), float(score[best]), int(top[best])
+    if p >= 0:
+        agree = classes[r.keys[j]] == classes[i]
+        g.label(c, p, agree)
+        if not agree and bar.serves(c, p):
+            r.bars[j] = max(r.bars[j], p + TIGHTEN_STEP)
+    return -1
+
+
+def summary(r: RouteSim, half: int) -> str:
+    log = np.asarray(r.log)
+    second = log[half:]
+    hits, wrong = int(second[:, 0].sum()), int(second[:, 1].sum())
+    err = wrong / hits if hits else float("nan")
+    return (
+        f"  {r.name:<10} second half: hits {hits:>4} ({hits / len(second):.3f}) error {err:.3f}"
+        f"  | audits {r.audits} of {r.hits} hits"
+    )
+
+
+def streams(part: str) -> list[tuple[str, list[str], list[str]]]:
+    data = splits()
+    qroots = label_roots(load_qqp())
+    out = []
+    for d in ("qqp", "paws", "stsb"):
+        ps = data[d][part if d != "stsb" or part != "eval" else "eval"]
+        roots = qroots if d == "qqp" else label_roots(ps)
+        texts = ps.a + ps.b
+        out.append((f"{d}-{part}", texts, [roots.get(t.lower(), t.lower()) for t in texts]))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--part", default="calib")
+    ap.add_argument("--delta", type=float, default=0.05)
+    ap.add_argument("--min-labels", type=int, default=30)
+    ap.add_argument("--audit-rate", type=float, default=0.05)
+    ap.add_argument("--streams", default="qqp,paws,stsb")
+    args = ap.parse_args()
+    ver = MlpVerifier.load()
+    enc = st_encoder()
+    for name, texts, classes in streams(args.part):
+        if name.split("-")[0] not in args.streams.split(","):
+            continue
+        vec = embed_cached(texts, enc, MODEL_TAG)
+        routes = [RouteSim("static", None)] + [
+            RouteSim(
+                f"budget {b}",
+                BudgetGrid(b, ver.floor, ver.p_min, delta=args.delta, min_labels=args.min_labels),
+                args.audit_rate,
+            )
+            for b in (0.02, 0.05, 0.10)
+        ]
+        run(texts, classes, vec, ver, routes)
+        print(f"{name}: {len(texts)} requests")
+        for r in routes:
+            print(summary(r, len(texts) // 2))
+            if r.grid is not None:
+                b = r.grid.bar()
+                print(f"             bar {b}")
+
+
+if __name__ == "__main__":
+    main()

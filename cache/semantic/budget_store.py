@@ -1,0 +1,129 @@
+"""Error-budget counts shared between gateway processes and kept across restarts, in Redis.
+
+One hash per route, `{prefix}sem:budget:{route}`; a field per grid cell and count,
+`l|w|v:{cosine edge}:{score edge}` (labels, wrong labels, volume), named by the cell's edges so
+a grid with other edges still reads them. A process counts locally and, every `interval`
+seconds, adds its new counts (HINCRBY) and reads the fleet's totals (HGETALL) in one pipeline:
+every process then derives the same bar from the same counts. Plain hash commands only, on the
+client the semantic sync publishes with (standalone, sentinel or cluster: one key per route, so
+a cluster pipeline sends each to its slot). A Redis failure is logged and counted; the counts stay
+local and go with the next flush.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Mapping
+
+import numpy as np
+
+from cache.redis_client import REDIS_ERRORS, AnyRedis
+from cache.semantic.budget import BudgetGrid
+from cache.semantic.learn import RouteBudget
+
+log = logging.getLogger("latentgate.semantic.budget")
+
+_KINDS = {"l": 0, "w": 1, "v": 2}
+
+
+def _field(grid: BudgetGrid, kind: str, cosine: float, score: float) -> str | None:
+    c = grid.cell(cosine, score)
+    if c is None:
+        return None
+    return f"{kind}:{grid.cos_edges[c[0]]:.6f}:{grid.score_edges[c[1]]:.6f}"
+
+
+def _arrays(grid: BudgetGrid, counts: Mapping[str, int]) -> list[np.ndarray]:
+    out = [np.zeros_like(grid.labels) for _ in _KINDS]
+    for name, n in counts.items():
+        try:
+            kind, cos, score = name.split(":")
+            c = grid.cell(float(cos) + 1e-9, float(score) + 1e-9)
+        except ValueError:
+            continue
+        if c is not None and kind in _KINDS:
+            out[_KINDS[kind]][c] += n
+    return out
+
+
+class BudgetStore:
+    def __init__(
+        self,
+        redis: AnyRedis,
+        budgets: Mapping[str, RouteBudget],
+        prefix: str = "lg:",
+        interval: float = 0.5,
+    ) -> None:
+        self.redis = redis
+        self.budgets = dict(budgets)
+        self.prefix = prefix
+        self.interval = interval
+        self._new: dict[str, Counter[str]] = {r: Counter() for r in budgets}
+        self._task: asyncio.Task[None] | None = None
+        for route, b in self.budgets.items():
+            b.on_count = self._counter(route, b.grid)
+
+    def key(self, route: str) -> str:
+        return f"{self.prefix}sem:budget:{route}"
+
+    def _counter(self, route: str, grid: BudgetGrid):  # type: ignore[no-untyped-def]
+        new = self._new[route]
+
+        def count(cosine: float, score: float, wrong: int, labels: int, volume: int) -> None:
+            for kind, n in (("l", labels), ("w", wrong), ("v", volume)):
+                if n and (f := _field(grid, kind, cosine, score)) is not None:
+                    new[f] += n
+
+        return count
+
+    async def start(self) -> None:
+        await self.flush()
+        self._task = asyncio.create_task(self._loop(), name="semantic-budget-sync")
+
+    async def flush(self) -> bool:
+        """Add this process's new counts and load the fleet's totals; False on a Redis error."""
+        taken = {r: +c for r, c in self._new.items()}
+        for c in self._new.values():
+            c.clear()
+        try:
+            async with self.redis.pipeline(transaction=False) as p:
+                for route, counts in taken.items():
+                    for f, n in counts.items():
+                        p.hincrby(self.key(route), f, n)
+                    p.hgetall(self.key(route))
+                res = await p.execute()
+        except REDIS_ERRORS as exc:
+            for route, counts in taken.items():
+                self._new[route].update(counts)  # kept for the next flush
+            log.warning("semantic budget: Redis flush failed (%s); counting locally", exc)
+            for b in self.budgets.values():
+                b.metrics.sync.labels("budget", "error").inc()
+            return False
+        pos = 0
+        for route, counts in taken.items():
+            pos += len(counts)
+            raw = res[pos]
+            pos += 1
+            totals = Counter({k.decode(): int(v) for k, v in raw.items()})
+            totals.update(self._new[route])  # counted while the pipeline was out
+            b = self.budgets[route]
+            labels, wrong, volume = _arrays(b.grid, totals)
+            b.grid.load(labels, wrong, volume)
+            b.publish()
+        return True
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            await self.flush()
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(*REDIS_ERRORS):
+            await self.flush()

@@ -1,0 +1,107 @@
+"""What cache/flow.py calls for the semantic error budget and semantic single flight.
+
+Kept out of the flow so its edits stay a few marked lines: building a fresh answer for an
+audit (a second backend call, read whole and sealed by the request's protocol, never stored or
+shown to a client), loading a candidate's stored answer for a label, and waiting for an
+equivalent miss in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Protocol
+
+import numpy as np
+
+from backends import UpstreamResponse
+from cache.codec import CacheEntry
+from cache.keys import CacheKey
+from cache.policy import RequestDirectives
+from cache.semantic.pending import Flight
+from cache.semantic.route import CallLike, SemanticRoute
+from cache.semantic.stage import SemanticHit
+from cache.singleflight import LeaderGone, SingleFlight
+
+log = logging.getLogger("latentgate.semantic.flow")
+
+_ANY_AGE = RequestDirectives()
+
+
+class Sealer(Protocol):
+    def seal(self, content_type: str, data: bytes) -> bytes | list[bytes] | None: ...
+
+
+class Peek(Protocol):
+    async def peek(self, key_value: str, directives: RequestDirectives) -> CacheEntry | None: ...
+
+
+def audit_fetch(
+    compute: Callable[[], Awaitable[UpstreamResponse]], answers: Sealer, kind: str
+) -> Callable[[], Awaitable[CacheEntry | None]]:
+    async def fetch() -> CacheEntry | None:
+        up = await compute()
+        try:
+            raw = await up.read()
+        finally:
+            close = getattr(up.stream, "aclose", None)
+            if close is not None:
+                await close()
+        sealed = answers.seal(up.header("Content-Type") or "", raw)
+        if sealed is None:
+            return None
+        if isinstance(sealed, list):
+            return CacheEntry(up.status, [], events=sealed, kind=kind)
+        return CacheEntry(up.status, [], body=sealed, kind=kind)
+
+    return fetch
+
+
+def stored_loader(rc: Peek, exact_key: str) -> Callable[[], Awaitable[CacheEntry | None]]:
+    async def load() -> CacheEntry | None:
+        return await rc.peek(exact_key, _ANY_AGE)
+
+    return load
+
+
+@contextlib.contextmanager
+def announced(
+    sr: object, call: CallLike, key: CacheKey, vector: np.ndarray | None
+) -> Iterator[Flight | None]:
+    """While the leader of an exact flight that missed the semantic index computes, its
+    question is announced to paraphrases (SemanticRoute.join); withdrawn when it returns."""
+    flight = None
+    if vector is not None and isinstance(sr, SemanticRoute):
+        flight = sr.begin(call, key.tenant_h, vector, key.value)
+    try:
+        yield flight
+    finally:
+        if flight is not None:
+            flight.finish(None)
+
+
+async def join_flight(
+    sr: SemanticRoute,
+    flights: SingleFlight[CacheEntry | None],
+    call: CallLike,
+    tenant: str,
+    vector: np.ndarray,
+    wait_s: float,
+    own_key: str = "",
+) -> tuple[CacheEntry, SemanticHit] | None:
+    """An in-flight miss this lookup would serve: wait on its exact flight for the answer.
+    None (compute as usual) when there is none, it failed, was private or took too long."""
+    try:
+        joined = await sr.join(call, tenant, vector)
+        if joined is None or joined.flight.key == own_key:
+            return None  # (the same request in flight: the exact coalescer's business)
+        shared = await flights.wait(joined.flight.key, wait_s)
+    except (LeaderGone, TimeoutError):
+        return None
+    except Exception:  # the leader's failure is its own; this request computes
+        log.debug("semantic single flight: the leader failed", exc_info=True)
+        return None
+    if shared is None:
+        return None
+    return shared, SemanticHit(joined.flight.key, joined.similarity, joined.score)

@@ -1,0 +1,197 @@
+"""One route's error budget at work: labels from misses and audited hits feed its BudgetGrid.
+
+- After a miss whose lookup had a candidate, the fresh upstream answer is compared with the
+  candidate's stored answer (`label_after_miss`).
+- A share of semantic hits also goes upstream (`should_audit` → `audit`), and the answers are
+  compared the same way (`label_audit`). Audits never exceed 10 % of the route's semantic hits.
+- A disagreement on a candidate the route's bar serves (every wrong audited hit) demotes that
+  entry: only a closer match than this one may reuse it (SemanticStage.report_wrong).
+
+All of it runs in background tasks of its own: never raising, never delaying a client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Literal
+
+from cache.codec import CacheEntry
+from cache.semantic.answers import Matcher, answer_text
+from cache.semantic.budget import Bar, BudgetGrid
+from cache.semantic.metrics import SemanticMetrics
+from cache.semantic.stage import Candidate, SemanticHit, SemanticStage
+
+log = logging.getLogger("latentgate.semantic.budget")
+
+AUDIT_CAP = 0.10  # audits per semantic hit, at most
+LEARNING_LABELS = 100  # the served region has fewer labels than this: audit twice as often
+Source = Literal["miss", "audit"]
+Stored = CacheEntry | Callable[[], Awaitable[CacheEntry | None]] | None
+
+
+class RouteBudget:
+    def __init__(
+        self,
+        route: str,
+        grid: BudgetGrid,
+        matcher: Matcher,
+        stage: SemanticStage,
+        metrics: SemanticMetrics,
+        audit_rate: float,
+    ) -> None:
+        self.route = route
+        self.grid = grid
+        self.matcher = matcher
+        self.stage = stage
+        self.metrics = metrics
+        self.audit_rate = audit_rate
+        self.hits = 0
+        self.audits = 0
+        self._credit = 0.0
+        self._tasks: set[asyncio.Task[None]] = set()
+        # Called with (cosine, score, wrong, volume) deltas: the shared store's hook.
+        self.on_count: Callable[[float, float, int, int, int], None] | None = None
+        self.publish()
+
+    # -- the bar ---------------------------------------------------------------------------
+
+    def bar(self) -> Bar:
+        return self.grid.bar()
+
+    def observe(self, cosine: float, score: float) -> None:
+        self.grid.observe(cosine, score)
+        if self.on_count is not None:
+            self.on_count(cosine, score, 0, 0, 1)
+
+    def publish(self) -> None:
+        """The bar and its statistics on /metrics."""
+        b = self.grid.bar()
+        m, r = self.metrics, self.route
+        m.bar.labels(r, "cosine").set(b.cosine)
+        m.bar.labels(r, "score").set(b.score)
+        m.bar_open.labels(r).set(1 if b.open else 0)
+        m.error_rate.labels(r, "estimate").set(b.estimate)
+        m.error_rate.labels(r, "bound").set(b.bound)
+        m.error_rate.labels(r, "budget").set(self.grid.max_error_rate)
+
+    # -- audits ----------------------------------------------------------------------------
+
+    def should_audit(self, hit: SemanticHit) -> bool:
+        """Counts the hit; True for the share to audit (never above 10 % of hits so far)."""
+        self.hits += 1
+        rate = self.audit_rate
+        if self.grid.bar().labels < LEARNING_LABELS:
+            rate = min(AUDIT_CAP, 2 * rate)
+        # A credit per hit rather than a coin: exactly `rate` of the hits, evenly spread.
+        self._credit += rate
+        if self._credit < 1.0 - 1e-9 or self.audits + 1 > AUDIT_CAP * self.hits + 1e-9:
+            return False
+        self._credit -= 1.0
+        self.audits += 1
+        return True
+
+    def audit(
+        self,
+        hit: SemanticHit,
+        question: str,
+        stored: Stored,
+        fetch: Callable[[], Awaitable[CacheEntry | None]],
+    ) -> None:
+        """Background: ask the upstream too and label the hit by the two answers."""
+
+        async def run() -> None:
+            try:
+                fresh = await fetch()
+            except Exception as exc:  # an audit that fails is no label, never an error
+                log.info("semantic audit on route %s: upstream failed (%s)", self.route, exc)
+                self.metrics.audits.labels(self.route, "error").inc()
+                return
+            if fresh is None:
+                self.metrics.audits.labels(self.route, "error").inc()
+                return
+            await self._label(
+                "audit", hit.exact_key, hit.similarity, hit.score, True, question, stored, fresh
+            )
+
+        self._spawn(run())
+
+    def label_audit(
+        self, hit: SemanticHit, question: str, stored: Stored, fresh: CacheEntry
+    ) -> None:
+        self._spawn(
+            self._label(
+                "audit", hit.exact_key, hit.similarity, hit.score, True, question, stored, fresh
+            )
+        )
+
+    # -- labels from misses ----------------------------------------------------------------
+
+    def label_after_miss(
+        self, candidate: Candidate, question: str, stored: Stored, fresh: CacheEntry
+    ) -> None:
+        self._spawn(
+            self._label(
+                "miss",
+                candidate.exact_key,
+                candidate.similarity,
+                candidate.score,
+                candidate.served_by_bar,
+                question,
+                stored,
+                fresh,
+            )
+        )
+
+    async def _label(
+        self,
+        source: Source,
+        exact_key: str,
+        cosine: float,
+        score: float,
+        demote: bool,
+        question: str,
+        stored: Stored,
+        fresh: CacheEntry,
+    ) -> None:
+        try:
+            entry = stored if isinstance(stored, CacheEntry) or stored is None else await stored()
+            a = answer_text(entry) if entry is not None else None
+            b = answer_text(fresh)
+            agree = None if a is None or b is None else await self.matcher.agree(question, a, b)
+        except Exception as exc:  # a judge or embedder failure is no label
+            log.info("semantic label on route %s failed (%s)", self.route, exc)
+            agree = None
+        if agree is None:
+            if source == "audit":
+                self.metrics.audits.labels(self.route, "unusable").inc()
+            return
+        outcome = "agree" if agree else "disagree"
+        if source == "audit":
+            self.metrics.audits.labels(self.route, outcome).inc()
+        self.metrics.labels.labels(self.route, source, outcome).inc()
+        self.grid.label(cosine, score, agree)
+        if self.on_count is not None:
+            self.on_count(cosine, score, 0 if agree else 1, 1, 0)
+        self.publish()
+        if not agree and demote:
+            try:
+                await self.stage.report_wrong(exact_key, score)
+            except Exception:  # the stage logs and counts its own Redis failures
+                log.exception("semantic demotion failed on route %s", self.route)
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        """Wait for the background labels in flight (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def aclose(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)

@@ -1,0 +1,94 @@
+"""The error-budget controller: which bar the labels prove, and how it moves."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cache.semantic.budget import BudgetGrid, wilson_upper, z_of
+
+
+def test_wilson_bound_is_above_the_rate_and_shrinks_with_evidence() -> None:
+    z = z_of(0.05)
+    assert z == pytest.approx(1.645, abs=1e-3)
+    assert wilson_upper(0, 0, z) == 1.0
+    assert wilson_upper(0, 150, z) < 0.02 < wilson_upper(0, 100, z)
+    assert wilson_upper(5, 100, z) > 0.05
+    assert wilson_upper(50, 1000, z) < wilson_upper(5, 100, z)
+
+
+def label_many(g: BudgetGrid, cos: float, score: float, n: int, wrong: int) -> None:
+    for i in range(n):
+        g.observe(cos, score)
+        g.label(cos, score, agree=i >= wrong)
+
+
+def test_starts_closed_and_serves_nothing_without_labels() -> None:
+    g = BudgetGrid(0.10, floor=0.88, p_min=0.495)
+    bar = g.bar()
+    assert not bar.open and not bar.serves(0.999, 0.99)
+    assert math.isnan(bar.estimate)
+
+
+def test_loosens_only_as_far_as_the_labels_prove() -> None:
+    g = BudgetGrid(0.10, floor=0.88, p_min=0.495)
+    label_many(g, 0.985, 0.6, 200, wrong=4)  # 2 % wrong: proven
+    label_many(g, 0.905, 0.3, 200, wrong=80)  # 40 % wrong: must stay out
+    bar = g.bar()
+    assert bar.open and bar.serves(0.985, 0.6)
+    assert not bar.serves(0.905, 0.3)
+    assert bar.bound <= 0.10 and bar.labels >= 200
+    # a looser region with moderate error joins only while the pooled bound stays in budget
+    label_many(g, 0.95, 0.45, 100, wrong=8)
+    wider = g.bar()
+    assert wider.serves(0.95, 0.45) and wider.bound <= 0.10
+
+
+def test_a_budget_of_two_percent_needs_more_evidence_than_ten() -> None:
+    strict, loose = (BudgetGrid(b, floor=0.88, p_min=0.495) for b in (0.02, 0.10))
+    for g in (strict, loose):
+        label_many(g, 0.985, 0.6, 60, wrong=1)
+    assert loose.bar().open and not strict.bar().open
+
+
+def test_wrong_labels_in_the_served_region_tighten_at_once() -> None:
+    g = BudgetGrid(0.10, floor=0.88, p_min=0.495)
+    label_many(g, 0.985, 0.6, 100, wrong=2)
+    label_many(g, 0.93, 0.5, 100, wrong=2)
+    assert g.bar().serves(0.93, 0.5)
+    label_many(g, 0.93, 0.5, 20, wrong=20)  # that cell turns out bad
+    bar = g.bar()
+    assert not bar.serves(0.93, 0.5) and bar.serves(0.985, 0.6)
+
+
+def test_prefers_the_proven_bar_that_serves_the_most_traffic() -> None:
+    g = BudgetGrid(0.10, floor=0.88, p_min=0.495)
+    label_many(g, 0.985, 0.6, 100, wrong=0)
+    label_many(g, 0.97, 0.6, 100, wrong=1)
+    for _ in range(1000):  # most lookups land on the looser cell
+        g.observe(0.97, 0.6)
+    assert g.bar().serves(0.97, 0.6)
+
+
+def test_never_below_the_verifier_floor() -> None:
+    g = BudgetGrid(0.10, floor=0.88, p_min=0.495)
+    assert g.cell(0.87, 0.9) is None
+    label_many(g, 0.87, 0.9, 500, wrong=0)
+    assert not g.bar().open
+
+
+def test_config_keys_are_validated() -> None:
+    from pydantic import ValidationError
+
+    from cache.settings import SemanticPolicy
+
+    assert SemanticPolicy().max_error_rate is None  # absent: today's static point
+    with pytest.raises(ValidationError, match="judge"):
+        SemanticPolicy(enabled=True, max_error_rate=0.05, answer_match="judge")
+    with pytest.raises(ValidationError):
+        SemanticPolicy(max_error_rate=1.5)
+    with pytest.raises(ValidationError):
+        SemanticPolicy(audit_rate=0.2)  # audits never exceed 10 % of hits
+    ok = SemanticPolicy(answer_match="judge", judge={"url": "http://127.0.0.1:1/v1", "model": "j"})
+    assert ok.judge is not None and ok.judge.model == "j"

@@ -1,0 +1,154 @@
+"""The error budget through the real gateway: labels from misses open the bar, a wrong audited
+hit closes it and demotes the entry, and the counts are shared and kept through Redis."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from gateway.app import build_app
+from gateway.config import Settings
+from tests.integration.cache.conftest import ADMIN_TOKEN
+from tests.semantic.test_gateway import ask, client_for, semantic_config
+from tests.support.class_upstream import build_class_upstream
+from tests.support.servers import RedisServer, ServerThread
+
+Q = "How do I reset my password?"
+PARA = "How can I reset my password?"
+BUDGET: dict[str, Any] = {"max_error_rate": 0.5, "min_labels": 3, "audit_rate": 0.1}
+
+
+@pytest.fixture
+def answers() -> dict[str, str]:
+    return {
+        Q: "Open Settings, then Security, then Reset.",
+        PARA: "Open Settings, then Security, then Reset.",
+    }
+
+
+@pytest.fixture
+def class_upstream(answers: dict[str, str]) -> Iterator[ServerThread]:
+    server = ServerThread(lambda: build_class_upstream(answers)).start()
+    yield server
+    server.stop()
+
+
+def admin_state(url: str) -> dict[str, Any]:
+    req = urllib.request.Request(
+        f"{url}/admin/semantic", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+    with urllib.request.urlopen(req, timeout=5) as r:
+        doc: dict[str, Any] = json.loads(r.read())
+    state: dict[str, Any] = doc["routes"]["chat"]
+    return state
+
+
+def wait_for(check: Callable[[], bool], what: str, deadline_s: float = 15.0) -> None:
+    """Background labels land after the response: poll (a deadline, not a timing claim)."""
+    end = time.monotonic() + deadline_s
+    while not check():
+        if time.monotonic() > end:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.05)
+
+
+def teach(url: str, tenants: range) -> None:
+    """Each tenant: the question (a miss), then its paraphrase (a miss with that candidate,
+    which the fresh answer labels: the same answer, so 'agree')."""
+    for t in tenants:
+        c = client_for(url, f"sk-t{t}")
+        assert ask(c, Q, temperature=0)[1]["x-cache"] == "miss"
+        assert ask(c, PARA, temperature=0)[1]["x-cache"] == "miss"
+
+
+def metric(url: str, line_start: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(line_start):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_labels_from_misses_open_the_bar_and_a_wrong_audit_closes_it(
+    class_upstream: ServerThread,
+    answers: dict[str, str],
+    start_gateway: Callable[..., ServerThread],
+) -> None:
+    gw = start_gateway(semantic_config(class_upstream.url, **BUDGET))
+    state = admin_state(gw.url)
+    assert state["max_error_rate"] == 0.5 and not state["budget"]["bar"]["open"]
+    teach(gw.url, range(3))
+    wait_for(lambda: admin_state(gw.url)["budget"]["labels"] == 3, "three labels")
+    state = admin_state(gw.url)["budget"]
+    assert state["bar"]["open"] and state["wrong"] == 0
+    assert metric(gw.url, 'latentgate_semantic_bar_open{route="chat"}') == 1
+    assert metric(gw.url, 'latentgate_semantic_labels_total{outcome="agree",route="chat"') == 3
+
+    # The upstream's answer to the paraphrase moves: an audit of a hit will disagree.
+    answers[PARA] = "Contact support."
+    for t in range(3, 13):
+        c = client_for(gw.url, f"sk-t{t}")
+        stored, _ = ask(c, Q, temperature=0)
+        text, h = ask(c, PARA, temperature=0)
+        if not admin_state(gw.url)["budget"]["bar"]["open"]:
+            break
+        assert h["x-cache"] == "semantic-hit" and text == stored
+        assert float(h["x-cache-similarity"]) > 0.9 and "x-cache-score" in h
+    wait_for(
+        lambda: (
+            metric(gw.url, 'latentgate_semantic_audits_total{outcome="disagree",route="chat"}') == 1
+        ),
+        "one audited hit that disagreed",
+    )
+    state = admin_state(gw.url)["budget"]
+    assert state["audits"] == 1 and state["semantic_hits"] == 10  # 10 % of hits
+    assert not state["bar"]["open"]  # 1 wrong in 4: the bound is over the budget: closed
+    assert metric(gw.url, 'latentgate_semantic_error_rate{route="chat",stat="bound"}') > 0.5
+    # that tenant's paraphrase now goes upstream (and gets the upstream's new answer)
+    text, h = ask(client_for(gw.url, "sk-t12"), PARA, temperature=0)
+    assert h["x-cache"] == "miss" and text == "Contact support."
+
+
+def test_without_the_keys_the_static_point_serves(
+    class_upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    gw = start_gateway(semantic_config(class_upstream.url))
+    c = client_for(gw.url, "sk-other")
+    assert ask(c, Q, temperature=0)[1]["x-cache"] == "miss"
+    assert ask(c, PARA, temperature=0)[1]["x-cache"] == "semantic-hit"  # today's static point
+    state = admin_state(gw.url)
+    assert "budget" not in state and state["max_error_rate"] is None
+
+
+@pytest.mark.slow  # three gateway starts, each loading the embedder
+def test_counts_are_shared_between_gateways_and_survive_a_restart(
+    class_upstream: ServerThread, redis_server: RedisServer
+) -> None:
+    cfg = semantic_config(class_upstream.url, redis_server.url, **BUDGET)
+    cfg["cache"]["redis"]["key_prefix"] = f"bud{uuid.uuid4().hex[:8]}:"
+    settings = Settings.model_validate(cfg)
+
+    def gateway() -> ServerThread:
+        return ServerThread(lambda: build_app(settings)).start()
+
+    a, b = gateway(), gateway()
+    try:
+        teach(a.url, range(3))
+        # b learns a's labels through Redis without seeing any of that traffic
+        wait_for(lambda: admin_state(b.url)["budget"]["labels"] == 3, "b sees a's labels")
+        assert admin_state(b.url)["budget"]["bar"]["open"]
+    finally:
+        a.stop()
+        b.stop()
+    c = gateway()  # a fresh process state: the counts come back from Redis
+    try:
+        wait_for(lambda: admin_state(c.url)["budget"]["labels"] == 3, "c reads the kept labels")
+        assert admin_state(c.url)["budget"]["bar"]["open"]
+    finally:
+        c.stop()

@@ -1,0 +1,111 @@
+"""A route with an error budget: labels from misses open its bar, wrong audits close it again."""
+
+from __future__ import annotations
+
+import json
+
+from prometheus_client import CollectorRegistry
+
+from cache.codec import CacheEntry
+from cache.semantic.answers import ExactMatch
+from cache.semantic.budget import BudgetGrid
+from cache.semantic.learn import RouteBudget
+from cache.semantic.metrics import SemanticMetrics
+from cache.semantic.route import SemanticRoute
+from cache.semantic.stage import SemanticStage
+from cache.semantic.verifier import MlpVerifier
+from cache.settings import SemanticPolicy
+from tests.semantic.test_route import chat
+
+PAIRS = [
+    ("How do I reset my password?", "How can I reset my password?"),
+    ("What is the best way to learn Python?", "What's the best way to learn Python?"),
+    ("How do I cancel my subscription?", "How can I cancel my subscription?"),
+    ("How do I change my email address?", "How can I change my email address?"),
+]
+
+
+def answer(text: str) -> CacheEntry:
+    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
+    return CacheEntry(200, [], body=json.dumps(body).encode(), kind="chat")
+
+
+def budget_route(
+    stage: SemanticStage, verifier: MlpVerifier, metrics: SemanticMetrics
+) -> SemanticRoute:
+    policy = SemanticPolicy(enabled=True, max_error_rate=0.5, min_labels=3)
+    sr = SemanticRoute(stage, "chat", policy, verifier)
+    grid = BudgetGrid(0.5, verifier.floor, verifier.p_min, min_labels=3)
+    sr.budget = RouteBudget("chat", grid, ExactMatch(), stage, metrics, audit_rate=0.10)
+    return sr
+
+
+async def test_labels_from_misses_open_the_bar(stage: SemanticStage, verifier: MlpVerifier) -> None:
+    metrics = stage.metrics
+    sr = budget_route(stage, verifier, metrics)
+    assert sr.budget is not None and not sr.budget.bar().open
+    for i, (q, para) in enumerate(PAIRS[:3]):
+        await sr.remember(chat(q, temperature=0), "t", f"k{i}")
+        res = await sr.search(chat(para, temperature=0), "t")
+        # still learning: a miss, with the candidate it did not serve
+        assert res.hit is None and res.candidate is not None
+        assert res.candidate.exact_key == f"k{i}"
+        sr.label_after_miss(chat(para, temperature=0), res.candidate, answer(q), answer(q))
+        await sr.budget.drain()
+    # three agreeing labels prove a bar at this (loose) budget: the same paraphrase now hits
+    res = await sr.search(chat(PAIRS[0][1], temperature=0), "t")
+    assert res.hit is not None and res.hit.exact_key == "k0"
+    labels = metrics.labels.labels("chat", "miss", "agree")._value.get()
+    assert labels == 3
+    assert metrics.bar_open.labels("chat")._value.get() == 1
+
+
+async def test_a_wrong_audited_hit_tightens_the_bar_and_demotes_the_entry(
+    stage: SemanticStage, verifier: MlpVerifier
+) -> None:
+    sr = budget_route(stage, verifier, stage.metrics)
+    assert sr.budget is not None
+    for i, (q, para) in enumerate(PAIRS[:3]):
+        await sr.remember(chat(q, temperature=0), "t", f"k{i}")
+        res = await sr.search(chat(para, temperature=0), "t")
+        assert res.candidate is not None
+        sr.label_after_miss(chat(para, temperature=0), res.candidate, answer(q), answer(q))
+    await sr.budget.drain()
+    q, para = PAIRS[0]
+    res = await sr.search(chat(para, temperature=0), "t")
+    assert res.hit is not None and res.hit.exact_key == "k0"
+
+    async def fresh() -> CacheEntry:
+        return answer("something else entirely")
+
+    for _ in range(3):  # the audited hit's answer differs from the stored one
+        sr.audit(chat(para, temperature=0), res.hit, answer(q), fresh)
+    await sr.budget.drain()
+    assert stage.metrics.audits.labels("chat", "disagree")._value.get() == 3
+    assert not sr.budget.bar().open  # 3 of 6 wrong: the bound is over even this budget
+    demoted = next(e for e in stage.entries.values() if e.exact_key == "k0")
+    assert demoted.bar > res.hit.score  # only a closer match may reuse k0 now
+    again = await sr.search(chat(para, temperature=0), "t")
+    assert again.hit is None
+
+
+def test_audits_stay_within_ten_percent_of_hits(
+    stage: SemanticStage, verifier: MlpVerifier
+) -> None:
+    sr = budget_route(stage, verifier, SemanticMetrics(CollectorRegistry()))
+    assert sr.budget is not None
+    from cache.semantic.stage import SemanticHit
+
+    hit = SemanticHit("k", 0.95, 0.6)
+    audited = sum(sr.budget.should_audit(hit) for _ in range(1000))
+    assert 0 < audited <= 100
+
+
+async def test_without_the_keys_search_is_todays_lookup(
+    stage: SemanticStage, verifier: MlpVerifier
+) -> None:
+    sr = SemanticRoute(stage, "chat", SemanticPolicy(enabled=True), verifier)
+    await sr.remember(chat(PAIRS[0][0], temperature=0), "t", "k")
+    res = await sr.search(chat(PAIRS[0][1], temperature=0), "t")
+    assert res.hit is not None and res.candidate is None and sr.budget is None
+    assert not sr.should_audit(chat(PAIRS[0][1], temperature=0), res.hit)

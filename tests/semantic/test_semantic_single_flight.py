@@ -1,0 +1,66 @@
+"""Semantic single flight through the gateway: a paraphrase that arrives while an equivalent
+miss is in flight waits for that answer instead of calling the upstream too."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.semantic.test_budget_gateway import admin_state, wait_for
+from tests.semantic.test_gateway import ask, client_for, semantic_config
+from tests.support.servers import ServerThread
+from tests.support.upstream import build_upstream
+
+Q = "How do I reset my password?"
+PARA = "How can I reset my password?"
+
+
+@pytest.fixture
+def slow_upstream() -> Iterator[ServerThread]:
+    server = ServerThread(lambda: build_upstream(delay=1.5)).start()
+    yield server
+    server.stop()
+
+
+def upstream_calls(upstream: ServerThread) -> int:
+    with urllib.request.urlopen(upstream.url + "/_test/stats", timeout=5) as r:
+        doc: dict[str, Any] = json.loads(r.read())
+    return int(doc["requests"].get("/v1/chat/completions", 0))
+
+
+def test_a_paraphrase_waits_for_the_miss_in_flight(
+    slow_upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    gw = start_gateway(semantic_config(slow_upstream.url))
+    c = client_for(gw.url)
+    got: dict[str, Any] = {}
+    leader = threading.Thread(target=lambda: got.update(first=ask(c, Q, temperature=0)))
+    leader.start()
+    # the paraphrase goes once the leader's flight is registered (it is still upstream)
+    wait_for(lambda: admin_state(gw.url)["pending_flights"] == 1, "the leader in flight")
+    text, headers = ask(client_for(gw.url), PARA, temperature=0)
+    leader.join()
+    first, first_headers = got["first"]
+    assert first_headers["x-cache"] == "miss"
+    assert headers["x-cache"] == "semantic-hit" and text == first  # the leader's answer
+    assert float(headers["x-cache-similarity"]) > 0.9
+    assert upstream_calls(slow_upstream) == 1
+    assert admin_state(gw.url)["pending_flights"] == 0
+
+
+def test_an_unrelated_question_does_not_wait(
+    slow_upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    gw = start_gateway(semantic_config(slow_upstream.url))
+    leader = threading.Thread(target=lambda: ask(client_for(gw.url), Q, temperature=0))
+    leader.start()
+    wait_for(lambda: admin_state(gw.url)["pending_flights"] == 1, "the leader in flight")
+    text, headers = ask(client_for(gw.url), "How do I delete my account?", temperature=0)
+    leader.join()
+    assert headers["x-cache"] == "miss" and "delete my account" in text
+    assert upstream_calls(slow_upstream) == 2
