@@ -7,12 +7,14 @@ This module is the face the gateway uses.
 
 from cache.alias import MAX_BODY as ALIAS_MAX_BODY
 from cache.alias import AliasKey
+from cache.asks import AnswerIncomplete, Answers, Ask, Fresh, Hit
 from cache.cache import Cache, RouteCache
 from cache.codec import CacheEntry
 from cache.errors import CacheError, CodecError, TierError, TierTimeout
-from cache.flow import AnswerIncomplete, Answers, Ask, CacheFlow, Flows, Fresh, Hit, Recording
+from cache.flow import CacheFlow, Flows
 from cache.keys import CacheKey, KeyBuilder, Selector, canonical, tenant_of
 from cache.policy import RequestDirectives, request_directives
+from cache.recording import Recording
 from cache.semantic.off import NoSemantic
 from cache.semantic.route import SemanticRoute
 from cache.semantic.setup import SemanticSetup, build_semantic, semantic_routes

@@ -15,22 +15,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
-from backends import UpstreamError, UpstreamResponse
+from backends import UpstreamResponse
 from cache.alias import AliasKey, AliasMap
+from cache.asks import Ask, Clock, Fresh, Hit, Result, kept_headers
 from cache.cache import Claim, RouteCache
 from cache.codec import CacheEntry
 from cache.keys import CacheKey
 from cache.policy import RequestDirectives, response_shareable, storable_ttl
+from cache.recording import Recording
 from cache.semantic import flow_hooks  # issue 14: error budget, semantic single flight
 from cache.semantic.off import NoSemantic
 from cache.semantic.route import CallLike, SemanticRoute
-from cache.semantic.stage import Candidate, SemanticHit
 from cache.singleflight import Lead, LeaderGone, SingleFlight
 from cache.tenant import credential_headers, tenant_of
 
@@ -42,86 +42,6 @@ _HANDOVERS = 3
 # policy doing what it says (no semantic stage, a sampled call, a short text).
 _TOLD = frozenset({"too_long"})
 # Response headers an entry never keeps: per-response facts, and what the gateway sets itself.
-NOT_KEPT = frozenset(
-    {
-        "date",
-        "server",
-        "set-cookie",
-        "age",
-        "x-cache",
-        "server-timing",
-        "content-length",
-        "transfer-encoding",
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "te",
-        "trailer",
-        "upgrade",
-    }
-)
-
-
-class Clock(Protocol):
-    """Where the flow records its stages (the gateway's Server-Timing)."""
-
-    def add(self, name: str, since: float) -> float: ...
-
-
-class Answers(Protocol):
-    """The protocol's rules for answers, as the flow needs them (supplied per request)."""
-
-    def serves(self, entry: CacheEntry) -> bool:
-        """May this request be answered from `entry` (e.g. its framing can be rendered)?"""
-        ...
-
-    def seal(self, content_type: str, data: bytes) -> bytes | list[bytes] | None:
-        """A finished recording as an entry's body (bytes) or events (list); None when the
-        stream did not complete, so it is never stored or shared."""
-        ...
-
-
-class AnswerIncomplete(UpstreamError):
-    """The leader's stream ended or broke before it completed; waiters get this."""
-
-
-@dataclass(slots=True)
-class Ask:
-    key: CacheKey
-    directives: RequestDirectives
-    call: CallLike
-    kind: str
-    answers: Answers
-    clock: Clock
-    compute_stage: str = "upstream"  # the Server-Timing name of the backend's time
-    skipped: str = ""  # set by the flow: why the semantic stage passed this call by
-    # issue 14: the best candidate the semantic lookup did not serve; the fresh answer labels it
-    semantic_candidate: Candidate | None = None
-
-
-@dataclass(slots=True)
-class Hit:
-    """Served from the cache (or from the leader of the flight this request waited on)."""
-
-    entry: CacheEntry
-    x_cache: str  # hit | semantic-hit | miss (a waiter's share of the leader's answer)
-    semantic: SemanticHit | None = None
-
-
-@dataclass(slots=True)
-class Fresh:
-    """The backend's own answer, going out now. A stream comes with its `recording`, which
-    the writer iterates instead of the raw stream and must close."""
-
-    response: UpstreamResponse
-    x_cache: str
-    recording: Recording | None = None
-    reason: str = ""  # why a bypass did not use the cache (sampled, no-store, no-cache)
-    semantic_skip: str = ""  # why the semantic stage did not look this call up (too_long)
-
-
-Result = Hit | Fresh
 
 
 class CacheFlow:
@@ -356,103 +276,6 @@ class CacheFlow:
                 sr.label_after_miss(ask.call, cand, load, entry)
         except Exception:  # the cache boundary: the response still goes out
             log.exception("semantic store failed on route %s", self.route)
-
-
-class Recording:
-    """A streamed answer going out to the leader's client while the flow keeps a copy.
-
-    The writer iterates `chunks()` and always awaits `close()`: a complete recording is
-    stored, indexed and handed to the flight's waiters; an incomplete one fails them.
-    """
-
-    def __init__(
-        self,
-        flow: CacheFlow,
-        ask: Ask,
-        up: UpstreamResponse,
-        kept: list[tuple[str, str]],
-        ttl: float,
-        shareable: bool,
-        vector: np.ndarray | None,
-        lead: Lead[CacheEntry | None] | None,
-        claim: Claim,
-    ) -> None:
-        self._flow = flow
-        self._ask = ask
-        self._up = up
-        self._kept = kept
-        self._ttl = ttl
-        self._storable = ttl > 0
-        self._shareable = shareable
-        self._vector = vector
-        self._lead = lead
-        self._claim = claim
-        self._copy: bytearray | None = bytearray() if self._storable or shareable else None
-        self._ended = False  # the upstream stream reached its end (not cut, not abandoned)
-
-    @property
-    def wanted(self) -> bool:
-        """Does anyone but the leader's client still want the rest (waiters, the store)?"""
-        return self._copy is not None
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        assert self._up.stream is not None
-        limit = self._flow.rc.max_entry_bytes
-        async for chunk in self._up.stream:
-            copy = self._copy
-            if copy is not None:
-                copy += chunk
-                if len(copy) > limit:
-                    self._copy, self._storable, self._shareable = None, False, False
-            yield chunk
-        self._ended = True
-
-    async def close(self) -> None:
-        try:
-            if self._up.stream is not None:
-                await self._up.stream.aclose()  # type: ignore[attr-defined]
-            entry = self._seal() if self._ended else None
-            if entry is None:
-                if self._lead is not None:
-                    if self._copy is None:
-                        # nothing shareable was kept (private or too large), however far the
-                        # stream got: waiters fetch their own answers rather than fail
-                        self._lead.done(None)
-                    else:
-                        self._lead.fail(
-                            AnswerIncomplete("upstream stream ended before it completed")
-                        )
-                return
-            if self._lead is not None:
-                self._lead.done(entry if self._shareable else None)
-            if self._storable:
-                await self._flow._store(self._ask, entry, self._vector)
-        finally:
-            if self._lead is not None and self._lead.open:
-                self._lead.abandon()
-            await self._claim.release()
-
-    def _seal(self) -> CacheEntry | None:
-        if self._copy is None:
-            return None
-        up, ask = self._up, self._ask
-        sealed = ask.answers.seal(up.header("Content-Type") or "", bytes(self._copy))
-        if sealed is None:
-            return None
-        rc = self._flow.rc
-        ttl = self._ttl or rc.policy.ttl  # (an entry not stored still goes to waiters)
-        if isinstance(sealed, list):
-            return rc.entry(
-                up.status, self._kept, events=sealed, model=ask.call.model, kind=ask.kind, ttl=ttl
-            )
-        return rc.entry(
-            up.status, self._kept, body=sealed, model=ask.call.model, kind=ask.kind, ttl=ttl
-        )
-
-
-def kept_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The response headers an entry keeps (the hop-by-hop ones never arrive here)."""
-    return [(k, v) for k, v in headers if k.lower() not in NOT_KEPT]
 
 
 def _settle(lead: Lead[CacheEntry | None] | None, entry: CacheEntry | None) -> None:

@@ -16,8 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from cache import SemanticSetup
-from cache.semantic.route import SemanticRoute
+from cache import SemanticRoute, SemanticSetup
 from gateway.admin import guarded
 from gateway.errors import BadRequest, NotFound
 

@@ -1,7 +1,7 @@
 """Cached entries as HTTP bodies: the framing a request asked for (SSE or one JSON body, with or
 without the usage chunk), converted once per entry and framing and memoised on the entry.
 
-`Framing` is also what the cache flow asks of a protocol's answers (`cache.flow.Answers`):
+`Framing` is also what the cache flow asks of a protocol's answers (`cache.asks.Answers`):
 whether an entry can serve this request, and how a recorded stream becomes an entry.
 """
 

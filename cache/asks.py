@@ -1,0 +1,107 @@
+"""What a cached call hands to the flow and gets back: plain data, no behaviour.
+
+`Ask` is built by the edge (HTTP pipeline, gRPC service) from what it parsed; `Hit` and `Fresh`
+are what the flow answers; `Clock` and `Answers` are what the flow asks of the edge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from backends import UpstreamError, UpstreamResponse
+from cache.codec import CacheEntry
+from cache.keys import CacheKey
+from cache.policy import RequestDirectives
+from cache.semantic.route import CallLike
+from cache.semantic.stage import Candidate, SemanticHit
+
+if TYPE_CHECKING:
+    from cache.recording import Recording
+
+# Response headers an entry never keeps: per-response facts, and what the gateway sets itself.
+NOT_KEPT = frozenset(
+    {
+        "date",
+        "server",
+        "set-cookie",
+        "age",
+        "x-cache",
+        "server-timing",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "te",
+        "trailer",
+        "upgrade",
+    }
+)
+
+
+class Clock(Protocol):
+    """Where the flow records its stages (the gateway's Server-Timing)."""
+
+    def add(self, name: str, since: float) -> float: ...
+
+
+class Answers(Protocol):
+    """The protocol's rules for answers, as the flow needs them (supplied per request)."""
+
+    def serves(self, entry: CacheEntry) -> bool:
+        """May this request be answered from `entry` (e.g. its framing can be rendered)?"""
+        ...
+
+    def seal(self, content_type: str, data: bytes) -> bytes | list[bytes] | None:
+        """A finished recording as an entry's body (bytes) or events (list); None when the
+        stream did not complete, so it is never stored or shared."""
+        ...
+
+
+class AnswerIncomplete(UpstreamError):
+    """The leader's stream ended or broke before it completed; waiters get this."""
+
+
+@dataclass(slots=True)
+class Ask:
+    key: CacheKey
+    directives: RequestDirectives
+    call: CallLike
+    kind: str
+    answers: Answers
+    clock: Clock
+    compute_stage: str = "upstream"  # the Server-Timing name of the backend's time
+    skipped: str = ""  # set by the flow: why the semantic stage passed this call by
+    # issue 14: the best candidate the semantic lookup did not serve; the fresh answer labels it
+    semantic_candidate: Candidate | None = None
+
+
+@dataclass(slots=True)
+class Hit:
+    """Served from the cache (or from the leader of the flight this request waited on)."""
+
+    entry: CacheEntry
+    x_cache: str  # hit | semantic-hit | miss (a waiter's share of the leader's answer)
+    semantic: SemanticHit | None = None
+
+
+@dataclass(slots=True)
+class Fresh:
+    """The backend's own answer, going out now. A stream comes with its `recording`, which
+    the writer iterates instead of the raw stream and must close."""
+
+    response: UpstreamResponse
+    x_cache: str
+    recording: Recording | None = None
+    reason: str = ""  # why a bypass did not use the cache (sampled, no-store, no-cache)
+    semantic_skip: str = ""  # why the semantic stage did not look this call up (too_long)
+
+
+Result = Hit | Fresh
+
+
+def kept_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The response headers an entry keeps (the hop-by-hop ones never arrive here)."""
+    return [(k, v) for k, v in headers if k.lower() not in NOT_KEPT]

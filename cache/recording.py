@@ -1,0 +1,109 @@
+"""A streamed answer recorded for the cache while it goes out to the leader's client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from backends import UpstreamResponse
+from cache.asks import AnswerIncomplete, Ask
+from cache.cache import Claim
+from cache.codec import CacheEntry
+from cache.singleflight import Lead
+
+if TYPE_CHECKING:
+    from cache.flow import CacheFlow
+
+
+class Recording:
+    """A streamed answer going out to the leader's client while the flow keeps a copy.
+
+    The writer iterates `chunks()` and always awaits `close()`: a complete recording is
+    stored, indexed and handed to the flight's waiters; an incomplete one fails them.
+    """
+
+    def __init__(
+        self,
+        flow: CacheFlow,
+        ask: Ask,
+        up: UpstreamResponse,
+        kept: list[tuple[str, str]],
+        ttl: float,
+        shareable: bool,
+        vector: np.ndarray | None,
+        lead: Lead[CacheEntry | None] | None,
+        claim: Claim,
+    ) -> None:
+        self._flow = flow
+        self._ask = ask
+        self._up = up
+        self._kept = kept
+        self._ttl = ttl
+        self._storable = ttl > 0
+        self._shareable = shareable
+        self._vector = vector
+        self._lead = lead
+        self._claim = claim
+        self._copy: bytearray | None = bytearray() if self._storable or shareable else None
+        self._ended = False  # the upstream stream reached its end (not cut, not abandoned)
+
+    @property
+    def wanted(self) -> bool:
+        """Does anyone but the leader's client still want the rest (waiters, the store)?"""
+        return self._copy is not None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        assert self._up.stream is not None
+        limit = self._flow.rc.max_entry_bytes
+        async for chunk in self._up.stream:
+            copy = self._copy
+            if copy is not None:
+                copy += chunk
+                if len(copy) > limit:
+                    self._copy, self._storable, self._shareable = None, False, False
+            yield chunk
+        self._ended = True
+
+    async def close(self) -> None:
+        try:
+            if self._up.stream is not None:
+                await self._up.stream.aclose()  # type: ignore[attr-defined]
+            entry = self._seal() if self._ended else None
+            if entry is None:
+                if self._lead is not None:
+                    if self._copy is None:
+                        # nothing shareable was kept (private or too large), however far the
+                        # stream got: waiters fetch their own answers rather than fail
+                        self._lead.done(None)
+                    else:
+                        self._lead.fail(
+                            AnswerIncomplete("upstream stream ended before it completed")
+                        )
+                return
+            if self._lead is not None:
+                self._lead.done(entry if self._shareable else None)
+            if self._storable:
+                await self._flow._store(self._ask, entry, self._vector)
+        finally:
+            if self._lead is not None and self._lead.open:
+                self._lead.abandon()
+            await self._claim.release()
+
+    def _seal(self) -> CacheEntry | None:
+        if self._copy is None:
+            return None
+        up, ask = self._up, self._ask
+        sealed = ask.answers.seal(up.header("Content-Type") or "", bytes(self._copy))
+        if sealed is None:
+            return None
+        rc = self._flow.rc
+        ttl = self._ttl or rc.policy.ttl  # (an entry not stored still goes to waiters)
+        if isinstance(sealed, list):
+            return rc.entry(
+                up.status, self._kept, events=sealed, model=ask.call.model, kind=ask.kind, ttl=ttl
+            )
+        return rc.entry(
+            up.status, self._kept, body=sealed, model=ask.call.model, kind=ask.kind, ttl=ttl
+        )
