@@ -100,6 +100,7 @@ def test_install_script_rejects_unknown_targets() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)  # a torch export in a child process: minutes on a loaded 2-core host
 def test_model_stage_builds_what_the_serving_side_resolves(tmp_path: Path) -> None:
     """The `models` stage's command, run here: the ONNX artifact lands where the local backend's
     resolver looks (so the serving image never exports), checked against sentence-transformers."""
