@@ -91,6 +91,7 @@ def load_embedder(
     artifacts_dir: str | None = None,
     batching: Any = None,
     share: Any = None,
+    progress: Any = None,
 ) -> Embedder:
     try:
         from backends.local.text_encoder import load_text_encoder
@@ -107,6 +108,7 @@ def load_embedder(
         artifacts_dir=artifacts_dir,
         batching=batching,
         share=share,
+        progress=progress,
         registry=None if metrics else registry,
         metrics=metrics,
     )

@@ -13,7 +13,7 @@ from backends.remote.metrics import RemoteMetrics
 from backends.settings import BackendSettings
 from cache.cache import Cache
 from cache.semantic.setup import build_semantic, semantic_routes
-from gateway import admin, admin_semantic, reload
+from gateway import admin, admin_semantic, reload, v2_server
 from gateway.cache_stage import CacheStage
 from gateway.config import RouteSettings, Settings
 from gateway.metrics import Metrics
@@ -81,7 +81,12 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     pipeline = Pipeline(router, backends, metrics, settings.limits, stage)
     pipeline.tracing = build_tracing(settings.tracing)
     state = AppState(
-        settings=settings, metrics=metrics, backends=backends, pipeline=pipeline, cache=cache
+        settings=settings,
+        metrics=metrics,
+        backends=backends,
+        pipeline=pipeline,
+        cache=cache,
+        semantic=semantic,
     )
 
     def swap_policies(new: Settings) -> None:
@@ -107,8 +112,10 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await cache.open()
+        # Models load in the background (the first start exports them: ~20 s): the listeners
+        # open at once, /healthz answers, /readyz says 503 with the progress until they are in.
         if semantic is not None:
-            await semantic.open()
+            semantic.start()
         for backend in backends.values():
             start = getattr(backend, "start", None)  # pools start health checks; engines warm up
             if start is not None:
@@ -123,6 +130,7 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
 
     app.cleanup_ctx.append(lifecycle)
     admin.register(app)
+    v2_server.register(app)
     reload.register(app, config_path, build_router, make_backends, swap_policies)
     if semantic is not None:
         admin_semantic.register(app, semantic)

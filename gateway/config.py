@@ -60,7 +60,16 @@ class LimitSettings(_Frozen):
 
 class LoggingSettings(_Frozen):
     level: Literal["debug", "info", "warning", "error"] = "info"
-    access_log: bool = False
+    # One line per request on the `latentgate.access` logger: true or "common" (Apache's common
+    # log format plus the duration), "json" (one object per line); off by default.
+    access_log: bool | Literal["common", "json"] = False
+
+
+class ReadinessSettings(_Frozen):
+    """/readyz is the gateway's own readiness (engines loaded, listeners open, not draining);
+    backends named here must also be reachable (a remote one needs a health_check)."""
+
+    require: list[str] = []
 
 
 class TracingSettings(_Frozen):
@@ -100,6 +109,7 @@ class Settings(_Frozen):
     limits: LimitSettings = LimitSettings()
     logging: LoggingSettings = LoggingSettings()
     tracing: TracingSettings = TracingSettings()
+    readiness: ReadinessSettings = ReadinessSettings()
     cache: CacheSettings = CacheSettings()
     backends: dict[str, BackendSettings]
     routes: list[RouteSettings] = Field(min_length=1)
@@ -115,6 +125,15 @@ class Settings(_Frozen):
             if route.name in names:
                 raise ValueError(f"route name {route.name!r} is used twice")
             names.add(route.name)
+        for name in self.readiness.require:
+            spec = self.backends.get(name)
+            if spec is None:
+                raise ValueError(f"readiness.require names {name!r}, which is not under backends")
+            if spec.kind == "remote" and getattr(spec, "health_check", None) is None:
+                raise ValueError(
+                    f"readiness.require names remote backend {name!r}: give it a health_check "
+                    "so its replicas are probed before any traffic"
+                )
         return self
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -12,6 +13,9 @@ from cache.cache import Cache
 from gateway.config import Settings
 from gateway.metrics import Metrics
 from gateway.pipeline import Pipeline
+
+if TYPE_CHECKING:
+    from cache.semantic.setup import SemanticSetup
 
 
 @dataclass
@@ -22,6 +26,7 @@ class AppState:
     pipeline: Pipeline
     draining: bool = False
     cache: Cache | None = None
+    semantic: SemanticSetup | None = None  # loads in the background; None when no route uses it
 
 
 STATE: web.AppKey[AppState] = web.AppKey("latentgate_state", AppState)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backends.errors import EngineError
+from backends.local.progress import LoadProgress
 
 log = logging.getLogger("latentgate.local")
 
@@ -80,8 +81,17 @@ def builtin_dir(name: str) -> Path:
     return Path(spec.origin).parent / sub
 
 
+# Rough first-start costs on a 2-core CPU (docs/benchmarks.md): said in the log and in /readyz.
+EXPORT_EXPECTED_S = 12.0
+FUSE_EXPECTED_S = 8.0
+
+
 def resolve(
-    model: str, artifacts_dir: str | None, tokenizer: str | None = None, precision: str = "fp32"
+    model: str,
+    artifacts_dir: str | None,
+    tokenizer: str | None = None,
+    precision: str = "fp32",
+    progress: LoadProgress | None = None,
 ) -> ModelArtifact:
     """Locate (and export on first use) the ONNX artifact for `model`.
 
@@ -95,10 +105,13 @@ def resolve(
         out = default_artifacts_dir(artifacts_dir) / f"{name}-{digest[:16]}-e{EXPORT_REV}"
         onnx_path = out / "model.fp32.onnx"
         if not onnx_path.exists():
+            if progress is not None:
+                progress.step("export", str(onnx_path), EXPORT_EXPECTED_S)
             export(src, onnx_path)
+        fused_path = fused(onnx_path, src / "config.json", progress)
         return ModelArtifact(
             name, _promoted(model, onnx_path, precision), src / "tokenizer.json", digest,
-            BUILTINS[name][2], src, fused(onnx_path, src / "config.json"),
+            BUILTINS[name][2], src, fused_path,
         )  # fmt: skip
     path = Path(model).expanduser()
     if not path.is_file():
@@ -153,7 +166,14 @@ def run_export(module_args: list[str], out: Path, what: str) -> bool:
 
 def export(src: Path, onnx_path: Path) -> None:
     """The torch export of a builtin, once per model hash."""
-    log.info("exporting %s to ONNX (once; cached at %s)", src, onnx_path)
+    log.info(
+        "first start: exporting %s to ONNX in %s (once, about %.0f s on a CPU, then ONNX Runtime "
+        "fusion, about %.0f s more; later starts reuse it)",
+        src.parent.name,
+        onnx_path.parent,
+        EXPORT_EXPECTED_S,
+        FUSE_EXPECTED_S,
+    )
     t0 = time.perf_counter()
     if run_export(["backends.local.export", str(src)], onnx_path, f"ONNX export of {src}"):
         took = time.perf_counter() - t0
@@ -162,7 +182,7 @@ def export(src: Path, onnx_path: Path) -> None:
         log.info("exported %s in %.1f s", onnx_path.name, took)
 
 
-def fused(onnx_path: Path, config: Path) -> Path | None:
+def fused(onnx_path: Path, config: Path, progress: LoadProgress | None = None) -> Path | None:
     """`model.fp32.onnx` → `model.fp32.fused.onnx`, fused once (a child process); None, with a
     warning the first time and a marker file after, when fusion does not apply here."""
     out = onnx_path.with_name(onnx_path.stem + ".fused.onnx")
@@ -171,6 +191,11 @@ def fused(onnx_path: Path, config: Path) -> Path | None:
         return out
     if skipped.exists():
         return None
+    log.info("fusing %s for ONNX Runtime into %s (once, about %.0f s)", onnx_path.name, out.name,
+             FUSE_EXPECTED_S)  # fmt: skip
+    if progress is not None:
+        progress.step("fuse", str(out), FUSE_EXPECTED_S)
+    t0 = time.perf_counter()
     try:
         run_export(["backends.local.fuse", str(onnx_path), str(config)], out, "ONNX Runtime fusion")
     except (EngineError, OSError) as exc:  # OSError: a read-only artifacts dir (an image)
@@ -178,5 +203,5 @@ def fused(onnx_path: Path, config: Path) -> Path | None:
         with contextlib.suppress(OSError):
             skipped.write_text(str(exc))
         return None
-    log.info("fused %s for ONNX Runtime: %s", onnx_path.name, out.name)
+    log.info("fused %s in %.1f s: %s", onnx_path.name, time.perf_counter() - t0, out.name)
     return out

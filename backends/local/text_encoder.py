@@ -22,6 +22,7 @@ from backends.errors import EngineError
 from backends.local.artifacts import resolve
 from backends.local.engine import Engine
 from backends.local.metrics import LocalMetrics
+from backends.local.progress import LoadProgress
 from backends.local.shared import EngineShare
 from backends.preprocess.cpu import TextPreprocessor, Tokens, mean_pool_normalise, pad_tokens
 from backends.settings import BatcherSettings, SessionOptions
@@ -159,10 +160,15 @@ def load_text_encoder(
     calibration: str | None = None,
     warmup: bool = True,
     share: EngineShare | None = None,
+    progress: LoadProgress | None = None,
 ) -> TextEncoder:
     """Build a warm TextEncoder. `engine="tensorrt"` raises EngineError where tensorrt is absent."""
     # TensorRT lowers precision itself from the FP32 graph; ORT serves a promoted artifact.
-    art = resolve(model, artifacts_dir, tokenizer, "fp32" if engine == "tensorrt" else precision)
+    art = resolve(
+        model, artifacts_dir, tokenizer, "fp32" if engine == "tensorrt" else precision, progress
+    )
+    if progress is not None:
+        progress.step("load", str(art.serving_path(engine, precision)))
     if art.tokenizer_path is None:
         raise EngineError(f"model {model} needs a tokenizer.json (preprocess.tokenizer)")
     limit = max_tokens or art.max_tokens or 512
@@ -198,5 +204,7 @@ def load_text_encoder(
     pre = TextPreprocessor.from_file(str(art.tokenizer_path), limit, truncate)
     enc = TextEncoder(art.name, eng, pre, batching, metrics)
     if warmup:
+        if progress is not None:
+            progress.step("warmup")
         enc.warmup()
     return enc

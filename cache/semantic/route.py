@@ -38,7 +38,12 @@ class SemanticRoute:
 
     def applies(self, call: CallLike) -> bool:
         text = call.semantic_text
-        if not self.policy.enabled or text is None or len(text.strip()) < self.policy.min_chars:
+        if (
+            not self.stage.ready
+            or not self.policy.enabled
+            or text is None
+            or len(text.strip()) < self.policy.min_chars
+        ):
             return False
         return call.deterministic or not self.policy.only_deterministic
 

@@ -83,6 +83,8 @@ class SemanticStage:
         self.max_entries = max_entries
         self.entries: dict[int, Entry] = {}
         self.replicator: Replicator | None = None
+        # False while the embedder loads (cache.semantic.setup): routes skip the stage meanwhile.
+        self.ready = True
         metrics.device.labels(embedder.device, index.device).set(1)
 
     async def embed(self, text: str) -> np.ndarray:

@@ -221,6 +221,22 @@ class RedisTier:
             out["error"] = str(exc)
         return out
 
+    async def health(self) -> dict[str, object]:
+        """For /readyz: one PING (op timeout) unless the breaker is open."""
+        breaker = ("closed", "open", "half-open")[self.breaker.state]
+        out: dict[str, object] = {"breaker": breaker, "reachable": False}
+        if not self.breaker.allow():
+            out["error"] = "breaker open: recent operations failed"
+            return out
+        try:
+            async with self._guard("ping"):
+                await self.client.ping()
+            out["reachable"] = True
+        except TierError as exc:
+            out["error"] = str(exc)
+        out["breaker"] = ("closed", "open", "half-open")[self.breaker.state]
+        return out
+
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)

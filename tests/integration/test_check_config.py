@@ -111,3 +111,17 @@ routes:
     assert _replicas(given) == ["unix:/tmp/u.sock"]
     # Set but empty falls back to the default, as in the shell.
     assert parse_settings(text, environ={"LG_PORT": ""}).listeners[0].port == 9001
+
+
+def test_version_flag_prints_the_installed_version() -> None:
+    from gateway.version import version
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "--version"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == f"latentgate {version()}"
+    assert version()[0].isdigit()
