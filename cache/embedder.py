@@ -112,5 +112,5 @@ def load_embedder(
         registry=None if metrics else registry,
         metrics=metrics,
     )
-    log.info("embedder: %s on ONNX Runtime, device=%s, dim=%d", model, enc.device, enc.dim)
+    log.debug("embedder: %s on ONNX Runtime, device=%s, dim=%d", model, enc.device, enc.dim)
     return TextEncoderEmbedder(enc)

@@ -17,7 +17,7 @@ from gateway import admin, admin_semantic, reload, v2_server
 from gateway.cache_stage import CacheStage
 from gateway.config import RouteSettings, Settings
 from gateway.metrics import Metrics
-from gateway.middleware import listener_roles
+from gateway.middleware import drain, listener_roles
 from gateway.pipeline import Pipeline
 from gateway.protocols.base import Adapter
 from gateway.protocols.openai import OpenAIAdapter
@@ -109,6 +109,7 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     app = web.Application(client_max_size=settings.limits.max_body_bytes, handler_args=None)
     app[STATE] = state
     listener_roles.install(app, separate=settings.admin.listener is not None)
+    drain.install(app)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await cache.open()

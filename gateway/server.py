@@ -70,18 +70,19 @@ async def serve(
     loop.add_signal_handler(signal.SIGHUP, app[RELOADER].schedule, "SIGHUP")
     await stop.wait()
     log.info(
-        "draining: no new connections; waiting up to %.0fs for %d in-flight requests",
+        "draining: /readyz says 503 and new requests get 503 (listeners stay open); waiting up "
+        "to %.0fs for %d in-flight requests",
         limits.shutdown_grace_s,
         state.pipeline.in_flight,
     )
-    state.draining = True
-    for site in sites:
-        await site.stop()
+    state.draining = True  # gateway.middleware.drain answers new requests from here on
     try:
         async with asyncio.timeout(limits.shutdown_grace_s):
             await state.pipeline.idle.wait()
     except TimeoutError:
         log.warning("grace period over with %d requests in flight", state.pipeline.in_flight)
+    for site in sites:
+        await site.stop()
     await runner.cleanup()
     for lst in [*settings.listeners, settings.admin.listener]:
         if lst is not None and lst.unix is not None:

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,15 +141,19 @@ def _promoted(model: str, fp32: Path, precision: str) -> Path:
     return path
 
 
-def run_export(module_args: list[str], out: Path, what: str) -> bool:
+def run_export(
+    module_args: list[str], out: Path, what: str, announce: Callable[[], None] | None = None
+) -> bool:
     """`python -m MODULE ARGS... TMP`, then TMP → `out`: once per file, under a file lock, in a
     child process (torch stays out of the serving process). False when another process built
-    `out` while this one waited."""
+    `out` while this one waited. `announce` runs only when this call builds (one log line)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with (out.parent / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if out.exists():
             return False
+        if announce is not None:
+            announce()
         tmp = out.with_suffix(f".tmp{os.getpid()}")
         proc = subprocess.run(
             [sys.executable, "-m", *module_args, str(tmp)],
@@ -166,16 +171,19 @@ def run_export(module_args: list[str], out: Path, what: str) -> bool:
 
 def export(src: Path, onnx_path: Path) -> None:
     """The torch export of a builtin, once per model hash."""
-    log.info(
-        "first start: exporting %s to ONNX in %s (once, about %.0f s on a CPU, then ONNX Runtime "
-        "fusion, about %.0f s more; later starts reuse it)",
-        src.parent.name,
-        onnx_path.parent,
-        EXPORT_EXPECTED_S,
-        FUSE_EXPECTED_S,
-    )
+
+    def announce() -> None:
+        log.info(
+            "first start: exporting the builtin model to ONNX in %s (once: about %.0f s on a CPU, "
+            "then ONNX Runtime fusion, about %.0f s more; later starts reuse it)",
+            onnx_path.parent,
+            EXPORT_EXPECTED_S,
+            FUSE_EXPECTED_S,
+        )
+
     t0 = time.perf_counter()
-    if run_export(["backends.local.export", str(src)], onnx_path, f"ONNX export of {src}"):
+    args = ["backends.local.export", str(src)]
+    if run_export(args, onnx_path, f"ONNX export of {src}", announce):
         took = time.perf_counter() - t0
         meta = {"source": str(src), "exported_s": round(took, 2)}
         (onnx_path.parent / "meta.json").write_text(json.dumps(meta))
@@ -191,13 +199,18 @@ def fused(onnx_path: Path, config: Path, progress: LoadProgress | None = None) -
         return out
     if skipped.exists():
         return None
-    log.info("fusing %s for ONNX Runtime into %s (once, about %.0f s)", onnx_path.name, out.name,
-             FUSE_EXPECTED_S)  # fmt: skip
     if progress is not None:
         progress.step("fuse", str(out), FUSE_EXPECTED_S)
+
+    def announce() -> None:
+        log.info("fusing %s for ONNX Runtime into %s (once, about %.0f s)", onnx_path.name,
+                 out.name, FUSE_EXPECTED_S)  # fmt: skip
+
     t0 = time.perf_counter()
     try:
-        run_export(["backends.local.fuse", str(onnx_path), str(config)], out, "ONNX Runtime fusion")
+        args = ["backends.local.fuse", str(onnx_path), str(config)]
+        if not run_export(args, out, "ONNX Runtime fusion", announce):
+            return out  # another loader fused it while this one waited
     except (EngineError, OSError) as exc:  # OSError: a read-only artifacts dir (an image)
         log.warning("serving the unfused graph of %s: %s", onnx_path.parent.name, exc)
         with contextlib.suppress(OSError):

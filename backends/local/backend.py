@@ -96,9 +96,7 @@ class LocalBackend:
             raise
         took = self.progress.snapshot()["elapsed_s"]
         self.progress.step("ready")
-        model = self.encoder or self.tensors
-        device = model.device if model is not None else "?"
-        log.info("backend %s: %s ready on %s in %.1f s", self.name, self.model_name, device, took)
+        log.info("backend %s: %s ready in %.1f s", self.name, self.model_name, took)
 
     def _load_sync(self) -> None:
         s = self.spec

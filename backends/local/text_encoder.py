@@ -75,9 +75,8 @@ class TextEncoder:
             self.dim = int(vecs.shape[1])
         self.ready = True
         took = time.perf_counter() - t0
-        log.info(
-            "engine %s warm on %s in %.0f ms (dim %d)", self.name, self.device, took * 1e3, self.dim
-        )
+        # The device is said once, when the session loads (backends.local.onnx).
+        log.info("engine %s warm in %.0f ms (dim %d)", self.name, took * 1e3, self.dim)
         return took
 
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]:

@@ -17,6 +17,9 @@ log = logging.getLogger("latentgate.semantic.index")
 
 
 def _faiss() -> Any:
+    # faiss logs each SIMD build it tries (AVX512, AVX2) as INFO "Could not load library ...
+    # ModuleNotFoundError" before loading the one it has: noise that reads like a failure.
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
     import faiss
 
     return faiss

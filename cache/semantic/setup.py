@@ -147,9 +147,8 @@ class SemanticSetup:
         self.stage.metrics.device.clear()  # drop the "pending" series set before the load
         self.stage.metrics.device.labels(embedder.device, self.index.device).set(1)
         log.info(
-            "semantic stage: embedder %s on %s (%s), index on %s, routes %s",
+            "semantic stage: embedder %s (%s), index on %s, routes %s",
             s.model,
-            embedder.device,
             embedder.backend,
             self.index.device,
             sorted(self.routes),

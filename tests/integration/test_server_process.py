@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import time
 from collections.abc import Iterator
 
@@ -87,11 +86,23 @@ async def test_sigterm_drains_in_flight_requests_and_streams(
         status, body = await _raw_get(reader, writer, "/readyz")
         assert status == 503
         assert json.loads(body)["draining"] is True
-        with pytest.raises(OSError):  # no new connections while draining
-            socket.create_connection(("127.0.0.1", gw.port), timeout=1).close()
+        # The listener stays open while draining: a new connection is answered, not refused.
+        new_reader, new_writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        status, body = await _raw_get(new_reader, new_writer, "/readyz")
+        assert status == 503 and json.loads(body)["ready"] is False
+        new_writer.close()
+        await new_writer.wait_closed()
+        async with (
+            aiohttp.ClientSession() as fresh,
+            fresh.post(gw.url + "/v1/chat/completions", json=CHAT) as r,
+        ):
+            # New model traffic is turned away (in-flight requests still finish).
+            assert r.status == 503 and r.headers["Retry-After"] == "1"
+            assert (await r.json())["error"]["type"] == "unavailable"
 
         (code, answer), events = await asyncio.gather(slow_task, stream_task)
     writer.close()
+    await writer.wait_closed()
     assert code == 200 and answer["object"] == "chat.completion"
     assert events[-1] == b"data: [DONE]\n" and len(events) == 9  # role, 6 words, finish, [DONE]
     rc = await asyncio.to_thread(gw.proc.wait, 15)

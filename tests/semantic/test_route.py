@@ -49,3 +49,16 @@ async def test_short_texts_and_other_tenants_miss(
     assert (
         await route.lookup(chat("How can I reset my password?", temperature=0), "tenant-b") is None
     )
+
+
+async def test_routes_skip_the_stage_while_its_embedder_loads(
+    stage: SemanticStage, verifier: MlpVerifier
+) -> None:
+    route = SemanticRoute(stage, "chat", SemanticPolicy(enabled=True), verifier)
+    call = chat("How do I reset my password?", temperature=0)
+    stage.ready = False  # what the setup sets until its background load is done
+    assert not route.applies(call)
+    assert await route.embed(call) is None and not await route.remember(call, "t", "k")
+    assert await route.lookup(call, "t") is None
+    stage.ready = True
+    assert await route.remember(call, "t", "k")

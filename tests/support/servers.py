@@ -48,6 +48,28 @@ def wait_port(host: str, port: int, timeout: float = 20.0) -> None:
     raise TimeoutError(f"{host}:{port} did not open within {timeout}s")
 
 
+def wait_semantic(url: str, timeout: float = 180.0) -> None:
+    """The semantic stage loads in the background after the listeners open: wait until /readyz
+    says it is in (or failed; or the gateway has none), as a client that checks readiness would."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=5) as resp:
+                doc = json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            doc = json.loads(err.read())
+        semantic = doc.get("semantic")
+        if semantic is None or semantic["ready"] or semantic["error"]:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the semantic stage did not load in {timeout}s: {semantic}")
+        time.sleep(0.05)
+
+
 class ServerThread:
     """Runs an aiohttp app on its own event loop in a daemon thread, on TCP and/or a unix socket."""
 
@@ -186,7 +208,7 @@ class GatewayProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> GatewayProcess:
+    def start(self, semantic_ready: bool = True) -> GatewayProcess:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop(), it outlives start()
         self.proc = subprocess.Popen(
             [
@@ -210,6 +232,8 @@ class GatewayProcess:
         except TimeoutError:
             self.stop()
             raise RuntimeError("gateway did not start:\n" + self.log()) from None
+        if semantic_ready:
+            wait_semantic(self.url)
         return self
 
     def log(self) -> str:
