@@ -11,6 +11,7 @@ import signal
 import socket
 import sys
 
+from gateway import access_log
 from gateway.app import build_app
 from gateway.config import Settings
 from gateway.connections import ConnectionGuard, GuardedAppRunner
@@ -45,7 +46,7 @@ async def serve(
         guard=ConnectionGuard(limits, state.metrics.registry),
         max_headers=limits.max_headers,
         handle_signals=False,
-        access_log=logging.getLogger("latentgate.access") if settings.logging.access_log else None,
+        **access_log.runner_options(settings.logging.access_log),
         keepalive_timeout=limits.client_idle_timeout_s,
         max_line_size=limits.max_header_bytes,
         max_field_size=limits.max_header_bytes,

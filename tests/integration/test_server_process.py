@@ -207,3 +207,44 @@ def _listening(port: int, pids: list[int]) -> dict[int, int]:
             if link.startswith("socket:[") and int(link[8:-1]) in inodes:
                 owners[int(link[8:-1])] = pid
     return owners
+
+
+@pytest.mark.parametrize("mode", ["common", "json"])
+async def test_access_log_is_opt_in_in_common_or_json_format(
+    upstream: ServerThread, procs: list[GatewayProcess], mode: str
+) -> None:
+    cfg = base_config(upstream.url, logging={"access_log": mode})
+    gw = GatewayProcess(cfg).start()
+    procs.append(gw)
+    async with aiohttp.ClientSession() as s:
+        async with s.post(gw.url + "/v1/chat/completions?x=1", json=CHAT) as r:
+            assert r.status == 200
+        async with s.get(gw.url + "/healthz") as r:
+            assert r.status == 200
+    assert await asyncio.to_thread(gw.stop, signal.SIGTERM, 20) == 0
+    lines = [
+        line.split("latentgate.access ", 1)[1].split("] ", 1)[1]
+        for line in gw.log().splitlines()
+        if " latentgate.access " in line and "/readyz" not in line  # start() polls /readyz
+    ]
+    assert len(lines) == 2, gw.log()
+    if mode == "json":
+        first = json.loads(lines[0])
+        assert first["method"] == "POST" and first["path"] == "/v1/chat/completions"
+        assert first["status"] == 200 and first["query"] == "x=1" and first["bytes"] > 0
+        assert first["duration_ms"] > 0 and json.loads(lines[1])["path"] == "/healthz"
+    else:
+        assert lines[0].startswith("127.0.0.1 - - [")
+        assert '"POST /v1/chat/completions?x=1 HTTP/1.1" 200 ' in lines[0]
+        assert '"GET /healthz HTTP/1.1" 200 ' in lines[1]
+
+
+async def test_no_access_log_by_default(
+    upstream: ServerThread, procs: list[GatewayProcess]
+) -> None:
+    gw = GatewayProcess(base_config(upstream.url)).start()
+    procs.append(gw)
+    async with aiohttp.ClientSession() as s, s.get(gw.url + "/healthz") as r:
+        assert r.status == 200
+    assert await asyncio.to_thread(gw.stop, signal.SIGTERM, 20) == 0
+    assert " latentgate.access " not in gw.log()
