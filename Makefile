@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CONFIG ?= config/latentgate.yaml
 
-.PHONY: install run test lint typecheck redis-server bench bench-proxy clean
+.PHONY: install run upstream test lint typecheck redis-server bench bench-proxy clean
 
 install: $(STAMP)
 
@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml scripts/install.sh
 
 run: install
 	$(BIN)/latentgate serve --config $(CONFIG)
+
+# An example model server on :8000 (where `make run` sends chat): OpenAI and v2, echoing.
+upstream: install
+	$(BIN)/python -m tests.support.upstream --port $(or $(UPSTREAM_PORT),8000)
 
 # A real Redis server for the tests: Debian's package, installed when missing.
 redis-server:

@@ -30,7 +30,11 @@ NAME = web.AppKey("name", str)
 FAULTS = web.AppKey("faults", dict)
 STATS = web.AppKey("stats", dict)
 
-_DT = {"FP32": "<f4", "FP64": "<f8", "INT32": "<i4", "INT64": "<i8", "FP16": "<f2", "UINT8": "<u1"}
+_DT = {
+    "BOOL": "?", "INT8": "i1", "INT16": "<i2", "INT32": "<i4", "INT64": "<i8",
+    "UINT8": "<u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8",
+    "FP16": "<f2", "FP32": "<f4", "FP64": "<f8",
+}  # fmt: skip
 
 
 def _stats(app: web.Application) -> dict[str, Any]:
@@ -248,71 +252,81 @@ async def v2_model(request: web.Request) -> web.Response:
 
 
 async def v2_infer(request: web.Request) -> web.StreamResponse:
-    """OUTPUT<i> = INPUT<i> * 2 for numeric tensors; BYTES tensors are echoed upper-cased."""
+    """OUTPUT<i> = INPUT<i> * 2 for numeric tensors; BOOL tensors are echoed; BYTES tensors are
+    echoed upper-cased. A request it cannot read gets Triton's 400 {"error": ...}, not a 500."""
     try:
         if (early := await _common(request)) is not None:
             return early
-        raw = await request.read()
-        hlen = request.headers.get("Inference-Header-Content-Length")
-        header, binary = (raw[: int(hlen)], raw[int(hlen) :]) if hlen else (raw, b"")
-        doc = json.loads(header)
-        arrays, off = [], 0
-        for inp in doc["inputs"]:
-            size = (inp.get("parameters") or {}).get("binary_data_size")
-            if inp["datatype"] == "BYTES":
-                if size is not None:
-                    chunk, off = binary[off : off + size], off + size
-                    vals, i = [], 0
-                    while i < len(chunk):
-                        (n,) = struct.unpack_from("<I", chunk, i)
-                        vals.append(chunk[i + 4 : i + 4 + n].decode())
-                        i += 4 + n
-                else:
-                    vals = list(np.array(inp["data"]).reshape(-1))
-                arrays.append((inp, [str(v).upper() for v in vals]))
-                continue
-            dt = np.dtype(_DT[inp["datatype"]])
-            if size is not None:
-                arr = np.frombuffer(binary[off : off + size], dtype=dt)
-                off += size
-            else:
-                arr = np.asarray(inp["data"], dtype=dt).reshape(-1)
-            arrays.append((inp, arr * 2))
-        want_binary = bool((doc.get("parameters") or {}).get("binary_data_output")) or any(
-            (o.get("parameters") or {}).get("binary_data") for o in doc.get("outputs") or []
-        )
-        outputs, blobs = [], []
-        for i, (inp, arr) in enumerate(arrays):
-            out: dict[str, Any] = {
-                "name": f"OUTPUT{i}",
-                "datatype": inp["datatype"],
-                "shape": inp["shape"],
-            }
-            if want_binary:
-                if inp["datatype"] == "BYTES":
-                    blob = b"".join(struct.pack("<I", len(s.encode())) + s.encode() for s in arr)
-                else:
-                    blob = np.asarray(arr).tobytes()
-                out["parameters"] = {"binary_data_size": len(blob)}
-                blobs.append(blob)
-            else:
-                out["data"] = arr if isinstance(arr, list) else np.asarray(arr).tolist()
-            outputs.append(out)
-        body = {"model_name": request.match_info["name"], "model_version": "1", "outputs": outputs}
-        if "id" in doc:
-            body["id"] = doc["id"]
-        head = json.dumps(body).encode()
-        headers = _extra_headers(request)
-        if want_binary:
-            headers["Inference-Header-Content-Length"] = str(len(head))
-            return web.Response(
-                body=head + b"".join(blobs),
-                headers=headers,
-                content_type="application/octet-stream",
-            )
-        return web.Response(body=head, headers=headers, content_type="application/json")
+        try:
+            return await _v2_answer(request)
+        except (KeyError, ValueError, TypeError, IndexError, struct.error) as exc:
+            return web.json_response({"error": f"bad infer request: {exc!r}"}, status=400)
     finally:
         _stats(request.app)["in_flight"] -= 1
+
+
+async def _v2_answer(request: web.Request) -> web.Response:
+    raw = await request.read()
+    hlen = request.headers.get("Inference-Header-Content-Length")
+    header, binary = (raw[: int(hlen)], raw[int(hlen) :]) if hlen else (raw, b"")
+    doc = json.loads(header)
+    arrays, off = [], 0
+    for inp in doc["inputs"]:
+        size = (inp.get("parameters") or {}).get("binary_data_size")
+        if inp["datatype"] == "BYTES":
+            if size is not None:
+                chunk, off = binary[off : off + size], off + size
+                vals, i = [], 0
+                while i < len(chunk):
+                    (n,) = struct.unpack_from("<I", chunk, i)
+                    vals.append(chunk[i + 4 : i + 4 + n].decode())
+                    i += 4 + n
+            else:
+                vals = list(np.array(inp["data"]).reshape(-1))
+            arrays.append((inp, [str(v).upper() for v in vals]))
+            continue
+        if inp["datatype"] not in _DT:
+            raise ValueError(f"unsupported datatype {inp['datatype']}")
+        dt = np.dtype(_DT[inp["datatype"]])
+        if size is not None:
+            arr = np.frombuffer(binary[off : off + size], dtype=dt)
+            off += size
+        else:
+            arr = np.asarray(inp["data"], dtype=dt).reshape(-1)
+        arrays.append((inp, arr if dt == np.bool_ else arr * 2))
+    want_binary = bool((doc.get("parameters") or {}).get("binary_data_output")) or any(
+        (o.get("parameters") or {}).get("binary_data") for o in doc.get("outputs") or []
+    )
+    outputs, blobs = [], []
+    for i, (inp, arr) in enumerate(arrays):
+        out: dict[str, Any] = {
+            "name": f"OUTPUT{i}",
+            "datatype": inp["datatype"],
+            "shape": inp["shape"],
+        }
+        if want_binary:
+            if inp["datatype"] == "BYTES":
+                blob = b"".join(struct.pack("<I", len(s.encode())) + s.encode() for s in arr)
+            else:
+                blob = np.asarray(arr).tobytes()
+            out["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            out["data"] = arr if isinstance(arr, list) else np.asarray(arr).tolist()
+        outputs.append(out)
+    body = {"model_name": request.match_info["name"], "model_version": "1", "outputs": outputs}
+    if "id" in doc:
+        body["id"] = doc["id"]
+    head = json.dumps(body).encode()
+    headers = _extra_headers(request)
+    if want_binary:
+        headers["Inference-Header-Content-Length"] = str(len(head))
+        return web.Response(
+            body=head + b"".join(blobs),
+            headers=headers,
+            content_type="application/octet-stream",
+        )
+    return web.Response(body=head, headers=headers, content_type="application/json")
 
 
 async def echo(request: web.Request) -> web.Response:
@@ -401,6 +415,12 @@ def main() -> None:
     except ImportError:
         pass
     app = build_upstream(args.name, args.delay, args.fail_status)
+    where = f"unix:{args.uds}" if args.uds else f"http://{args.host}:{args.port}"
+    print(
+        f"example upstream {args.name!r} on {where}: OpenAI chat/completions/embeddings echo "
+        "and v2 infer (x2), for trying the gateway (Ctrl-C stops it)",
+        flush=True,
+    )
     if args.uds:
         web.run_app(app, path=args.uds, print=None, access_log=None)
     else:
