@@ -249,3 +249,5 @@ class RedisTier:
             for f in futs:
                 f.cancel()
         await self.client.aclose()
+        # A client built on a pool it was handed does not close that pool: close its sockets.
+        await self.client.connection_pool.aclose()

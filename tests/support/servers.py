@@ -121,8 +121,22 @@ class ServerThread:
             # a server that failed half-way still has to let the test finish
             with contextlib.suppress(Exception):
                 self.call(self._runner.cleanup(), 30)
+        with contextlib.suppress(Exception):
+            self.call(self._cancel_leftovers(), 10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+        if not self._thread.is_alive():
+            self.loop.close()  # an unclosed loop is a ResourceWarning (and its selector's fd)
+
+    @staticmethod
+    async def _cancel_leftovers() -> None:
+        """Tasks the app left behind (a background load still running) and async generators."""
+        me = asyncio.current_task()
+        left = [t for t in asyncio.all_tasks() if t is not me]
+        for t in left:
+            t.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
+        await asyncio.get_running_loop().shutdown_asyncgens()
 
 
 class RedisServer:
