@@ -16,8 +16,9 @@ from cache.semantic.setup import build_semantic, semantic_routes
 from gateway import admin, admin_semantic, reload, v2_server
 from gateway.cache_stage import CacheStage
 from gateway.config import RouteSettings, Settings
+from gateway.drain import unless_draining
 from gateway.metrics import Metrics
-from gateway.middleware import drain, listener_roles
+from gateway.middleware import listener_roles
 from gateway.pipeline import Pipeline
 from gateway.protocols.base import Adapter
 from gateway.protocols.openai import OpenAIAdapter
@@ -109,7 +110,6 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     app = web.Application(client_max_size=settings.limits.max_body_bytes, handler_args=None)
     app[STATE] = state
     listener_roles.install(app, separate=settings.admin.listener is not None)
-    drain.install(app)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await cache.open()
@@ -135,5 +135,5 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     reload.register(app, config_path, build_router, make_backends, swap_policies)
     if semantic is not None:
         admin_semantic.register(app, semantic)
-    app.router.add_route("*", "/{tail:.*}", pipeline.handle)
+    app.router.add_route("*", "/{tail:.*}", unless_draining(state, pipeline.handle))
     return app

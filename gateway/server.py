@@ -76,7 +76,7 @@ async def serve(
         limits.shutdown_grace_s,
         state.pipeline.in_flight,
     )
-    state.draining = True  # gateway.middleware.drain answers new requests from here on
+    state.draining = True  # gateway.drain turns new route requests away from here on
     try:
         async with asyncio.timeout(limits.shutdown_grace_s):
             await state.pipeline.idle.wait()

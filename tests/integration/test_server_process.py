@@ -98,6 +98,7 @@ async def test_sigterm_drains_in_flight_requests_and_streams(
         ):
             # New model traffic is turned away (in-flight requests still finish).
             assert r.status == 503 and r.headers["Retry-After"] == "1"
+            assert r.headers["Connection"].lower() == "close"
             assert (await r.json())["error"]["type"] == "unavailable"
 
         (code, answer), events = await asyncio.gather(slow_task, stream_task)
