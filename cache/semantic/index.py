@@ -59,20 +59,36 @@ class VectorIndex:
         hnsw_m: int = 32,
         ef_search: int = 64,
         device: str = "auto",
+        lazy: bool = False,
     ) -> None:
         self.dim = dim
         self.flat_max = flat_max
         self.hnsw_m = hnsw_m
         self.ef_search = ef_search
-        self._faiss = _faiss()
-        # One query at a time: OpenMP fan-out costs more than it saves, and on a busy machine
-        # its spinning threads made a 2,500-entry flat search take ~15 ms instead of ~0.2 ms.
-        self._faiss.omp_set_num_threads(1)
-        self._gpu = gpu_resources(device)
-        self.device = "cuda" if self._gpu is not None else "cpu"
+        self._wanted = device
+        self._faiss: Any = None
+        self._gpu: Any = None
+        self.device = "pending"
         self._shards: dict[str, _Shard] = {}
         self._where: dict[int, str] = {}
-        log.info("semantic index: device=%s kind=flat→hnsw at %d entries", self.device, flat_max)
+        if not lazy:
+            self.open()
+
+    def open(self) -> None:
+        """Import faiss and pick the device (once). Lazy indexes do it off the start-up path:
+        the import costs a second or so on a busy 2-core machine, before the listeners open."""
+        if self._faiss is not None:
+            return
+        faiss = _faiss()
+        # One query at a time: OpenMP fan-out costs more than it saves, and on a busy machine
+        # its spinning threads made a 2,500-entry flat search take ~15 ms instead of ~0.2 ms.
+        faiss.omp_set_num_threads(1)
+        self._gpu = gpu_resources(self._wanted)
+        self.device = "cuda" if self._gpu is not None else "cpu"
+        self._faiss = faiss
+        log.info(
+            "semantic index: device=%s kind=flat→hnsw at %d entries", self.device, self.flat_max
+        )
 
     def __len__(self) -> int:
         return len(self._where)
@@ -87,12 +103,14 @@ class VectorIndex:
         return out
 
     def _flat(self) -> tuple[Any, str]:
+        self.open()
         f = self._faiss
         if self._gpu is not None:
             return f.IndexIDMap2(f.GpuIndexFlatIP(self._gpu, self.dim)), "flat-gpu"
         return f.IndexIDMap2(f.IndexFlatIP(self.dim)), "flat"
 
     def _hnsw(self, vectors: dict[int, np.ndarray]) -> _Shard:
+        self.open()
         f = self._faiss
         inner = f.IndexHNSWFlat(self.dim, self.hnsw_m, f.METRIC_INNER_PRODUCT)
         inner.hnsw.efSearch = self.ef_search

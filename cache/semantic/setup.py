@@ -74,7 +74,12 @@ class SemanticSetup:
         self._engine_metrics = engine_metrics
         self.metrics = SemanticMetrics(registry)
         self.index = VectorIndex(
-            384, flat_max=s.flat_max, hnsw_m=s.hnsw_m, ef_search=s.ef_search, device=s.device
+            384,
+            flat_max=s.flat_max,
+            hnsw_m=s.hnsw_m,
+            ef_search=s.ef_search,
+            device=s.device,
+            lazy=True,  # faiss is imported by open(), in the background
         )
         max_entries = max(r.cache.semantic.max_entries for r in routes)
         self.stage = SemanticStage(_Pending(), self.index, self.metrics, max_entries)
@@ -132,6 +137,7 @@ class SemanticSetup:
             max_delay_ms=s.batch_max_delay_ms,
             target_p95_ms=s.batch_target_p95_ms,
         )
+        await asyncio.to_thread(self.index.open)
         embedder: Embedder = await asyncio.to_thread(
             load_embedder,
             s.model,
