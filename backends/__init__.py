@@ -1,6 +1,13 @@
 """Backends: remote replica pools and local engines. Never imports cache or gateway."""
 
-from backends.base import Backend, UpstreamRequest, UpstreamResponse
+from backends import v2tensors
+from backends.base import (
+    GRPC_MESSAGE_HEADER,
+    GRPC_STATUS_HEADER,
+    Backend,
+    UpstreamRequest,
+    UpstreamResponse,
+)
 from backends.errors import (
     BackendError,
     BadInput,
@@ -13,14 +20,23 @@ from backends.errors import (
     UpstreamTimeout,
 )
 from backends.factory import build_backends, preflight
+from backends.remote.metrics import RemoteMetrics
+from backends.settings import BackendSettings, BatcherSettings, RoutePolicy, SessionOptions
 
 __all__ = [
+    "GRPC_MESSAGE_HEADER",
+    "GRPC_STATUS_HEADER",
     "Backend",
     "BackendError",
+    "BackendSettings",
     "BadInput",
+    "BatcherSettings",
     "EngineError",
     "ModelNotFound",
     "Overloaded",
+    "RemoteMetrics",
+    "RoutePolicy",
+    "SessionOptions",
     "UpstreamConnectError",
     "UpstreamError",
     "UpstreamProtocolError",
@@ -29,4 +45,5 @@ __all__ = [
     "UpstreamTimeout",
     "build_backends",
     "preflight",
+    "v2tensors",
 ]

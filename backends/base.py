@@ -9,6 +9,10 @@ from typing import Protocol
 from backends.settings import RoutePolicy
 
 Headers = list[tuple[str, str]]
+# A gRPC replica's non-OK status rides on an UpstreamResponse in these headers (code number,
+# message), so the gateway can answer its client with the upstream's own status.
+GRPC_STATUS_HEADER = "grpc-status"
+GRPC_MESSAGE_HEADER = "grpc-message"
 
 
 @dataclass(slots=True)
@@ -57,6 +61,8 @@ class UpstreamResponse:
 
 class Backend(Protocol):
     name: str
+    # What its time is called in Server-Timing: "upstream" for replicas, "engine" for local models.
+    timing_stage: str
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse: ...
 

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+GRPC_READY_PATH = "/inference.GRPCInferenceService/ServerReady"
+
+
+def wire_of(url: str) -> Literal["http", "grpc"]:
+    """What a replica speaks: `grpc://` and `grpc+unix:` replicas are gRPC, the rest HTTP/1.1."""
+    return "grpc" if url.startswith(("grpc://", "grpc+unix:")) else "http"
 
 
 class _Frozen(BaseModel):
@@ -146,13 +153,35 @@ class RemoteBackendSettings(_Frozen):
     @classmethod
     def _check_urls(cls, value: list[str]) -> list[str]:
         for url in value:
-            if not (
-                url.startswith("http://") or url.startswith("https://") or url.startswith("unix:")
-            ):
-                raise ValueError(f"replica {url!r} must be http(s)://host:port or unix:/path")
-            if url.startswith("unix:") and len(url) <= len("unix:"):
-                raise ValueError(f"replica {url!r} names no socket path")
+            if not url.startswith(("http://", "https://", "unix:", "grpc://", "grpc+unix:")):
+                raise ValueError(
+                    f"replica {url!r} must be http(s)://host:port, unix:/path, "
+                    "grpc://host:port or grpc+unix:/path"
+                )
+            for prefix in ("unix:", "grpc+unix:"):
+                if url.startswith(prefix) and len(url) <= len(prefix):
+                    raise ValueError(f"replica {url!r} names no socket path")
+        if len({wire_of(u) for u in value}) > 1:
+            raise ValueError("a pool's replicas all speak HTTP or all speak gRPC, not both")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _grpc_health_path(cls, data: Any) -> Any:
+        """A gRPC pool's active check is ServerReady unless the config names another RPC."""
+        if not isinstance(data, dict):
+            return data
+        replicas, check = data.get("replicas"), data.get("health_check")
+        grpc = isinstance(replicas, list) and any(
+            isinstance(u, str) and wire_of(u) == "grpc" for u in replicas
+        )
+        if grpc and isinstance(check, dict) and "path" not in check:
+            return {**data, "health_check": {**check, "path": GRPC_READY_PATH}}
+        return data
+
+    @property
+    def wire(self) -> Literal["http", "grpc"]:
+        return wire_of(self.replicas[0])
 
     @model_validator(mode="after")
     def _weights(self) -> RemoteBackendSettings:

@@ -1,23 +1,60 @@
-"""Caches: exact-hash result cache (memory and Redis tiers) and, beside it, the semantic cache.
+"""Caches: exact-hash result cache (memory and Redis tiers) and, beside it, the semantic cache,
+and the flow that runs one cached call through both (cache/flow.py).
 
-Never imports gateway or backends; knows nothing about HTTP.
+Never imports gateway, and backends only through its public face; knows nothing about HTTP.
+This module is the face the gateway uses.
 """
 
+from cache.alias import MAX_BODY as ALIAS_MAX_BODY
+from cache.alias import AliasKey
 from cache.cache import Cache, RouteCache
 from cache.codec import CacheEntry
 from cache.errors import CacheError, CodecError, TierError, TierTimeout
-from cache.keys import CacheKey, KeyBuilder, Selector, canonical
+from cache.flow import AnswerIncomplete, Answers, Ask, CacheFlow, Flows, Fresh, Hit, Recording
+from cache.keys import CacheKey, KeyBuilder, Selector, canonical, tenant_of
+from cache.policy import RequestDirectives, request_directives
+from cache.semantic.off import NoSemantic
+from cache.semantic.route import SemanticRoute
+from cache.semantic.setup import SemanticSetup, build_semantic, semantic_routes
+from cache.semantic.setup import preflight as semantic_preflight
+from cache.settings import CachePolicy, CacheSettings
+from cache.singleflight import SingleFlight
+from cache.tenant import identity_from_purge, share_generated_secret
 
 __all__ = [
+    "ALIAS_MAX_BODY",
+    "AliasKey",
+    "AnswerIncomplete",
+    "Answers",
+    "Ask",
     "Cache",
     "CacheEntry",
     "CacheError",
+    "CacheFlow",
     "CacheKey",
+    "CachePolicy",
+    "CacheSettings",
     "CodecError",
+    "Flows",
+    "Fresh",
+    "Hit",
     "KeyBuilder",
+    "NoSemantic",
+    "Recording",
+    "RequestDirectives",
     "RouteCache",
     "Selector",
+    "SemanticRoute",
+    "SemanticSetup",
+    "SingleFlight",
     "TierError",
     "TierTimeout",
+    "build_semantic",
     "canonical",
+    "identity_from_purge",
+    "request_directives",
+    "semantic_preflight",
+    "semantic_routes",
+    "share_generated_secret",
+    "tenant_of",
 ]

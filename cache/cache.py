@@ -10,8 +10,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
@@ -23,6 +22,7 @@ from cache.metrics import CacheMetrics
 from cache.policy import RequestDirectives
 from cache.settings import CacheSettings, ExactPolicy
 from cache.singleflight import SingleFlight
+from cache.tenant import TenantHasher, credential_headers, resolve_secret
 from cache.tiers.layered import LayeredTier
 from cache.tiers.memory import MemoryTier
 from cache.tiers.redis import RedisTier
@@ -35,6 +35,7 @@ class Cache:
     def __init__(self, settings: CacheSettings, registry: CollectorRegistry) -> None:
         self.settings = settings
         self.metrics = CacheMetrics(registry)
+        self.tenants = TenantHasher(resolve_secret(settings.tenant_secret))
         self.memory = MemoryTier(settings.memory.max_bytes, self.metrics)
         redis = settings.redis
         self.redis = RedisTier(redis, self.metrics) if redis is not None and redis.url else None
@@ -70,7 +71,8 @@ class Cache:
     async def purge(
         self, route: str | None = None, model: str | None = None, tenant: str | None = None
     ) -> dict[str, object]:
-        selector = Selector.of(route, model, tenant)
+        # tenant: an identity string (cache.tenant.tenant_of), hashed as this cache's keys are
+        selector = Selector.of(route, model, tenant, self.tenants)
         out: dict[str, object] = {"memory": await self.memory.purge(selector)}
         for listener in self.purge_listeners:
             out.setdefault("semantic", await listener(selector))
@@ -110,6 +112,30 @@ class Cache:
         }
 
 
+class Claim:
+    """A Redis lease held (or not) for one key; see RouteCache.claim."""
+
+    __slots__ = ("_key", "_redis", "_token", "peer")
+
+    def __init__(
+        self,
+        peer: CacheEntry | None = None,
+        redis: RedisTier | None = None,
+        key: str = "",
+        token: str | None = None,
+    ) -> None:
+        self.peer = peer
+        self._redis = redis
+        self._key = key
+        self._token = token
+
+    async def release(self) -> None:
+        redis, token = self._redis, self._token
+        self._redis = self._token = None
+        if redis is not None and token is not None:
+            await redis.release_lease(self._key, token)
+
+
 class RouteCache:
     """One route's exact cache: its key layout, tier stack and policy, all resolved once."""
 
@@ -118,8 +144,10 @@ class RouteCache:
         self.route = route
         self.policy = policy
         self.tiers = tiers
-        self.keys = KeyBuilder(route, policy.key.tenant_headers)
+        self.keys = KeyBuilder(route, policy.key.tenant_headers, cache.tenants)
         self.tenant_headers = tuple(policy.key.tenant_headers)
+        # a response may Vary on these and still be stored: the key holds them
+        self.vary_ok = frozenset(h.lower() for h in credential_headers(self.tenant_headers))
         self.max_entry_bytes = policy.max_entry_bytes
         self.policy_version = hashlib.blake2b(
             policy.model_dump_json().encode(), digest_size=4
@@ -134,6 +162,10 @@ class RouteCache:
         self, model: str | None, key_fields: Any, headers: Mapping[str, str] | None
     ) -> CacheKey:
         return self.keys.build(model, key_fields, headers)
+
+    def not_stored(self, reason: str) -> None:
+        """A 2xx answer the upstream's headers kept out of the cache (counted by reason)."""
+        self.cache.metrics.stores.labels("all", reason).inc()
 
     def bypass(self) -> None:
         self._counts["bypasses"] += 1
@@ -175,6 +207,7 @@ class RouteCache:
         events: list[bytes] | None = None,
         model: str | None = None,
         kind: str = "",
+        ttl: float | None = None,
     ) -> CacheEntry:
         return CacheEntry(
             status=status,
@@ -182,7 +215,7 @@ class RouteCache:
             body=body,
             events=events,
             created_at=time.time(),
-            ttl=self.policy.ttl,
+            ttl=self.policy.ttl if ttl is None or ttl <= 0 else ttl,
             model=model,
             policy_version=self.policy_version,
             kind=kind,
@@ -197,40 +230,38 @@ class RouteCache:
         except Exception:  # the cache boundary: a failed insert is logged, the response still goes
             log.exception("cache store failed on route %s", self.route)
 
-    async def coalesce(
-        self, key: CacheKey, compute: Callable[[], Awaitable[T]], shareable: Callable[[T], bool]
-    ) -> tuple[T, bool]:
-        if not self.policy.coalesce:
-            return await compute(), True
-        return await self.cache.flights.run(
-            key.value, compute, self.policy.coalesce_wait_s, shareable
-        )
+    async def peek(self, key_value: str, directives: RequestDirectives) -> CacheEntry | None:
+        """An entry by its stored key (the semantic stage's payloads), through the same error
+        boundary as `lookup` but not counted as a lookup of this request's own key."""
+        try:
+            found = await self.tiers.lookup(key_value)
+        except Exception:  # the cache boundary: a broken tier is a miss
+            log.exception("cache peek failed on route %s", self.route)
+            return None
+        if found is None or not directives.acceptable(found[0].age()):
+            return None
+        return found[0]
 
-    @asynccontextmanager
-    async def lease(self, key: CacheKey) -> AsyncIterator[CacheEntry | None]:
+    async def claim(self, key: CacheKey) -> Claim:
         """Cross-process single flight through Redis, best effort.
 
-        Yields None when this process should compute (it holds the lease, or Redis cannot say),
-        or the entry a peer stored while this process waited for the peer's lease.
+        The claim's `peer` is the entry another process stored while this one waited for its
+        lease; otherwise this process computes, holding the lease (when Redis could grant one)
+        until `release()`, which the caller owes once its answer is stored.
         """
         redis = self.cache.redis
         lease = redis.settings.lease if redis is not None else None
         if redis is None or lease is None or not lease.enabled or not self.tiers.has_l2:
-            yield None
-            return
+            return Claim()
         token = await redis.acquire_lease(key.value, lease.ttl_ms)
         if token is None:
             peer = await self._await_peer(redis, key, lease.ttl_ms / 1000, lease.poll_ms / 1000)
             if peer is not None:
                 if self.tiers.l1 is not None:
                     self.tiers.l1.put_now(key.value, peer)
-                yield peer
-                return
-        try:
-            yield None
-        finally:
-            if token is not None:
-                await redis.release_lease(key.value, token)
+                return Claim(peer=peer)
+            return Claim()
+        return Claim(redis=redis, key=key.value, token=token)
 
     async def _await_peer(
         self, redis: RedisTier, key: CacheKey, budget_s: float, poll_s: float

@@ -94,7 +94,7 @@ def load_embedder(
     progress: Any = None,
 ) -> Embedder:
     try:
-        from backends.local.text_encoder import load_text_encoder
+        from backends.local import load_text_encoder
     except ImportError:
         log.warning(
             "embedder: backends.local.text_encoder is not available; falling back to "

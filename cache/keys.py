@@ -2,7 +2,8 @@
 
 A key string is `<route>.<model>.<tenant>.<digest>`: three short hashes that let a purge find
 entries by route, model or tenant with a prefix pattern, then the 128-bit digest of everything.
-The tenant's header values are only ever hashed; they are never stored.
+The tenant (cache/tenant.py) enters both only through a hash keyed with the deployment secret;
+credential values are never stored.
 """
 
 from __future__ import annotations
@@ -13,9 +14,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cache.tenant import TenantHasher, tenant_of
+
+__all__ = [
+    "CacheKey",
+    "KeyBuilder",
+    "Selector",
+    "canonical",
+    "normalise",
+    "short_hash",
+    "tenant_of",
+]
+
 # Short hashes only locate entries for purges; the full digest decides identity.
 _SHORT = 8
 _DIGEST = 16
+_LONG_TEXT = 64 << 10
 
 
 def normalise(value: Any) -> Any:
@@ -28,6 +42,11 @@ def normalise(value: Any) -> Any:
         if value.is_integer():
             return int(value)
         return value
+    if isinstance(value, str) and len(value) > _LONG_TEXT:
+        # Megabytes of text would be copied through json.dumps holding the GIL; its digest (which
+        # blake2b computes with the GIL released) identifies it as well.
+        data = value.encode("utf-8", "surrogatepass")
+        return {"\x00str": hashlib.blake2b(data, digest_size=_DIGEST).hexdigest()}
     if isinstance(value, (bytes, bytearray, memoryview)):
         # msgpack's bin type has no JSON twin; a tagged form keeps it apart from any string.
         return {"\x00bin": hashlib.blake2b(bytes(value), digest_size=_DIGEST).hexdigest()}
@@ -45,13 +64,6 @@ def short_hash(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=_SHORT).hexdigest()
 
 
-def tenant_of(headers: Mapping[str, str] | None, names: Sequence[str]) -> str:
-    """The tenant identity: the configured headers' values, joined (empty when absent)."""
-    if not names or headers is None:
-        return ""
-    return "\x00".join(headers.get(n, "") for n in names)
-
-
 @dataclass(frozen=True, slots=True)
 class CacheKey:
     """A request's identity in the store; `value` is what tiers index by."""
@@ -65,26 +77,28 @@ class CacheKey:
 class KeyBuilder:
     """Builds keys for one route; the route's hash is computed once."""
 
-    __slots__ = ("_route", "_route_h", "_tenant_headers")
+    __slots__ = ("_hasher", "_route", "_route_h", "_tenant_headers")
 
-    def __init__(self, route: str, tenant_headers: Sequence[str]) -> None:
+    def __init__(self, route: str, tenant_headers: Sequence[str], hasher: TenantHasher) -> None:
+        """tenant_headers: the route's extra credential headers (the built-in ones always count)."""
         self._route = route
         self._route_h = short_hash(route)
         self._tenant_headers = tuple(tenant_headers)
+        self._hasher = hasher
 
     def build(
         self, model: str | None, key_fields: Any, headers: Mapping[str, str] | None
     ) -> CacheKey:
-        tenant = tenant_of(headers, self._tenant_headers)
+        tenant = self._hasher.digest(tenant_of(headers, self._tenant_headers))
         model_s = model or ""
         h = hashlib.blake2b(digest_size=_DIGEST)
         # Length-prefixed parts: no value can shift bytes into its neighbour.
-        for part in (self._route.encode(), model_s.encode(), tenant.encode("utf-8", "replace")):
+        for part in (self._route.encode(), model_s.encode("utf-8", "surrogatepass"), tenant):
             h.update(len(part).to_bytes(4, "little"))
             h.update(part)
         h.update(canonical(key_fields))
         model_h = short_hash(model_s)
-        tenant_h = short_hash(tenant)
+        tenant_h = tenant[:8].hex()
         value = f"{self._route_h}.{model_h}.{tenant_h}.{h.hexdigest()}"
         return CacheKey(value, self._route_h, model_h, tenant_h)
 
@@ -99,12 +113,19 @@ class Selector:
 
     @classmethod
     def of(
-        cls, route: str | None = None, model: str | None = None, tenant: str | None = None
+        cls,
+        route: str | None = None,
+        model: str | None = None,
+        tenant: str | None = None,
+        hasher: TenantHasher | None = None,
     ) -> Selector:
+        """tenant: an identity string (cache.tenant.tenant_of), hashed as keys hash it."""
+        if tenant is not None and hasher is None:
+            raise ValueError("a tenant selector needs the deployment's TenantHasher")
         return cls(
             short_hash(route) if route is not None else None,
             short_hash(model) if model is not None else None,
-            short_hash(tenant) if tenant is not None else None,
+            hasher.short(tenant) if tenant is not None and hasher is not None else None,
         )
 
     def matches(self, key: str) -> bool:

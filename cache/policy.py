@@ -5,10 +5,15 @@ Works on plain header values (strings), so the cache stays free of any HTTP libr
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import email.utils
+import time
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 _PRIVATE = frozenset({"private", "no-store"})
+_REFUSED = frozenset({"private", "no-store", "no-cache"})
+_REFUSED_SSE = _PRIVATE
 
 
 def _directives(value: str | None) -> dict[str, str | None]:
@@ -72,3 +77,88 @@ def response_shareable(status: int, headers: Iterable[tuple[str, str]]) -> bool:
     if 200 <= status < 300:
         return response_storable(status, headers)
     return not any(k.lower() == "set-cookie" for k, _ in headers)
+
+
+def _freshness(headers: Iterable[tuple[str, str]], now: float) -> float | None:
+    """Seconds the upstream lets a shared cache keep its answer (RFC 9111 4.2.1), or None when
+    it does not say: s-maxage over max-age over Expires, less the Age it already has."""
+    cc: dict[str, str | None] = {}
+    expires = date = age = None
+    for k, v in headers:
+        lk = k.lower()
+        if lk == "cache-control":
+            cc.update(_directives(v))
+        elif lk == "expires":
+            expires = v
+        elif lk == "date":
+            date = v
+        elif lk == "age":
+            age = v
+    lifetime: float | None = None
+    for name in ("s-maxage", "max-age"):
+        if name in cc:
+            try:
+                lifetime = max(0.0, float(cc[name] or ""))
+            except ValueError:
+                lifetime = 0.0  # an unreadable bound is the strictest one
+            break
+    if lifetime is None and expires is not None:
+        at = _http_date(expires)
+        base = _http_date(date) if date is not None else None
+        # an invalid Expires (e.g. "0") means already expired (RFC 9111 5.3)
+        lifetime = 0.0 if at is None else max(0.0, at - (base if base is not None else now))
+    if lifetime is None:
+        return None
+    with contextlib.suppress(ValueError):  # an unreadable Age counts as none
+        lifetime -= max(0.0, float(age)) if age is not None else 0.0
+    return max(0.0, lifetime)
+
+
+def _http_date(value: str) -> float | None:
+    try:
+        parsed = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return parsed.timestamp() if parsed is not None else None
+
+
+def storable_ttl(
+    status: int,
+    headers: Iterable[tuple[str, str]],
+    ttl: float,
+    keyed: Collection[str] = (),
+    now: float | None = None,
+) -> tuple[float, str]:
+    """How long an answer may be stored (the route's TTL bounded by the upstream's freshness),
+    or 0 with the reason it may not be.
+
+    Not stored: non-2xx, `Set-Cookie`, `private` / `no-store` / `no-cache` (the gateway does not
+    revalidate; on an event stream no-cache is the streaming hint and does not count), a zero or
+    past freshness, a `Content-Encoding` (the gateway asks for identity on cached routes so
+    every client can take the entry), and a `Vary` on a request header the key does not hold
+    (`keyed`, lower case; Accept-Encoding is neutralised by asking for identity).
+    """
+    if not 200 <= status < 300:
+        return 0.0, "status"
+    headers = list(headers)
+    # Event-stream servers send no-cache so that proxies pass a live stream through instead of
+    # buffering it; it says nothing about replaying the finished stream, so there it is ignored.
+    sse = any(k.lower() == "content-type" and "text/event-stream" in v for k, v in headers)
+    refused = _REFUSED_SSE if sse else _REFUSED
+    for k, v in headers:
+        lk = k.lower()
+        if lk == "set-cookie":
+            return 0.0, "set-cookie"
+        if lk == "cache-control" and refused & _directives(v).keys():
+            return 0.0, "cache-control"
+        if lk == "content-encoding" and v.strip().lower() not in ("", "identity"):
+            return 0.0, "content-encoding"
+        if lk == "vary":
+            for name in v.split(","):
+                name = name.strip().lower()
+                if name and name != "accept-encoding" and name not in keyed:
+                    return 0.0, "vary"
+    fresh = _freshness(headers, time.time() if now is None else now)
+    if fresh is not None and fresh < 1.0:
+        return 0.0, "stale"
+    return (ttl if fresh is None else min(ttl, fresh)), ""

@@ -14,7 +14,9 @@ class _Frozen(BaseModel):
 class KeySettings(_Frozen):
     """What goes into an exact key beyond the protocol's canonical fields."""
 
-    tenant_headers: list[str] = ["Authorization"]
+    # Extra credential headers (e.g. X-Tenant) on top of the built-in set that always partitions
+    # the cache: Authorization, api-key, x-api-key, OpenAI-Organization, OpenAI-Project.
+    tenant_headers: list[str] = []
     ignore_fields: list[str] = []
 
 
@@ -24,6 +26,9 @@ class ExactPolicy(_Frozen):
     tiers: list[Literal["memory", "redis"]] = ["memory", "redis"]
     max_entry_bytes: int = Field(1 << 20, ge=1)
     key: KeySettings = KeySettings()
+    # Only calls whose answer the request determines (temperature 0 or a seed, embeddings, v2
+    # infer) are answered from the cache; false also caches sampled calls (replays one sample).
+    only_deterministic: bool = True
     # Identical concurrent misses share one backend call; a waiter gives up after coalesce_wait_s.
     coalesce: bool = True
     coalesce_wait_s: float = Field(30.0, gt=0)
@@ -41,6 +46,10 @@ class SemanticPolicy(_Frozen):
     max_entries: int = Field(100_000, ge=1)
     ttl: float = Field(3600.0, gt=0)
     min_chars: int = Field(8, ge=0)
+    # Longer texts skip the stage (reason "too_long"): the embedder reads 256 tokens (~1,000
+    # characters), so two long prompts sharing a start would look alike; and no request's
+    # tokenising may stall the others.
+    max_chars: int = Field(2048, ge=1)
     field: str | None = None
     # With the verifier on, `threshold` is the cosine floor for candidates and this is the
     # verifier's acceptance score; None = the operating point stored in the trained artifact.
@@ -117,6 +126,9 @@ class SemanticIndexSettings(_Frozen):
 
 
 class CacheSettings(_Frozen):
+    # Keys tenant hashes (blake2b); None: $LATENTGATE_TENANT_SECRET, else generated at start
+    # (shared by the workers of one server, not by other sidecars: see docs/security.md).
+    tenant_secret: str | None = Field(None, repr=False)
     memory: MemorySettings = MemorySettings()
     redis: RedisSettings | None = None
     semantic: SemanticIndexSettings = SemanticIndexSettings()

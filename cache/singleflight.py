@@ -4,6 +4,10 @@ The first caller (leader) runs it; the others wait on its future, bounded in tim
 result or its exception (no retry storm). A cancelled leader hands over: its waiters start again
 and one becomes the new leader. A waiter that times out, or gets an answer it may not share,
 computes on its own.
+
+Two ways to use it: `run(key, compute)` when the computation is one awaitable, or `try_lead` /
+`wait` when leadership outlives a call, as when a streamed answer is still going out to the
+leader's client and the flight must stay open until the stream has been recorded.
 """
 
 from __future__ import annotations
@@ -30,6 +34,39 @@ class SingleFlight(Generic[T]):
 
     def in_flight(self) -> int:
         return len(self._flights)
+
+    def try_lead(self, key: str) -> Lead[T] | None:
+        """Leadership of `key` when no flight is open for it, else None (then `wait`)."""
+        if key in self._flights:
+            return None
+        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._flights[key] = fut
+        return Lead(self, key, fut)
+
+    async def wait(self, key: str, wait_s: float) -> T:
+        """The open flight's result. Raises its exception, LeaderGone when the leader gave up
+        (try again: one caller becomes the new leader) or TimeoutError; counts each outcome."""
+        fut = self._flights.get(key)
+        if fut is None:
+            raise LeaderGone()
+        try:
+            result = await self._wait(fut, wait_s)
+        except LeaderGone:
+            raise
+        except TimeoutError:
+            self._count("timeout")
+            raise
+        except BaseException:
+            self._count("error")
+            raise
+        self._count("shared")
+        return result
+
+    def _close(self, key: str, fut: asyncio.Future[T]) -> None:
+        if self._flights.get(key) is fut:
+            del self._flights[key]
+        if fut.done() and not fut.cancelled():
+            fut.exception()  # marks it retrieved when nobody was waiting
 
     async def run(
         self,
@@ -93,3 +130,32 @@ class SingleFlight(Generic[T]):
     def _count(self, outcome: str) -> None:
         if self._metrics is not None:
             self._metrics.coalesced.labels(outcome).inc()
+
+
+class Lead(Generic[T]):
+    """One caller's leadership of a flight; exactly one of done / fail / abandon ends it."""
+
+    __slots__ = ("_flight", "_fut", "_key")
+
+    def __init__(self, flight: SingleFlight[T], key: str, fut: asyncio.Future[T]) -> None:
+        self._flight = flight
+        self._key = key
+        self._fut = fut
+
+    @property
+    def open(self) -> bool:
+        return not self._fut.done()
+
+    def done(self, result: T) -> None:
+        if not self._fut.done():
+            self._fut.set_result(result)
+        self._flight._close(self._key, self._fut)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self._fut.done():
+            self._fut.set_exception(exc)
+        self._flight._close(self._key, self._fut)
+
+    def abandon(self) -> None:
+        """The leader stopped without an answer (cancelled): waiters start again."""
+        self.fail(LeaderGone())

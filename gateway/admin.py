@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from cache import identity_from_purge
 from gateway.errors import BadRequest, GatewayError, NotFound, Unauthorized, error_body
 from gateway.readiness import readiness
 from gateway.redact import redact
@@ -76,6 +77,8 @@ async def admin_config(request: web.Request) -> web.Response:
     data = state.settings.model_dump(mode="json")
     if data.get("admin", {}).get("token"):
         data["admin"]["token"] = "***"
+    if data.get("cache", {}).get("tenant_secret"):
+        data["cache"]["tenant_secret"] = "***"
     return _json(json.loads(redact(json.dumps(data))))  # e.g. passwords in Redis/replica URLs
 
 
@@ -90,24 +93,27 @@ async def admin_cache_purge(request: web.Request) -> web.Response:
     """Body: {"route": r} | {"model": m} | {"tenant": t} (any combination, all must match)
     | {"all": true}.
 
-    tenant is the tenant header's value as clients send it (a list when a route names several
-    headers); it is hashed here exactly as keys hash it.
+    tenant is the credential headers as clients send them, {"Authorization": "Bearer ..",
+    "OpenAI-Organization": ".."} (every one the entries were stored with), or a bare Authorization
+    value; it is hashed here exactly as keys hash it.
     """
     cache = request.app[STATE].cache
     if cache is None:
         raise NotFound("no cache is configured")
     try:
         doc = json.loads(await request.read() or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # JSON, UTF-8, or an integer out of range
         raise BadRequest("the purge body must be a JSON object") from None
     if not isinstance(doc, dict) or set(doc) - {"route", "model", "tenant", "all"}:
         raise BadRequest("the purge body takes route, model, tenant or all")
-    tenant = doc.get("tenant")
-    if isinstance(tenant, list) and all(isinstance(t, str) for t in tenant):
-        tenant = "\x00".join(tenant)
+    tenant = None
+    if doc.get("tenant") is not None:
+        tenant = identity_from_purge(doc["tenant"])
+        if tenant is None:
+            raise BadRequest("tenant must be {header: value} or an Authorization value (string)")
     fields = {"route": doc.get("route"), "model": doc.get("model"), "tenant": tenant}
     if any(v is not None and not isinstance(v, str) for v in fields.values()):
-        raise BadRequest("route, model and tenant must be strings (tenant: or a list of strings)")
+        raise BadRequest("route and model must be strings")
     if all(v is None for v in fields.values()) and doc.get("all") is not True:
         raise BadRequest("say what to purge: route, model, tenant, or all: true")
     removed = await cache.purge(**fields)

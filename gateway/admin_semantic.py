@@ -11,7 +11,7 @@ import json
 
 from aiohttp import web
 
-from cache.semantic.setup import SemanticSetup
+from cache import SemanticSetup
 from gateway.admin import guarded
 from gateway.errors import BadRequest, NotFound
 
@@ -20,7 +20,7 @@ def register(app: web.Application, semantic: SemanticSetup) -> None:
     async def wrong_hit(request: web.Request) -> web.Response:
         try:
             doc = json.loads(await request.read())
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # JSON, UTF-8, or an integer out of range
             raise BadRequest("the body must be a JSON object") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("entry"), str):
             raise BadRequest("'entry' (the X-Cache-Entry header of the wrong hit) is required")

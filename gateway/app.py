@@ -7,20 +7,28 @@ from typing import Any
 
 from aiohttp import web
 
-from backends import Backend, build_backends
-from backends.local.shared import EngineShare
-from backends.remote.metrics import RemoteMetrics
-from backends.settings import BackendSettings
-from cache.cache import Cache
-from cache.semantic.setup import build_semantic, semantic_routes
+from backends import Backend, BackendSettings, RemoteMetrics, build_backends
+from backends.local import EngineShare
+from cache import (
+    Cache,
+    CacheEntry,
+    CacheFlow,
+    Flows,
+    NoSemantic,
+    SemanticRoute,
+    SingleFlight,
+    build_semantic,
+    semantic_routes,
+)
 from gateway import admin, admin_semantic, reload, v2_server
-from gateway.cache_stage import CacheStage
 from gateway.config import RouteSettings, Settings
 from gateway.drain import unless_draining
 from gateway.metrics import Metrics
-from gateway.middleware import listener_roles
+from gateway.middleware import listener_roles, request_target
 from gateway.pipeline import Pipeline
+from gateway.protocols.anthropic import AnthropicAdapter
 from gateway.protocols.base import Adapter
+from gateway.protocols.grpc import GrpcRouteAdapter
 from gateway.protocols.openai import OpenAIAdapter
 from gateway.protocols.passthrough import PassthroughAdapter
 from gateway.protocols.v2 import V2Adapter
@@ -31,9 +39,13 @@ from gateway.tracing import build_tracing
 
 def build_adapter(route: RouteSettings) -> Adapter:
     if route.protocol == "openai":
-        return OpenAIAdapter(frozenset(route.cache.exact.key.ignore_fields))
+        return OpenAIAdapter(frozenset(route.cache.exact.key.ignore_fields), route.limits.max_items)
+    if route.protocol == "anthropic":
+        return AnthropicAdapter(frozenset(route.cache.exact.key.ignore_fields))
     if route.protocol == "v2":
-        return V2Adapter(route.cache.semantic.field)
+        return V2Adapter(route.cache.semantic.field, route.limits.max_items)
+    if route.protocol == "grpc":
+        return GrpcRouteAdapter()
     return PassthroughAdapter()
 
 
@@ -48,7 +60,7 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
 
     def engine_metrics() -> Any:
         if not local_metrics:
-            from backends.local.metrics import LocalMetrics
+            from backends.local import LocalMetrics
 
             local_metrics.append(LocalMetrics(metrics.registry))
         return local_metrics[0]
@@ -70,16 +82,26 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     backends = make_backends(settings.backends)
     router = build_router(settings)
     cache = Cache(settings.cache, metrics.registry)
-    route_caches = {
-        r.name: rc for r in settings.routes if (rc := cache.for_route(r.name, r.cache.exact))
-    }
     semantic = build_semantic(
         settings.cache, metrics.registry, settings.routes, engine_metrics, engines
     )
     if semantic is not None:
         cache.purge_listeners.append(semantic.purge)
-    stage = CacheStage(route_caches, semantic_routes(semantic))
-    pipeline = Pipeline(router, backends, metrics, settings.limits, stage)
+    by_route: Mapping[str, SemanticRoute] = semantic_routes(semantic)
+    no_semantic = NoSemantic()
+    flights: SingleFlight[CacheEntry | None] = cache.flights
+
+    def build_flows(routes: list[RouteSettings]) -> dict[str, CacheFlow]:
+        """Each cached route's flow; routes share the process's single flight."""
+        flows = {}
+        for r in routes:
+            rc = cache.for_route(r.name, r.cache.exact)
+            if rc is not None:
+                flows[r.name] = CacheFlow(rc, by_route.get(r.name, no_semantic), flights)
+        return flows
+
+    flows = Flows(build_flows(settings.routes))
+    pipeline = Pipeline(router, backends, metrics, settings.limits, flows)
     pipeline.tracing = build_tracing(settings.tracing)
     state = AppState(
         settings=settings,
@@ -92,10 +114,10 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
 
     def swap_policies(new: Settings) -> None:
         """A reload's cache policies: each route's cache rebuilt from its new exact policy."""
-        routes = {r.name: rc for r in new.routes if (rc := cache.for_route(r.name, r.cache.exact))}
-        for name in [n for n in cache.routes if n not in routes]:
+        new_flows = build_flows(new.routes)
+        for name in [n for n in cache.routes if n not in new_flows]:
             del cache.routes[name]
-        stage.replace_routes(routes)
+        flows.replace(new_flows)
 
     def pool_source() -> dict[str, dict[str, dict[str, int]]]:
         out = {}
@@ -110,6 +132,7 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     app = web.Application(client_max_size=settings.limits.max_body_bytes, handler_args=None)
     app[STATE] = state
     listener_roles.install(app, separate=settings.admin.listener is not None)
+    request_target.install(app)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await cache.open()
@@ -130,6 +153,10 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
         await cache.aclose()
 
     app.cleanup_ctx.append(lifecycle)
+    if any(lst.protocol == "grpc" for lst in settings.listeners):
+        from gateway.grpc import server as grpc_server  # grpc loads only when a listener needs it
+
+        grpc_server.install(app, state)  # after `lifecycle`: starts after, stops before backends
     admin.register(app)
     v2_server.register(app)
     reload.register(app, config_path, build_router, make_backends, swap_policies)

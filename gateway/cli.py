@@ -8,7 +8,7 @@ import os
 import sys
 
 from backends import preflight
-from cache.semantic.setup import preflight as semantic_preflight
+from cache import semantic_preflight
 from gateway.config import ConfigError, ListenerSettings, Settings, load_settings
 from gateway.redact import install_redaction
 from gateway.version import version
@@ -19,7 +19,7 @@ DEFAULT_CONFIG = "config/latentgate.yaml"
 def _apply_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     listeners = list(settings.listeners)
     if args.host is not None or args.port is not None:
-        tcp = [lst for lst in listeners if lst.unix is None]
+        tcp = [lst for lst in listeners if lst.unix is None and lst.protocol == "http"]
         base = tcp[0] if tcp else ListenerSettings(host="127.0.0.1", port=8080)
         new = base.model_copy(
             update={
@@ -27,7 +27,7 @@ def _apply_flags(settings: Settings, args: argparse.Namespace) -> Settings:
                 "port": args.port if args.port is not None else base.port,
             }
         )
-        listeners = [new] + [lst for lst in listeners if lst.unix is not None]
+        listeners = [new] + [lst for lst in listeners if lst not in tcp]
     if args.uds:
         listeners.append(ListenerSettings(name="uds", unix=args.uds))
     update: dict[str, object] = {"listeners": listeners}
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "build":
-        from backends.local.build import run_build
+        from backends.local import run_build
 
         return run_build(
             args.model,

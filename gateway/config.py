@@ -17,8 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from backends.settings import BackendSettings, RoutePolicy
-from cache.settings import CachePolicy, CacheSettings
+from backends import BackendSettings, RoutePolicy
+from cache import CachePolicy, CacheSettings
 
 
 class _Frozen(BaseModel):
@@ -26,9 +26,13 @@ class _Frozen(BaseModel):
 
 
 class ListenerSettings(_Frozen):
-    """A named network location: a TCP host:port or a unix socket path (not both)."""
+    """A named network location: a TCP host:port or a unix socket path (not both).
+
+    protocol: `http` (the aiohttp edge) or `grpc` (Open Inference v2 over gRPC, gateway/grpc).
+    """
 
     name: str = "main"
+    protocol: Literal["http", "grpc"] = "http"
     host: str | None = None
     port: int | None = Field(None, ge=0, le=65535)
     unix: str | None = None
@@ -94,13 +98,21 @@ class RouteMatch(_Frozen):
         return self
 
 
+class RouteLimits(_Frozen):
+    # Items per request: /v1/embeddings `input` entries, v2 infer batch rows (a tensor's first
+    # dimension). More → 413 before any tokenising or dispatch.
+    max_items: int = Field(2048, ge=1)
+
+
 class RouteSettings(_Frozen):
     name: str
     match: RouteMatch
-    protocol: Literal["openai", "v2", "passthrough"] = "passthrough"
+    # grpc: routes the gRPC listener reads (match paths are gRPC method paths).
+    protocol: Literal["openai", "anthropic", "v2", "passthrough", "grpc"] = "passthrough"
     backend: str
     cache: CachePolicy = CachePolicy()
     upstream: RoutePolicy = RoutePolicy()
+    limits: RouteLimits = RouteLimits()
 
 
 class Settings(_Frozen):
@@ -125,6 +137,11 @@ class Settings(_Frozen):
             if route.name in names:
                 raise ValueError(f"route name {route.name!r} is used twice")
             names.add(route.name)
+            backend = self.backends[route.backend]
+            if route.protocol != "grpc" and getattr(backend, "wire", "http") == "grpc":
+                raise PydanticCustomError(
+                    _BACKEND_REF, _http_to_grpc(route.name, route.protocol, route.backend)
+                )
         for name in self.readiness.require:
             spec = self.backends.get(name)
             if spec is None:
@@ -147,9 +164,24 @@ def _missing_backend(route: object, backend: object, backends: Mapping[str, obje
     )
 
 
+def _http_to_grpc(route: object, protocol: object, backend: object) -> str:
+    return (
+        f"route {route!r} is {protocol} over HTTP but backend {backend!r} speaks gRPC; "
+        "give the route protocol: grpc"
+    )
+
+
+def _speaks_grpc(spec: Any) -> bool:
+    replicas = spec.get("replicas") if isinstance(spec, dict) else None
+    return isinstance(replicas, list) and any(
+        isinstance(u, str) and u.startswith(("grpc://", "grpc+unix:")) for u in replicas
+    )
+
+
 def _reference_issues(data: Any, lines: dict[tuple[str, ...], int]) -> list[ConfigIssue]:
-    """Routes naming a missing backend, found on the raw tree so they are reported alongside
-    field errors (the model validator only runs once every field is valid)."""
+    """Routes naming a missing backend, or an HTTP route naming a gRPC pool, found on the raw
+    tree so they are reported alongside field errors (the model validator only runs once every
+    field is valid)."""
     backends = data.get("backends")
     routes = data.get("routes")
     if not isinstance(backends, dict) or not isinstance(routes, list):
@@ -161,6 +193,12 @@ def _reference_issues(data: Any, lines: dict[tuple[str, ...], int]) -> list[Conf
             path = ("routes", str(i), "backend")
             msg = _missing_backend(route.get("name"), backend, backends)
             issues.append(ConfigIssue(".".join(path), lines.get(path), msg))
+        elif isinstance(backend, str) and _speaks_grpc(backends[backend]):
+            protocol = route.get("protocol", "passthrough")
+            if protocol != "grpc":
+                path = ("routes", str(i), "protocol")
+                msg = _http_to_grpc(route.get("name"), protocol, backend)
+                issues.append(ConfigIssue(".".join(path), lines.get(path), msg))
     return issues
 
 

@@ -63,10 +63,28 @@ class GatewayTimeout(GatewayError):
     error_type = "upstream_timeout"
 
 
+# The Messages API's error types by status (https://docs.anthropic.com/en/api/errors).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
 def error_body(protocol: str, err: GatewayError) -> bytes:
     """The error envelope clients of each protocol already parse."""
     if protocol == "v2":
         return json.dumps({"error": err.message}).encode()
+    if protocol == "anthropic":
+        kind = _ANTHROPIC_TYPES.get(err.status, "api_error")
+        return json.dumps(
+            {"type": "error", "error": {"type": kind, "message": err.message}}
+        ).encode()
     payload: dict[str, object] = {
         "message": err.message,
         "type": err.error_type,

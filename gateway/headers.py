@@ -28,6 +28,9 @@ def _connection_tokens(value: str) -> frozenset[str]:
     return frozenset(t.strip().lower() for t in value.split(",") if t.strip())
 
 
+_ACCEPT_ENCODING = frozenset({"accept-encoding"})
+
+
 def upstream_headers(
     raw: Iterable[tuple[str, str]],
     *,
@@ -35,8 +38,13 @@ def upstream_headers(
     proto: str,
     host: str | None,
     keep_length: bool = False,
+    identity: bool = False,
 ) -> list[tuple[str, str]]:
+    """Headers for the upstream hop. `identity` asks for an uncompressed answer (cached routes:
+    one stored entry must suit every client, whatever codings each accepts)."""
     drop = _DROP_UP_KEEP_LENGTH if keep_length else _DROP_UP
+    if identity:
+        drop = drop | _ACCEPT_ENCODING
     out: list[tuple[str, str]] = []
     prior_for: str | None = None
     named: frozenset[str] = frozenset()  # headers the client's Connection header names
@@ -63,6 +71,8 @@ def upstream_headers(
     out.append(("X-Forwarded-Proto", proto))
     if host:
         out.append(("X-Forwarded-Host", host))
+    if identity:
+        out.append(("Accept-Encoding", "identity"))
     return out
 
 

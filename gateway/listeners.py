@@ -34,6 +34,8 @@ def make_sites(
 ) -> list[web.BaseSite]:
     sites: list[web.BaseSite] = []
     for lst in listeners:
+        if lst.protocol != "http":
+            continue  # gRPC listeners are the gRPC server's (gateway/grpc/server.py)
         if lst.unix is not None:
             sock = unix_socks.get(lst.unix) or bind_unix(lst.unix)
             sites.append(web.SockSite(runner, sock))

@@ -1,14 +1,18 @@
-"""One request end to end: route → read and parse → dispatch → respond, with Server-Timing.
+"""One request end to end: route → read and parse → (cache flow) → dispatch → respond.
 
-Cache stages plug in between parse and dispatch; nothing here talks to Redis or runs a model.
+On a cached route the pipeline parses, asks the route's cache flow (cache/flow.py) with one
+backend callable, and hands what it got to the response writer (gateway/responses.py). Nothing
+here talks to Redis, runs a model, or decides what is cached.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextvars import ContextVar
 
 from aiohttp import web
@@ -24,7 +28,17 @@ from backends import (
     UpstreamResponse,
     UpstreamTimeout,
 )
-from gateway.cache_stage import CacheStage
+from cache import (
+    ALIAS_MAX_BODY,
+    AliasKey,
+    Ask,
+    CacheFlow,
+    Flows,
+    Hit,
+    request_directives,
+    tenant_of,
+)
+from gateway import responses
 from gateway.config import LimitSettings
 from gateway.errors import (
     BadGateway,
@@ -36,40 +50,22 @@ from gateway.errors import (
     PayloadTooLarge,
     RequestTimeout,
     ServiceUnavailable,
-    error_body,
 )
-from gateway.headers import downstream_headers, upstream_headers
+from gateway.headers import upstream_headers
 from gateway.metrics import Metrics
-from gateway.protocols.base import Call
+from gateway.protocols.base import KEYED_HEADERS, Call
+from gateway.render import framing_of
 from gateway.routing import Route, Router
 from gateway.runtime import Runtime
+from gateway.timing import Timing
 from gateway.tracing import NoTracing, Tracing
 
 log = logging.getLogger("latentgate.pipeline")
 
 # Passthrough bodies larger than this (or of unknown length) stream through instead of buffering.
 _STREAM_BODY_OVER = 1 << 20
-
-
-class Timing:
-    """Stage durations for Server-Timing, in insertion order."""
-
-    __slots__ = ("stages", "start")
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.stages: list[tuple[str, float]] = []
-
-    def add(self, name: str, since: float) -> float:
-        now = time.perf_counter()
-        self.stages.append((name, now - since))
-        return now
-
-    def header(self) -> str:
-        total = time.perf_counter() - self.start
-        parts = [f"{n};dur={d * 1000:.3f}" for n, d in self.stages]
-        parts.append(f"total;dur={total * 1000:.3f}")
-        return ", ".join(parts)
+# Bodies larger than this are parsed (and keyed) in a worker thread.
+_PARSE_INLINE = 256 << 10
 
 
 class Pipeline:
@@ -79,9 +75,9 @@ class Pipeline:
         backends: Mapping[str, Backend],
         metrics: Metrics,
         limits: LimitSettings,
-        cache: CacheStage | None = None,
+        flows: Flows | None = None,
     ) -> None:
-        self.cache = cache
+        self.flows = flows if flows is not None else Flows()
         # Routes and backends live in one swappable Runtime (gateway/reload.py swaps it); each
         # request pins the generation it started on, so in-flight work finishes on the old one.
         self.runtime = Runtime(router, backends)
@@ -137,7 +133,10 @@ class Pipeline:
             return resp
         except GatewayError as err:
             status = err.status
-            return self._error(protocol, err, timing)
+            return responses.error(protocol, err, timing)
+        except BadInput as exc:  # a shared codec (backends.v2tensors) found the client's mistake
+            status = 400
+            return responses.error(protocol, BadRequest(str(exc)), timing)
         finally:
             self.metrics.observe_request(
                 route_name, backend_name, status, time.perf_counter() - timing.start
@@ -163,14 +162,16 @@ class Pipeline:
             body = await self._read_body(request)
         else:
             body = self._stream_body(request)
-        if cached and self.cache is not None and len(candidates) == 1 and isinstance(body, bytes):
+        flow = self.flows.get(route.name) if cached and isinstance(body, bytes) else None
+        if flow is not None and len(candidates) == 1 and isinstance(body, bytes):
             # Exact-cache fast path: these very bytes were parsed before and their answer is in L1.
-            hit = self.cache.fast_hit(request, route.name, body, timing)
+            hit = self._fast_hit(request, flow, body, timing)
             if hit is not None:
                 return hit
         call: Call | None = None
         if isinstance(body, bytes) and (route.protocol != "passthrough" or cached):
-            call = route.adapter.parse(
+            parse = functools.partial(
+                route.adapter.parse,
                 request.method,
                 request.path,
                 request.query_string,
@@ -178,6 +179,9 @@ class Pipeline:
                 body,
                 request.headers,
             )
+            # Megabytes of JSON take 100s of ms to decode: off the event loop, so health checks
+            # and cache hits keep being answered meanwhile.
+            call = await asyncio.to_thread(parse) if len(body) > _PARSE_INLINE else parse()
             if len(candidates) > 1:
                 picked = Router.pick_by_model(candidates, call.model if call else None)
                 if picked is None:
@@ -185,6 +189,7 @@ class Pipeline:
                         f"no route for model {call.model if call else None!r} on {request.path}"
                     )
                 route = picked
+                flow = self.flows.get(route.name)
             t = timing.add("parse", t)
 
         def upstream_request() -> UpstreamRequest:
@@ -197,6 +202,7 @@ class Pipeline:
                     proto=request.scheme,
                     host=request.host,
                     keep_length=not isinstance(body, bytes),
+                    identity=flow is not None,
                 ),
                 body=body
                 if (isinstance(body, bytes) and body) or not isinstance(body, bytes)
@@ -204,31 +210,79 @@ class Pipeline:
                 policy=route.upstream,
             )
 
-        # Exact-cache stage: between parse and dispatch; the stage calls the backend on a miss.
-        rc = (
-            self.cache.routes.get(route.name)
-            if self.cache is not None and call is not None
-            else None
-        )
-        if (
-            rc is not None
-            and call is not None
-            and self.cache is not None
-            and isinstance(body, bytes)
-        ):
-            return await self.cache.serve(
-                request,
-                rc,
-                call,
-                body,
-                lambda: self._send(route, upstream_request()),
-                lambda up, extra: self._respond(request, up, timing, extra),
-                timing,
-                t,
-            )
+        if flow is not None and call is not None and isinstance(body, bytes):
+            return await self._cached(request, route, flow, call, body, timing, upstream_request)
         upstream = await self._send(route, upstream_request())
-        t = timing.add("upstream", t)
-        return await self._respond(request, upstream, timing)
+        timing.add(self.backends[route.backend].timing_stage, t)
+        return await responses.upstream(request, upstream, timing, self._count_cut)
+
+    async def _cached(
+        self,
+        request: web.Request,
+        route: Route,
+        flow: CacheFlow,
+        call: Call,
+        body: bytes,
+        timing: Timing,
+        upstream_request: Callable[[], UpstreamRequest],
+    ) -> web.StreamResponse:
+        headers = request.headers
+        framing = framing_of(call)
+        if len(body) > _PARSE_INLINE:  # canonicalising megabytes is as slow as parsing them
+            key = await asyncio.to_thread(flow.key, call.model, call.key_fields, headers)
+        else:
+            key = flow.key(call.model, call.key_fields, headers)
+        flow.aliases.remember(self._alias(request, flow, body), key, framing)
+        ask = Ask(
+            key=key,
+            directives=request_directives(headers.get("Cache-Control"), headers.get("Pragma")),
+            call=call,
+            kind=call.kind,
+            answers=framing,
+            clock=timing,
+            compute_stage=self.backends[route.backend].timing_stage,
+        )
+        try:
+            result = await flow.run(ask, lambda: self._send(route, upstream_request()))
+        except UpstreamError as exc:  # the leader's stream broke: its waiters get a 502 too
+            raise BadGateway(f"upstream {route.backend} failed: {exc}") from None
+        if isinstance(result, Hit):
+            return responses.cached(result, framing, timing)
+        return await responses.fresh(request, result, timing, self._count_cut)
+
+    def _alias(self, request: web.Request, flow: CacheFlow, body: bytes) -> AliasKey:
+        # with the headers an adapter keys on (same bytes, other anthropic-version: another key)
+        tenant = tenant_of(request.headers, (*flow.rc.tenant_headers, *KEYED_HEADERS))
+        return (
+            flow.route,
+            request.method,
+            request.path_qs,
+            request.headers.get("Content-Type", ""),
+            request.headers.get("Inference-Header-Content-Length", ""),
+            # hashed: even this in-process map never holds a credential in clear
+            hashlib.blake2b(tenant.encode()).digest(),
+            body,
+        )
+
+    def _fast_hit(
+        self, request: web.Request, flow: CacheFlow, body: bytes, timing: Timing
+    ) -> web.Response | None:
+        """An L1 hit for bytes seen before, without parsing; None sends the request the long way."""
+        if len(body) > ALIAS_MAX_BODY:
+            return None
+        headers = request.headers
+        if "Cache-Control" in headers or "Pragma" in headers:
+            return None
+        found = flow.fast_hit(self._alias(request, flow, body))
+        if found is None:
+            return None
+        entry, framing = found
+        t = timing.add("parse", timing.start)  # the alias lookup stands in for parsing
+        timing.add("cache", t)
+        return responses.cached(Hit(entry, "hit"), framing, timing)  # type: ignore[arg-type]
+
+    def _count_cut(self) -> None:
+        self.metrics.upstream_errors.labels("-", "stream_cut").inc()
 
     async def _send(self, route: Route, req: UpstreamRequest) -> UpstreamResponse:
         backend = self.backends[route.backend]
@@ -279,48 +333,3 @@ class Pipeline:
             if seen > self.limits.max_body_bytes:
                 raise PayloadTooLarge(f"request body exceeds {self.limits.max_body_bytes} bytes")
             yield chunk
-
-    async def _respond(
-        self,
-        request: web.Request,
-        up: UpstreamResponse,
-        timing: Timing,
-        extra: Mapping[str, str] | None = None,
-    ) -> web.StreamResponse:
-        headers = downstream_headers(up.headers)
-        if extra:
-            # The gateway's own headers (X-Cache, Age) replace any the upstream sent.
-            names = {k.lower() for k in extra}
-            headers = [(k, v) for k, v in headers if k.lower() not in names]
-            headers.extend(extra.items())
-        if up.body is not None or up.stream is None:
-            headers.append(("Server-Timing", timing.header()))
-            return web.Response(status=up.status, reason=up.reason, headers=headers, body=up.body)
-        length = up.header("Content-Length")
-        headers.append(("Server-Timing", timing.header()))
-        resp = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
-        if length is not None and length.isdigit():
-            resp.content_length = int(length)
-        stream = up.stream
-        try:
-            await resp.prepare(request)
-            async for chunk in stream:
-                await resp.write(chunk)
-            await resp.write_eof()
-        except UpstreamError as exc:
-            # Headers are gone: the honest signal is a connection cut before the terminating chunk.
-            log.warning("upstream stream broke mid-way: %s", exc)
-            self.metrics.upstream_errors.labels("-", "stream_cut").inc()
-            if request.transport is not None:
-                request.transport.close()
-        finally:
-            await stream.aclose()  # type: ignore[attr-defined]
-        return resp
-
-    def _error(self, protocol: str, err: GatewayError, timing: Timing) -> web.Response:
-        headers = {
-            "Content-Type": "application/json",
-            "Server-Timing": timing.header(),
-            **err.headers,
-        }
-        return web.Response(status=err.status, body=error_body(protocol, err), headers=headers)

@@ -17,8 +17,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import Counter, Gauge
 
-from backends import Backend
-from backends.settings import BackendSettings
+from backends import Backend, BackendSettings
 from gateway.admin import guarded
 from gateway.config import ConfigError, Settings, load_settings
 from gateway.routing import Router

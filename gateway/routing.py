@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from backends.settings import RoutePolicy
-from cache.settings import CachePolicy
+from backends import RoutePolicy
+from cache import CachePolicy
 from gateway.config import RouteSettings
 from gateway.protocols.base import Adapter
 

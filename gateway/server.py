@@ -11,10 +11,12 @@ import signal
 import socket
 import sys
 
+from cache import share_generated_secret
 from gateway import access_log
 from gateway.app import build_app
 from gateway.config import Settings
 from gateway.connections import ConnectionGuard, GuardedAppRunner
+from gateway.grpc import GRPC
 from gateway.listeners import bind_unix, make_sites
 from gateway.middleware.listener_roles import ROLES
 from gateway.reload import RELOADER
@@ -40,6 +42,9 @@ async def serve(
 ) -> None:
     app = build_app(settings, config_path)
     state = app[STATE]
+    grpc_listeners = app.get(GRPC)
+    if grpc_listeners is not None:
+        grpc_listeners.reuse_port = reuse_port
     limits = settings.limits
     runner = GuardedAppRunner(
         app,
@@ -77,11 +82,19 @@ async def serve(
         state.pipeline.in_flight,
     )
     state.draining = True  # gateway.drain turns new route requests away from here on
+    # The gRPC listener drains beside HTTP: new calls refused now, in-flight ones finish.
+    grpc_drain = (
+        asyncio.create_task(grpc_listeners.drain(limits.shutdown_grace_s))
+        if grpc_listeners is not None
+        else None
+    )
     try:
         async with asyncio.timeout(limits.shutdown_grace_s):
             await state.pipeline.idle.wait()
     except TimeoutError:
         log.warning("grace period over with %d requests in flight", state.pipeline.in_flight)
+    if grpc_drain is not None:
+        await grpc_drain
     for site in sites:
         await site.stop()
     await runner.cleanup()
@@ -102,6 +115,9 @@ def _tune_gc() -> None:
 
 
 def run(settings: Settings, workers: int = 1, config_path: str | None = None) -> int:
+    # Before any fork: every worker must hash tenants with the same secret, or a worker could
+    # neither read its siblings' entries in Redis nor purge them.
+    share_generated_secret(settings.cache.tenant_secret, os.environ)
     if workers <= 1:
         with asyncio.Runner(loop_factory=_new_loop) as runner:
             runner.run(serve(settings, config_path=config_path))

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from backends import Backend
-from cache.cache import Cache
+from cache import Cache
 from gateway.config import Settings
 from gateway.metrics import Metrics
 from gateway.pipeline import Pipeline

@@ -16,7 +16,7 @@ from backends import UpstreamRequest
 from gateway.config import TracingSettings
 
 if TYPE_CHECKING:
-    from gateway.pipeline import Timing
+    from gateway.timing import Timing
 
 log = logging.getLogger("latentgate.tracing")
 

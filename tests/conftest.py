@@ -12,7 +12,7 @@ import pytest
 
 from gateway.app import build_app
 from gateway.config import Settings
-from tests.support.servers import RedisServer, ServerThread, wait_semantic
+from tests.support.servers import RedisServer, ServerThread
 from tests.support.upstream import build_upstream
 
 
@@ -74,8 +74,6 @@ def start_gateway() -> Iterator[Callable[..., ServerThread]]:
         settings = Settings.model_validate(config)
         server = ServerThread(lambda: build_app(settings), uds=uds).start()
         started.append(server)
-        if server.port:
-            wait_semantic(server.url)
         return server
 
     yield start

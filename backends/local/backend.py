@@ -11,8 +11,9 @@ import asyncio
 import json
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from backends.base import UpstreamRequest, UpstreamResponse
 from backends.errors import BadInput, EngineError, ModelNotFound
@@ -58,6 +59,8 @@ def _json(doc: Any, status: int = 200) -> UpstreamResponse:
 
 
 class LocalBackend:
+    timing_stage = "engine"
+
     def __init__(
         self,
         name: str,
@@ -190,7 +193,7 @@ class LocalBackend:
         raise ModelNotFound(f"{method} {path} is not served by local model {self.model_name}")
 
     async def _embeddings(self, body: bytes) -> UpstreamResponse:
-        req = parse_embeddings(body)
+        req = await _maybe_thread(len(body) > _INLINE_BYTES, parse_embeddings, body)
         if req.model != self.model_name:
             raise ModelNotFound(
                 f"model '{req.model}' is not served here (this is {self.model_name})"
@@ -200,9 +203,10 @@ class LocalBackend:
             raise BadInput(f"model {self.model_name} is not an embedding model")
         if req.dimensions is not None and req.dimensions != self.encoder.dim:
             raise BadInput(f"'dimensions' must be {self.encoder.dim} for {self.model_name}")
-        tokens = self.encoder.tokenize(req.texts)
+        tokens = await self.encoder.atokenize(req.texts)
         vectors = await self.encoder.aencode_tokens(tokens)
-        body = embeddings_response(self.model_name, vectors, sum(len(t.ids) for t in tokens),
+        body = await _maybe_thread(len(tokens) > _INLINE_ROWS, embeddings_response,
+                                   self.model_name, vectors, sum(len(t.ids) for t in tokens),
                                    req.encoding_format)  # fmt: skip
         return UpstreamResponse(200, "OK", [("Content-Type", "application/json")], body=body)
 
@@ -221,17 +225,20 @@ class LocalBackend:
                 "inputs": inputs, "outputs": outputs}  # fmt: skip
 
     async def _infer(self, body: bytes, header_length: str | None) -> UpstreamResponse:
-        req = decode_infer(body, header_length)
+        req = await _maybe_thread(len(body) > _INLINE_BYTES, decode_infer, body, header_length)
         if self.encoder is not None:
             texts = self._texts(req.inputs)
-            vectors = await self.encoder.aencode_tokens(self.encoder.tokenize(texts))
+            vectors = await self.encoder.aencode_tokens(await self.encoder.atokenize(texts))
             outputs = {"embedding": ("FP32", vectors)}
         else:
             assert self.tensors is not None
             result = await self.tensors.arun(self.tensors.check(req.inputs))
             specs = {s.name: s.datatype for s in self.tensors.outputs}
             outputs = {k: (specs.get(k, "FP32"), v) for k, v in result.items()}
-        payload, headers = encode_infer(self.model_name, req, outputs)
+        rows = max((len(v[1]) for v in outputs.values()), default=0)
+        payload, headers = await _maybe_thread(
+            rows > _INLINE_ROWS, encode_infer, self.model_name, req, outputs
+        )
         return UpstreamResponse(200, "OK", headers, body=payload)
 
     def _texts(self, inputs: dict[str, tuple[str, list[int], Any]]) -> list[str]:
@@ -281,6 +288,17 @@ def model_config(meta: dict[str, Any]) -> dict[str, Any]:
         "version_policy": {"latest": {"num_versions": 1}}, "max_batch_size": 0,
         "input": tensors(meta["inputs"]), "output": tensors(meta["outputs"]),
     }  # fmt: skip
+
+
+# Bodies and result sets past these sizes are decoded and encoded in a worker thread: JSON of
+# megabytes (or of thousands of vectors) would otherwise hold the event loop for 10-100s of ms.
+_INLINE_BYTES = 256 << 10
+_INLINE_ROWS = 64
+_R = TypeVar("_R")
+
+
+async def _maybe_thread(big: bool, fn: Callable[..., _R], *args: Any) -> _R:
+    return await asyncio.to_thread(fn, *args) if big else fn(*args)
 
 
 def _header(request: UpstreamRequest, name: str) -> str | None:

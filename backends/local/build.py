@@ -8,7 +8,6 @@ kept aside and not promoted.
 
 from __future__ import annotations
 
-import csv
 import json
 import sys
 import time
@@ -24,6 +23,7 @@ from backends.errors import EngineError
 from backends.local.artifacts import ModelArtifact, promoted_path, resolve
 from backends.local.build_classifier import agreement, detect_task, logits_runner, model_outputs
 from backends.local.onnx import OrtEngine
+from backends.local.sentences import read_sentences
 from backends.local.text_encoder import TextEncoder
 from backends.preprocess.cpu import TextPreprocessor, pad_tokens
 from backends.settings import BatcherSettings
@@ -31,7 +31,6 @@ from backends.settings import BatcherSettings
 # The development checkout's STS-B dev sentences (read at run time, never shipped); elsewhere
 # pass --validation FILE (plain text, one sentence per line, or an STS-B .csv).
 DEFAULT_VALIDATION = "/work/shared/data/stsb/sts-dev.csv"
-VALIDATION_LIMIT = 512
 
 
 def progress(label: str, done: int, total: int, width: int = 30) -> None:
@@ -39,24 +38,6 @@ def progress(label: str, done: int, total: int, width: int = 30) -> None:
     end = "\n" if done >= total else ""
     bar = "#" * filled + "." * (width - filled)
     print(f"\r{label:<28} [{bar}] {done}/{total}", end=end, file=sys.stderr, flush=True)
-
-
-def read_sentences(path: str, limit: int = VALIDATION_LIMIT) -> list[str]:
-    """STS-B rows (tab-separated, sentences in columns 6 and 7) or plain text, one per line."""
-    p = Path(path)
-    if not p.is_file():
-        raise EngineError(
-            f"validation/calibration file {path} does not exist (pass --validation FILE: plain "
-            "text, one sentence per line)"
-        )
-    out: list[str] = []
-    with p.open(encoding="utf-8") as f:
-        if p.suffix == ".csv":
-            for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
-                out.extend(s for s in row[5:7] if s)
-        else:
-            out = [line.strip() for line in f if line.strip()]
-    return list(dict.fromkeys(out))[:limit]
 
 
 @dataclass

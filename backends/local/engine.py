@@ -11,6 +11,8 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from backends.v2tensors import V2_NUMERIC
+
 # ONNX / TensorRT element types → Open Inference Protocol datatypes.
 V2_DATATYPES: dict[str, str] = {
     "float": "FP32",
@@ -25,16 +27,6 @@ V2_DATATYPES: dict[str, str] = {
     "uint8": "UINT8",
     "bool": "BOOL",
 }
-
-
-# Open Inference Protocol numeric datatypes → numpy (little-endian, as the binary extension
-# lays them out). The one table: the v2 adapter and the local v2 codec both read it.
-V2_NUMERIC: dict[str, np.dtype[Any]] = {
-    "BOOL": np.dtype(np.bool_), "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"), "INT8": np.dtype("<i1"),
-    "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
-}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

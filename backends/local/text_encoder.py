@@ -7,6 +7,7 @@ share engine runs.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -23,11 +24,16 @@ from backends.local.artifacts import resolve
 from backends.local.engine import Engine
 from backends.local.metrics import LocalMetrics
 from backends.local.progress import LoadProgress
+from backends.local.sentences import read_sentences
 from backends.local.shared import EngineShare
 from backends.preprocess.cpu import TextPreprocessor, Tokens, mean_pool_normalise, pad_tokens
 from backends.settings import BatcherSettings, SessionOptions
 
 log = logging.getLogger("latentgate.local")
+
+# Batches with more characters than this are tokenised in a worker thread: the event loop
+# keeps answering (health checks, cache hits) while a large request is prepared.
+_INLINE_CHARS = 4096
 
 DEFAULT_MODEL = "builtin:all-MiniLM-L6-v2"
 
@@ -101,18 +107,30 @@ class TextEncoder:
     def _run_rows(self, batch: list[Tokens]) -> list[NDArray[np.float32]]:
         return list(self.encode_tokens(batch))
 
+    async def atokenize(self, texts: Sequence[str]) -> list[Tokens]:
+        """tokenize, off the event loop when the batch is large."""
+        if sum(len(t) for t in texts) <= _INLINE_CHARS:
+            return self.tokenize(texts)
+        return await asyncio.to_thread(self.tokenize, texts)
+
     async def aencode(self, texts: list[str]) -> NDArray[np.float32]:
         if not texts:
             return np.zeros((0, self.dim), np.float32)
-        return await self.aencode_tokens(self.tokenize(texts))
+        return await self.aencode_tokens(await self.atokenize(texts))
 
     async def aencode_tokens(self, tokens: Sequence[Tokens]) -> NDArray[np.float32]:
         rows = await self._batcher.submit(tokens)
-        return np.stack(rows).astype(np.float32, copy=False)
+        if len(rows) > 64:  # stacking thousands of rows is milliseconds of loop time
+            return await asyncio.to_thread(_stack, rows)
+        return _stack(rows)
 
     async def aclose(self) -> None:
         await self._batcher.aclose()
         self.engine.close()
+
+
+def _stack(rows: list[NDArray[np.float32]]) -> NDArray[np.float32]:
+    return np.stack(rows).astype(np.float32, copy=False)
 
 
 def _gpu_preprocessor() -> Any:
@@ -130,8 +148,6 @@ def _calibration_batches(
     """INT8 calibration feeds: full batches of the file's texts (TensorRT wants a fixed size)."""
     if path is None:
         return None
-    from backends.local.build import read_sentences
-
     texts = read_sentences(path, limit=max(batch, 512))
     pre = TextPreprocessor.from_file(str(tokenizer), max_tokens, True)
 

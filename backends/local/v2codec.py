@@ -7,7 +7,6 @@ default). Everything the client got wrong is a BadInput naming the tensor and th
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,10 +14,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from backends.errors import BadInput
-from backends.local.engine import V2_NUMERIC
+from backends.v2tensors import BINARY_HEADER, V2_NUMERIC, bytes_elements, element_count, flatten
 
-BINARY_HEADER = "inference-header-content-length"
 NUMERIC = V2_NUMERIC
+__all__ = ["BINARY_HEADER", "InferRequest", "decode_infer", "encode_infer"]
 
 
 @dataclass(slots=True)
@@ -28,26 +27,6 @@ class InferRequest:
     binary_outputs: set[str]
     requested: list[str] | None  # output names asked for; None = all
     binary_default: bool
-
-
-def _bytes_elements(raw: bytes, name: str) -> list[bytes]:
-    out, i = [], 0
-    while i < len(raw):
-        if i + 4 > len(raw):
-            raise BadInput(f"input '{name}': truncated BYTES element length")
-        (n,) = struct.unpack_from("<I", raw, i)
-        i += 4
-        if i + n > len(raw):
-            raise BadInput(f"input '{name}': a BYTES element runs past the end of its data")
-        out.append(raw[i : i + n])
-        i += n
-    return out
-
-
-def _flatten(data: Any) -> list[Any]:
-    if isinstance(data, list):
-        return [x for item in data for x in _flatten(item)]
-    return [data]
 
 
 def decode_infer(body: bytes, header_length: str | None) -> InferRequest:
@@ -73,7 +52,7 @@ def decode_infer(body: bytes, header_length: str | None) -> InferRequest:
             raise BadInput(f"input '{name}': unsupported datatype {datatype!r}")
         if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
             raise BadInput(f"input '{name}': 'shape' must be an array of non-negative integers")
-        count = int(np.prod(shape)) if shape else 1
+        count = element_count(name, shape)
         size = (inp.get("parameters") or {}).get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size < 0 or offset + size > len(binary):
@@ -81,7 +60,7 @@ def decode_infer(body: bytes, header_length: str | None) -> InferRequest:
             raw = binary[offset : offset + size]
             offset += size
             if datatype == "BYTES":
-                value: Any = _bytes_elements(raw, name)
+                value: Any = bytes_elements(raw, name)
             else:
                 dt = NUMERIC[datatype]
                 if len(raw) != count * dt.itemsize:
@@ -90,7 +69,7 @@ def decode_infer(body: bytes, header_length: str | None) -> InferRequest:
         else:
             if "data" not in inp:
                 raise BadInput(f"input '{name}': 'data' is required without binary_data_size")
-            flat = _flatten(inp["data"])
+            flat = flatten(inp["data"])
             if datatype == "BYTES":
                 if not all(isinstance(v, str) for v in flat):
                     raise BadInput(f"input '{name}': BYTES data must be strings")

@@ -17,6 +17,15 @@ from tokenizers import Encoding, Tokenizer
 from backends.errors import BadInput
 from backends.settings import ImagePreprocess
 
+# A WordPiece/BPE token covers a handful of characters (English averages ~4); no real text needs
+# more than this many per token, so a text is cut to max_tokens * CHARS_PER_TOKEN characters
+# before tokenising: the tokenizer never sees (or allocates for) more than a bounded prefix.
+CHARS_PER_TOKEN = 64
+
+
+def char_limit(max_tokens: int) -> int:
+    return max_tokens * CHARS_PER_TOKEN
+
 
 @dataclass(frozen=True, slots=True)
 class Tokens:
@@ -45,9 +54,27 @@ class TextPreprocessor:
     def from_file(cls, path: str, max_tokens: int, truncate: bool) -> TextPreprocessor:
         return cls(Tokenizer.from_file(path), max_tokens, truncate)
 
+    @property
+    def max_chars(self) -> int:
+        return char_limit(self.max_tokens)
+
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
-        """Raise BadInput naming the first input that is too long (when not truncating)."""
-        encs: list[Encoding] = self._tok.encode_batch(list(texts))
+        """Raise BadInput naming the first input that is too long (when not truncating).
+
+        Work is bounded by characters first: without truncation a text over max_chars is refused
+        untokenised; with it, only its first max_chars characters are tokenised."""
+        limit = self.max_chars
+        cut = []
+        for i, t in enumerate(texts):
+            if len(t) > limit:
+                if not self.truncate:
+                    raise BadInput(
+                        f"input[{i}] has {len(t)} characters; this model takes at most "
+                        f"{self.max_tokens} tokens ({limit} characters)"
+                    )
+                t = t[:limit]
+            cut.append(t)
+        encs: list[Encoding] = self._tok.encode_batch(cut)
         out = []
         for i, e in enumerate(encs):
             if len(e.ids) > self.max_tokens:

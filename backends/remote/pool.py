@@ -23,8 +23,9 @@ from backends.remote.hedge import LatencyWindow, discard, hedge_delay_s, race
 from backends.remote.metrics import RemoteMetrics
 from backends.remote.replica import Replica
 from backends.remote.retry import IDEMPOTENT_METHODS, RetryBudget, backoff_s, retryable_error
+from backends.remote.transports.base import Transport
 from backends.remote.transports.http1 import Http1Transport
-from backends.settings import RemoteBackendSettings, RoutePolicy
+from backends.settings import RemoteBackendSettings, RoutePolicy, wire_of
 
 log = logging.getLogger("latentgate.backends.pool")
 _DEFAULT_POLICY = RoutePolicy()
@@ -59,7 +60,18 @@ class _TrackedBody:
                 cb()
 
 
+def make_transport(url: str, settings: RemoteBackendSettings) -> Transport:
+    """The replica URL's scheme picks the wire: grpc:// and grpc+unix: speak gRPC."""
+    if wire_of(url) == "grpc":
+        from backends.remote.transports.grpc import GrpcTransport  # grpc loads only when used
+
+        return GrpcTransport(url, settings.pool, settings.timeouts)
+    return Http1Transport(url, settings.pool, settings.timeouts)
+
+
 class Pool:
+    timing_stage = "upstream"
+
     def __init__(
         self,
         name: str,
@@ -69,11 +81,13 @@ class Pool:
     ) -> None:
         self.name = name
         self.settings = settings
+        # What the replicas speak; the gRPC listener passes calls to "grpc" pools unparsed.
+        self.wire = settings.wire
         self.metrics = metrics or RemoteMetrics()
         self._rng = rng or random.Random()
         weights = settings.balancer.weights or [1.0] * len(settings.replicas)
         self.replicas = [
-            Replica(u, Http1Transport(u, settings.pool, settings.timeouts), weight=w)
+            Replica(u, make_transport(u, settings), weight=w)
             for u, w in zip(settings.replicas, weights, strict=True)
         ]
         self.transports = [r.transport for r in self.replicas]

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from backends.local.artifacts import (
+from backends import SessionOptions
+from backends.local import (
     EXPORT_REV,
     builtin_dir,
     default_artifacts_dir,
@@ -32,7 +33,6 @@ from backends.local.artifacts import (
     fused,
     run_export,
 )
-from backends.settings import SessionOptions
 
 log = logging.getLogger("latentgate.semantic")
 
@@ -124,7 +124,7 @@ class CrossEncoder:
     ) -> None:
         from tokenizers import Tokenizer
 
-        from backends.local.onnx import OrtEngine
+        from backends.local import OrtEngine
 
         self.artifact = artifact
         _, self.meta, _ = load_artifact(artifact)

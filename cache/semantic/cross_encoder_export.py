@@ -15,7 +15,7 @@ def export(base: Path, artifact: Path, out: Path, opset: int = 17) -> None:
     import torch
     from transformers import AutoModel
 
-    from backends.local.export import export_text_model
+    from backends.local import export_text_model
     from cache.semantic.cross_encoder import load_artifact
 
     weights, meta, _ = load_artifact(artifact)

@@ -1,18 +1,43 @@
-"""The semantic stage for policies without one: every lookup misses, nothing is stored."""
+"""The semantic stage of a route that has none: nothing applies, every lookup misses, nothing
+is stored. The cache flow holds one of these instead of checking for None at every step."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+
+from cache.semantic.route import CallLike
+from cache.semantic.stage import SemanticHit
 
 
-class SemanticOff:
+class NoSemantic:
     enabled = False
 
-    async def lookup(self, *args: Any, **kwargs: Any) -> None:
+    def skip_reason(self, call: CallLike) -> str | None:
+        return "disabled"
+
+    def applies(self, call: CallLike) -> bool:
+        return False
+
+    async def embed(self, call: CallLike) -> np.ndarray | None:
         return None
 
-    async def add(self, *args: Any, **kwargs: Any) -> None:
+    async def lookup(
+        self,
+        call: CallLike,
+        tenant: str,
+        payload_exists: Callable[[str], Awaitable[bool]] | None = None,
+        vector: np.ndarray | None = None,
+    ) -> SemanticHit | None:
         return None
 
-    async def remove_key(self, *args: Any, **kwargs: Any) -> None:
-        return None
+    async def remember(
+        self,
+        call: CallLike,
+        tenant: str,
+        exact_key: str,
+        exact_ttl: float | None = None,
+        vector: np.ndarray | None = None,
+    ) -> bool:
+        return False

@@ -36,16 +36,28 @@ class SemanticRoute:
         self.policy = policy
         self.verifier = verifier
 
-    def applies(self, call: CallLike) -> bool:
+    def skip_reason(self, call: CallLike) -> str | None:
+        """Why the stage does not look this call up (None: it does). Reasons: "disabled",
+        "no_text" (no final user text), "too_short" (< min_chars), "too_long" (> max_chars,
+        decided on the length alone: nothing is tokenised), "sampled" (not deterministic),
+        "loading" (the embedder is not loaded yet)."""
         text = call.semantic_text
-        if (
-            not self.stage.ready
-            or not self.policy.enabled
-            or text is None
-            or len(text.strip()) < self.policy.min_chars
-        ):
-            return False
-        return call.deterministic or not self.policy.only_deterministic
+        if not self.stage.ready:
+            return "loading"  # the embedder loads in the background after start-up
+        if not self.policy.enabled:
+            return "disabled"
+        if text is None:
+            return "no_text"
+        if len(text) > self.policy.max_chars:
+            return "too_long"
+        if len(text.strip()) < self.policy.min_chars:
+            return "too_short"
+        if not call.deterministic and self.policy.only_deterministic:
+            return "sampled"
+        return None
+
+    def applies(self, call: CallLike) -> bool:
+        return self.skip_reason(call) is None
 
     def namespace(self, call: CallLike, tenant: str) -> str:
         return namespace_of(self.route, call.model, call.context, tenant)

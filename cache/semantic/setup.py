@@ -130,7 +130,7 @@ class SemanticSetup:
     async def open(self) -> None:
         s = self.settings.semantic
         shared = self._engine_metrics() if self._engine_metrics is not None else None
-        from backends.settings import BatcherSettings
+        from backends import BatcherSettings
 
         batching = BatcherSettings(
             max_batch=s.batch_max,

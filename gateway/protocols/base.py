@@ -15,6 +15,11 @@ MSGPACK_TYPES = frozenset(
     {"application/msgpack", "application/x-msgpack", "application/vnd.msgpack"}
 )
 
+# Request headers an adapter puts into its key (anthropic: the API version and beta set).
+# Anything keyed on request bytes without parsing them (the exact cache's alias) must tell
+# these apart too.
+KEYED_HEADERS = ("anthropic-version", "anthropic-beta")
+
 
 @dataclass(slots=True)
 class Call:
@@ -73,3 +78,5 @@ def decode_body(content_type: str, body: bytes) -> Any:
         ) from None
     except RecursionError:
         raise BadRequest("request body is nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer past Python's 4,300-digit conversion limit
+        raise BadRequest(f"request body has a value out of range: {str(exc)[:120]}") from None

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, PayloadTooLarge
 from gateway.protocols.base import Call, decode_body
 
 # Fields that change only the framing or the bookkeeping, never the answer.
@@ -15,6 +16,16 @@ _KINDS = {
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
 }
+# Azure OpenAI clients (openai.AzureOpenAI) name the deployment in the path.
+_AZURE = re.compile(r"^/openai/deployments/[^/]+/(chat/completions|completions|embeddings)$")
+
+
+def kind_of(path: str) -> str | None:
+    path = path.rstrip("/")
+    kind = _KINDS.get(path)
+    if kind is None and (m := _AZURE.match(path)) is not None:
+        kind = _KINDS["/v1/" + m.group(1)]
+    return kind
 
 
 def _text_of(content: Any) -> str | None:
@@ -35,8 +46,9 @@ def _require(cond: bool, message: str, param: str) -> None:
 class OpenAIAdapter:
     name = "openai"
 
-    def __init__(self, extra_ignored: frozenset[str] = frozenset()) -> None:
+    def __init__(self, extra_ignored: frozenset[str] = frozenset(), max_items: int = 2048) -> None:
         self._ignored = IGNORED_FIELDS | extra_ignored
+        self._max_items = max_items
 
     def parse(
         self,
@@ -47,7 +59,7 @@ class OpenAIAdapter:
         body: bytes,
         headers: Mapping[str, str] | None = None,
     ) -> Call | None:
-        kind = _KINDS.get(path.rstrip("/"))
+        kind = kind_of(path)
         if kind is None or method != "POST":
             return None
         doc = decode_body(content_type, body)
@@ -76,6 +88,12 @@ class OpenAIAdapter:
             call.deterministic = _deterministic(doc)
         else:
             _require("input" in doc, "'input' is required", "input")
+            items = doc["input"]
+            if isinstance(items, list) and len(items) > self._max_items:
+                raise PayloadTooLarge(
+                    f"'input' has {len(items)} items; this route takes at most {self._max_items}",
+                    param="input",
+                )
             call.deterministic = True
             call.extra["input"] = doc["input"]
         return call

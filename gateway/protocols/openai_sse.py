@@ -26,6 +26,35 @@ def completed(events: list[bytes]) -> bool:
     return bool(events) and events[-1].strip() == DONE
 
 
+def _usage_chunk(event: bytes) -> bool:
+    """The chunk `stream_options.include_usage` adds: no choices, the usage of the whole call."""
+    if b'"usage"' not in event:
+        return False
+    try:
+        docs = _payloads([event])
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return any(d.get("choices") == [] and d.get("usage") is not None for d in docs)
+
+
+def has_usage(events: list[bytes]) -> bool:
+    return any(_usage_chunk(e) for e in events)
+
+
+def without_usage(events: list[bytes]) -> list[bytes]:
+    """The stream as a client that did not ask for usage gets it: the SDK's usual
+    `chunk.choices[0]` loop fails on the usage chunk."""
+    return [e for e in events if not _usage_chunk(e)]
+
+
+def body_has_usage(body: bytes) -> bool:
+    try:
+        doc = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(doc, dict) and doc.get("usage") is not None
+
+
 def _payloads(events: list[bytes]) -> list[dict[str, Any]]:
     out = []
     for e in events:

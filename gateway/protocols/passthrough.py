@@ -25,6 +25,9 @@ class PassthroughAdapter:
             "passthrough",
             None,
             {"method": method, "path": path, "query": query, "body": digest},
-            deterministic=method in ("GET", "HEAD"),
+            # The gateway cannot tell sampling in an unknown body: caching a passthrough route
+            # is the operator's explicit choice (exact.enabled), so its calls count as
+            # determined by the request.
+            deterministic=True,
             kind="raw",
         )

@@ -16,38 +16,27 @@ from typing import Any
 
 import numpy as np
 
-from backends.local.engine import V2_NUMERIC
-from gateway.errors import BadRequest
+from backends import v2tensors
+from gateway.errors import BadRequest, PayloadTooLarge
 from gateway.protocols.base import Call, decode_body
 
 INFER_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer$")
-BINARY_HEADER = "inference-header-content-length"
+BINARY_HEADER = v2tensors.BINARY_HEADER
 
-# BF16 and BYTES have no fixed numpy layout here: None.
-DTYPES: dict[str, np.dtype[Any] | None] = {**V2_NUMERIC, "BF16": None, "BYTES": None}
-
-
-def _flatten(data: Any) -> list[Any]:
-    if isinstance(data, list):
-        out: list[Any] = []
-        for item in data:
-            out.extend(_flatten(item))
-        return out
-    return [data]
+DTYPES = v2tensors.V2_DTYPES
+_bytes_elements = v2tensors.bytes_elements
+_flatten = v2tensors.flatten
+element_count = v2tensors.element_count
 
 
-def _bytes_elements(raw: bytes, name: str) -> list[bytes]:
-    out, i = [], 0
-    while i < len(raw):
-        if i + 4 > len(raw):
-            raise BadRequest(f"input '{name}': truncated BYTES element length")
-        (n,) = struct.unpack_from("<I", raw, i)
-        i += 4
-        if i + n > len(raw):
-            raise BadRequest(f"input '{name}': BYTES element runs past the end of its data")
-        out.append(raw[i : i + n])
-        i += n
-    return out
+def _check_binary_size(name: str, datatype: str, shape: list[int], raw: bytes) -> None:
+    count = element_count(name, shape)
+    itemsize = v2tensors.ITEMSIZE.get(datatype)
+    if itemsize is not None and count * itemsize != len(raw):
+        raise BadRequest(
+            f"input '{name}': shape {shape} of {datatype} needs {count * itemsize} bytes, "
+            f"binary_data_size is {len(raw)}"
+        )
 
 
 def tensor_from_json(
@@ -55,7 +44,7 @@ def tensor_from_json(
 ) -> tuple[bytes, list[bytes] | None]:
     """Raw bytes of a JSON tensor in the binary extension's layout; and its strings for BYTES."""
     flat = _flatten(data)
-    count = int(np.prod(shape)) if shape else 1
+    count = element_count(name, shape)
     if len(flat) != count:
         raise BadRequest(
             f"input '{name}': shape {shape} needs {count} elements, data has {len(flat)}"
@@ -84,8 +73,9 @@ def tensor_from_json(
 class V2Adapter:
     name = "v2"
 
-    def __init__(self, semantic_field: str | None = None) -> None:
+    def __init__(self, semantic_field: str | None = None, max_items: int = 2048) -> None:
         self._semantic_field = semantic_field
+        self._max_items = max_items
 
     def parse(
         self,
@@ -113,7 +103,7 @@ class V2Adapter:
             header, binary = body[:n], body[n:]
             try:
                 doc = json.loads(header)
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            except (ValueError, RecursionError):  # JSON, UTF-8, or an integer out of range
                 raise BadRequest("the inference header is not valid JSON") from None
         else:
             doc = decode_body(content_type, body)
@@ -135,6 +125,11 @@ class V2Adapter:
                 raise BadRequest(
                     f"input '{name}': 'shape' must be an array of non-negative integers"
                 )
+            if shape and shape[0] > self._max_items:
+                raise PayloadTooLarge(
+                    f"input '{name}' has {shape[0]} items (shape {shape[:4]}); "
+                    f"this route takes at most {self._max_items} per request"
+                )
             if not isinstance(inp.get("parameters") or {}, dict):
                 raise BadRequest(f"input '{name}': 'parameters' must be an object")
             params = dict(inp.get("parameters") or {})
@@ -144,7 +139,13 @@ class V2Adapter:
                     raise BadRequest(f"input '{name}': binary_data_size does not match the body")
                 raw = binary[offset : offset + size]
                 offset += size
+                _check_binary_size(name, datatype, shape, raw)
                 elems = _bytes_elements(raw, name) if datatype == "BYTES" else None
+                if elems is not None and len(elems) != element_count(name, shape):
+                    raise BadRequest(
+                        f"input '{name}': shape {shape} needs {element_count(name, shape)} "
+                        f"elements, the BYTES data has {len(elems)}"
+                    )
             else:
                 if "data" not in inp:
                     raise BadRequest(f"input '{name}': 'data' is required without binary_data_size")

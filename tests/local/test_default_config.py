@@ -21,7 +21,11 @@ def default_gateway() -> Iterator[ServerThread]:
     # refused, and no other server in the suite can take the port while the module runs.
     with socket.socket() as dead:
         dead.bind(("127.0.0.1", 0))
-        env = {"LATENTGATE_UPSTREAM": f"http://127.0.0.1:{dead.getsockname()[1]}"}
+        env = {
+            "LATENTGATE_UPSTREAM": f"http://127.0.0.1:{dead.getsockname()[1]}",
+            "LATENTGATE_GRPC_UPSTREAM": f"grpc://127.0.0.1:{dead.getsockname()[1]}",
+            "LATENTGATE_GRPC_PORT": "0",  # the OS picks: 8001 may be taken on a shared machine
+        }
         settings = load_settings(ROOT / "config/latentgate.yaml", environ=env)
         server = ServerThread(lambda: build_app(settings)).start()
         wait_ready(server.url)
@@ -117,3 +121,25 @@ def test_readyz_shows_a_never_reached_upstream_as_not_healthy(
     assert upstream["required"] is False and upstream["ready"] is False
     assert all(not r["healthy"] for r in upstream["replicas"])
     assert {r["state"] for r in upstream["replicas"]} <= {"unknown", "unreachable"}
+
+
+def test_grpc_listener_serves_minilm_and_refuses_a_dead_grpc_upstream(
+    default_gateway: ServerThread, encoder: TextEncoder
+) -> None:
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from gateway.grpc import GRPC
+
+    assert default_gateway.app is not None
+    port = default_gateway.app[GRPC].ports["grpc"]
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    inp = grpcclient.InferInput("text", [1], "BYTES")
+    inp.set_data_from_numpy(np.asarray(["hello there"], dtype=object))
+    got = client.infer("all-MiniLM-L6-v2", [inp]).as_numpy("embedding")
+    assert float(got[0] @ encoder.encode(["hello there"])[0]) >= 0.9999
+    # Other models go to the gRPC upstream pool, which is down here.
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("resnet", [inp])
+    assert err.value.status() == "StatusCode.UNAVAILABLE"
+    assert "grpc-upstream" in err.value.message()

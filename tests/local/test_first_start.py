@@ -25,6 +25,7 @@ async def test_first_start_listens_at_once_and_shows_the_build(tmp_path: Path) -
     env = {
         "LATENTGATE_ARTIFACTS": str(artifacts),
         "LATENTGATE_ADMIN_PORT": str(free_port()),
+        "LATENTGATE_GRPC_PORT": str(free_port()),
         "LATENTGATE_UPSTREAM": "http://127.0.0.1:9",
     }
     gw = GatewayProcess(config, env=env).start(semantic_ready=False)  # once the port is open

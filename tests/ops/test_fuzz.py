@@ -2,13 +2,16 @@
 500 of its own and never hangs. Routes point at the real test upstream; an upstream's own error
 passes through (Server-Timing then has an `upstream` stage) and is not counted against the gateway.
 
-Sized for CI: about 3,000 requests in total.
+Sized for CI: about 3,500 requests in total. LATENTGATE_FUZZ_EXAMPLES scales every test (the
+larger run: bench/fuzz_run.py), and LATENTGATE_FUZZ_REPORT names a file that gets the totals.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +30,7 @@ from tests.support.upstream import build_upstream
 
 OPENAPI = Path(__file__).resolve().parents[2] / "docs" / "admin-openapi.yaml"
 FUZZ = settings(
-    max_examples=500,
+    max_examples=int(os.environ.get("LATENTGATE_FUZZ_EXAMPLES", "500")),
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -64,10 +67,12 @@ class Client:
         self.port = port
         self.gateway_500s = 0
         self.upstream_500s = 0
+        self.sent = 0
 
     def send(
         self, method: str, path: str, body: bytes | None, headers: dict[str, str]
     ) -> tuple[int, dict[str, str], bytes]:
+        self.sent += 1
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=15)
         try:
             conn.request(method, path, body=body, headers=headers)
@@ -106,6 +111,10 @@ def client() -> Iterator[Client]:
     yield c
     # Still alive and healthy after everything above.
     assert c.send("GET", "/healthz", None, {})[0] == 200
+    if report := os.environ.get("LATENTGATE_FUZZ_REPORT"):
+        with open(report, "w") as f:
+            json.dump({"requests": c.sent, "gateway_5xx": c.gateway_500s,
+                       "upstream_5xx": c.upstream_500s}, f)  # fmt: skip
     gw.stop()
     up.stop()
 
@@ -140,6 +149,7 @@ openai_bodies = st.one_of(
     st.binary(max_size=300),
     st.just(b""),
     st.just(b"{" * 5000),
+    st.integers(4000, 6000).map(lambda n: b'{"model":"m","input":"x","n":' + b"7" * n + b"}"),
 )
 
 
@@ -160,7 +170,9 @@ v2_inputs = st.lists(
             "name": json_values | st.text(max_size=8),
             "datatype": st.sampled_from(["FP32", "INT64", "BYTES", "BOOL", "FP16", "UINT8", "nope"])
             | json_values,
-            "shape": st.lists(st.integers(-3, 6), max_size=4) | json_values,
+            "shape": st.lists(st.integers(-3, 6), max_size=4)
+            | st.lists(st.integers(0, 2**64), max_size=3)
+            | json_values,
             "data": json_values,
         },
         optional={"parameters": json_values},
@@ -235,6 +247,81 @@ def test_passthrough(
     if target.startswith("/admin") or target.startswith("/_test/"):
         return
     client.check(method, target, body if method not in ("GET", "HEAD") else None, extra)
+
+
+def raw_request(port: int, data: bytes) -> tuple[int, bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
+        s.sendall(data)
+        out = b""
+        while chunk := s.recv(65536):  # a hang raises TimeoutError and fails the test
+            out += chunk
+    head, _, body = out.partition(b"\r\n\r\n")
+    if not head:
+        return 0, b""  # the connection was closed without an answer (a framing refusal)
+    return int(head.split(b" ", 2)[1]), head + b"\r\n\r\n" + body
+
+
+header_bytes = st.binary(max_size=30).map(
+    lambda b: bytes(c for c in b if c not in b"\r\n\x00") or b"x"
+)
+
+
+@FUZZ
+@given(
+    target=st.sampled_from(
+        [
+            b"/v1/chat/completions",
+            b"/v1/embeddings",
+            b"/v2/models/m/infer",
+            b"/echo",
+            b"/admin/config",
+        ]
+    )
+    | st.lists(
+        st.sampled_from(
+            [b"v1", b"..", b".", b"%2e%2E", b"x", b"chat", b"completions", b"admin", b"%2F", b""]
+        ),
+        max_size=6,
+    ).map(lambda parts: b"/" + b"/".join(parts)),
+    absolute=st.booleans(),
+    headers=st.lists(
+        st.tuples(
+            st.sampled_from(
+                [
+                    b"Authorization",
+                    b"api-key",
+                    b"x-api-key",
+                    b"OpenAI-Organization",
+                    b"OpenAI-Project",
+                    b"X-Tenant",
+                    b"Content-Type",
+                    b"Cache-Control",
+                    b"Inference-Header-Content-Length",
+                    b"Accept-Encoding",
+                ]
+            ),
+            header_bytes,
+        ),
+        max_size=4,
+    ),
+    body=openai_bodies,
+)
+def test_raw_targets_and_header_bytes(
+    client: Client, target: bytes, absolute: bool, headers: list[tuple[bytes, bytes]], body: bytes
+) -> None:
+    """What client libraries refuse to send: undecodable header bytes (credential headers too),
+    absolute-form targets, dot segments, all against every adapter's routes and the admin API."""
+    if absolute:
+        target = b"http://fuzz.example" + target
+    head = b"POST %s HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n" % target
+    head += b"".join(b"%s: %s\r\n" % (k, v.strip() or b"x") for k, v in headers)
+    head += b"Content-Length: %d\r\n\r\n" % len(body)
+    client.sent += 1
+    status, data = raw_request(client.port, head + body)
+    if status >= 500 and b"upstream;dur" in data:
+        client.upstream_500s += 1
+        return
+    assert status != 500 and status < 600, f"{target!r} {headers!r}: {data[:400]!r}"
 
 
 def _admin_paths() -> list[str]:

@@ -71,7 +71,9 @@ def test_refusals_other_tenants_and_sampled_calls_miss(gw: ServerThread) -> None
         ]
         == "miss"
     )
-    assert ask(c, "How can I reset my password?", temperature=0.8)[1]["x-cache"] == "miss"
+    # a sampled call is not answered from the cache at all, and says why
+    sampled = ask(c, "How can I reset my password?", temperature=0.8)[1]
+    assert (sampled["x-cache"], sampled["x-cache-bypass-reason"]) == ("bypass", "sampled")
 
 
 def test_purge_removes_vectors(gw: ServerThread) -> None:

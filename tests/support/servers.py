@@ -98,7 +98,15 @@ class ServerThread:
     def start(self) -> ServerThread:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(60)
+        if self.port and self._loads_semantic():
+            wait_semantic(self.url)  # as before the stage loaded in the background
         return self
+
+    def _loads_semantic(self) -> bool:
+        from gateway.state import STATE
+
+        state = self.app.get(STATE) if self.app is not None else None
+        return state is not None and state.semantic is not None
 
     async def _start(self) -> None:
         self.app = self._factory()
@@ -207,7 +215,10 @@ class GatewayProcess:
     ) -> None:
         self.port = free_port()
         cfg = dict(config)
-        listeners = [x for x in cfg.get("listeners", []) if "unix" in x]
+        # The main TCP listener is this object's; unix sockets and gRPC listeners are kept.
+        listeners = [
+            x for x in cfg.get("listeners", []) if "unix" in x or x.get("protocol") == "grpc"
+        ]
         cfg["listeners"] = [{"name": "main", "host": "127.0.0.1", "port": self.port}, *listeners]
         fd, self.config_path = tempfile.mkstemp(suffix=".yaml", prefix="lg-")
         with os.fdopen(fd, "w") as f:

@@ -1,4 +1,5 @@
-"""A real HTTP model server for tests and benchmarks: OpenAI-compatible and Open Inference v2.
+"""A real HTTP model server for tests and benchmarks: OpenAI-compatible, the Anthropic Messages
+API (tests/support/upstream_anthropic.py) and Open Inference v2.
 
 Behaviour on demand through request headers:
   X-Test-Status: N        answer with status N and an OpenAI-style error body
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from tests.support.upstream_anthropic import message_for, stream_events, write_stream
 from tests.support.upstream_base import FAULTS, NAME, STATS, common, extra_headers, stats
 from tests.support.upstream_v2 import v2_infer, v2_model, v2_server
 
@@ -105,6 +107,11 @@ async def chat(request: web.Request) -> web.StreamResponse:
                     "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
                 }
             )
+            if (body.get("stream_options") or {}).get("include_usage"):
+                # as OpenAI does: one last chunk with no choices and the call's usage
+                n = len(words)
+                usage = {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": 3 + n}
+                chunks.append({**chunks[-1], "choices": [], "usage": usage})
             return await _sse(request, chunks)
         out = {
             "id": rid,
@@ -175,6 +182,19 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
         stats(request.app)["in_flight"] -= 1
 
 
+async def messages(request: web.Request) -> web.StreamResponse:
+    try:
+        if (early := await common(request)) is not None:
+            return early
+        body = await request.json()
+        msg = message_for(body, request.app[NAME])
+        if body.get("stream"):
+            return await write_stream(request, stream_events(msg), extra_headers(request))
+        return web.json_response(msg, headers=extra_headers(request))
+    finally:
+        stats(request.app)["in_flight"] -= 1
+
+
 async def models(request: web.Request) -> web.Response:
     return web.json_response(
         {"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "test"}]}
@@ -241,8 +261,10 @@ def build_upstream(
     r.add_get("/_test/stats", test_stats)
     r.add_post("/_test/reset", test_reset)
     r.add_post("/v1/chat/completions", chat)
+    r.add_post("/openai/deployments/{deployment}/chat/completions", chat)  # Azure OpenAI clients
     r.add_post("/v1/completions", completions)
     r.add_post("/v1/embeddings", embeddings)
+    r.add_post("/v1/messages", messages)
     r.add_get("/v1/models", models)
     r.add_get("/health", health)
     r.add_get("/v2", v2_server)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import copy
 import uuid
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from tests.conftest import base_config
 
 ADMIN_TOKEN = "admin-secret"
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def cache_config(
@@ -27,5 +31,21 @@ def cache_config(
             r["cache"] = {"exact": policy}
     cfg["admin"] = {"token": ADMIN_TOKEN}
     if redis_url is not None:
-        cfg["cache"] = {"redis": {"url": redis_url, "key_prefix": f"it{uuid.uuid4().hex[:8]}:"}}
+        cfg["cache"] = {
+            "redis": {"url": redis_url, "key_prefix": f"it{uuid.uuid4().hex[:8]}:"},
+            # sidecars sharing a Redis share entries only under one tenant secret
+            "tenant_secret": "integration-tests-shared-secret",
+        }
     return cfg
+
+
+def anthropic_route(semantic: bool = False) -> dict[str, Any]:
+    """The default config's Messages route, in memory; exact cache only unless asked (the
+    semantic stage needs the embedder: tests/semantic/test_gateway_anthropic.py)."""
+    cfg = yaml.safe_load((ROOT / "config" / "latentgate.yaml").read_text())
+    route = next(r for r in cfg["routes"] if r["protocol"] == "anthropic")
+    route = copy.deepcopy(route)
+    if not semantic:
+        route["cache"].pop("semantic")
+    route["cache"]["exact"]["tiers"] = ["memory"]
+    return dict(route)

@@ -37,6 +37,7 @@ def _stream(
         model="m",
         messages=MESSAGES,
         stream=True,
+        temperature=0,
         extra_headers=headers or {},
     )
     chunks = [c.model_dump() for c in raw.parse()]
@@ -51,7 +52,7 @@ def test_stream_miss_then_stream_hit_identical_events(
     direct = [
         c.model_dump()
         for c in _client(upstream.url).chat.completions.create(
-            model="m", messages=MESSAGES, stream=True
+            model="m", messages=MESSAGES, temperature=0, stream=True
         )
     ]
     assert (x1, x2) == ("miss", "hit")
@@ -62,10 +63,20 @@ def test_stream_miss_then_stream_hit_identical_events(
 
 
 def test_stored_stream_served_as_json_completion(upstream: ServerThread, gw: ServerThread) -> None:
-    _stream(gw.url)
-    raw = _client(gw.url).chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
+    # A JSON body always carries usage: a stream stored with its usage chunk can serve it.
+    _client(gw.url).chat.completions.create(
+        model="m",
+        messages=MESSAGES,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    ).close()
+    raw = _client(gw.url).chat.completions.with_raw_response.create(
+        model="m", messages=MESSAGES, temperature=0
+    )
     comp = raw.parse()
     assert raw.headers["X-Cache"] == "hit"
+    assert comp.usage is not None and comp.usage.total_tokens > 0
     assert comp.object == "chat.completion"
     assert comp.choices[0].message.content == TEXT
     assert comp.choices[0].message.role == "assistant"
@@ -76,11 +87,12 @@ async def test_stored_json_served_as_stream_async_sdk(
     upstream: ServerThread, gw: ServerThread
 ) -> None:
     client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-test", max_retries=0)
-    plain = await client.chat.completions.create(model="m", messages=MESSAGES)
+    plain = await client.chat.completions.create(model="m", messages=MESSAGES, temperature=0)
     raw = await client.chat.completions.with_raw_response.create(
         model="m",
         messages=MESSAGES,
         stream=True,
+        temperature=0,
         stream_options={"include_usage": True},
     )
     assert raw.headers["X-Cache"] == "hit"
@@ -92,17 +104,26 @@ async def test_stored_json_served_as_stream_async_sdk(
     usage, expected = chunks[-1].usage, plain.usage
     assert usage is not None and expected is not None
     assert usage.total_tokens == expected.total_tokens
-    # and a stored stream served to the async client without a stream
-    live = await client.chat.completions.create(model="m", messages=OTHER, stream=True)
+    # a stored stream without usage cannot give a JSON body its usage: a miss, which
+    # completes the entry; the next JSON client is a hit
+    live = await client.chat.completions.create(
+        model="m", messages=OTHER, temperature=0, stream=True
+    )
     assert [c.choices[0].finish_reason async for c in live][-1] == "stop"
-    raw2 = await client.chat.completions.with_raw_response.create(model="m", messages=OTHER)
-    assert raw2.headers["X-Cache"] == "hit"
-    assert raw2.parse().choices[0].message.content == "echo(up): x y"
+    xs = []
+    for _ in range(2):
+        raw2 = await client.chat.completions.with_raw_response.create(
+            model="m", messages=OTHER, temperature=0
+        )
+        xs.append(raw2.headers["X-Cache"])
+        assert raw2.parse().choices[0].message.content == "echo(up): x y"
+        assert raw2.parse().usage is not None
+    assert xs == ["miss", "hit"]
     await client.close()
 
 
 async def test_cut_stream_is_not_stored(upstream: ServerThread, gw: ServerThread) -> None:
-    body = {"model": "m", "messages": MESSAGES, "stream": True}
+    body = {"model": "m", "messages": MESSAGES, "stream": True, "temperature": 0}
     async with aiohttp.ClientSession() as s:
         with pytest.raises(aiohttp.ClientPayloadError):
             async with s.post(
@@ -119,8 +140,10 @@ async def test_cut_stream_is_not_stored(upstream: ServerThread, gw: ServerThread
 
 def test_completions_endpoint_both_framings(upstream: ServerThread, gw: ServerThread) -> None:
     client = _client(gw.url)
-    first = client.completions.create(model="m", prompt="say hi")
-    raw = client.completions.with_raw_response.create(model="m", prompt="say hi", stream=True)
+    first = client.completions.create(model="m", prompt="say hi", temperature=0)
+    raw = client.completions.with_raw_response.create(
+        model="m", prompt="say hi", temperature=0, stream=True
+    )
     assert raw.headers["X-Cache"] == "hit"
     assert (
         "".join(c.choices[0].text for c in raw.parse())

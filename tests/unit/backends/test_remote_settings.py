@@ -75,3 +75,48 @@ def test_bad_policy_names_the_key(
         _settings(backend_extra, route_extra)
     issue = info.value.issues[0]
     assert issue.path == where and says in issue.message, issue
+
+
+GRPC = """
+listeners:
+  - {{name: grpc, protocol: grpc, host: 127.0.0.1, port: 0}}
+backends:
+  g:
+    kind: remote
+    replicas: {replicas}
+{backend_extra}
+routes:
+  - name: infer
+    match: {{prefix: /inference.GRPCInferenceService/}}
+    protocol: {protocol}
+    backend: g
+"""
+
+
+def _grpc(replicas: str, protocol: str = "grpc", backend_extra: str = "") -> Settings:
+    return parse_settings(
+        GRPC.format(replicas=replicas, protocol=protocol, backend_extra=backend_extra)
+    )
+
+
+def test_grpc_pools_check_serverready_by_default() -> None:
+    s = _grpc("[grpc://127.0.0.1:1, grpc+unix:/tmp/m.sock]", backend_extra="    health_check: {}")
+    pool = s.backends["g"]
+    assert pool.kind == "remote" and pool.wire == "grpc"
+    assert pool.health_check is not None
+    assert pool.health_check.path == "/inference.GRPCInferenceService/ServerReady"
+
+
+@pytest.mark.parametrize(
+    ("replicas", "protocol", "where", "says"),
+    [
+        ("[grpc://127.0.0.1:1, http://127.0.0.1:2]", "grpc", "backends.g.replicas", "not both"),
+        ("['grpc+unix:']", "grpc", "backends.g.replicas", "names no socket path"),
+        ("[grpc://127.0.0.1:1]", "v2", "routes.0.protocol", "speaks gRPC; give the route"),
+    ],
+)
+def test_bad_grpc_settings_say_why(replicas: str, protocol: str, where: str, says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _grpc(replicas, protocol)
+    issue = info.value.issues[0]
+    assert issue.path == where and says in issue.message, issue

@@ -20,12 +20,15 @@ async def test_default_config_memory_only_without_redis_url() -> None:
     assert exact["openai-chat"] and exact["openai-completions"] and exact["openai-embeddings"]
     state = build_app(settings)[STATE]
     assert state.cache is not None and state.cache.redis is None
-    assert set(state.pipeline.cache.routes) == {  # type: ignore[union-attr]
+    assert set(state.cache.routes) == {
         "openai-chat",
         "openai-completions",
         "openai-embeddings",
         "local-embeddings",
         "local-v2",
+        "anthropic-messages",
+        "grpc-local-v2",
+        "grpc-v2",
     }
     await close_backends(state)
 

@@ -10,7 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cache.keys import KeyBuilder, Selector, canonical
+from cache.tenant import TenantHasher, tenant_of
 from gateway.protocols.openai import OpenAIAdapter
+
+HASHER = TenantHasher(b"k" * 32)
 
 scalars = st.one_of(
     st.none(),
@@ -67,7 +70,7 @@ def test_json_and_msgpack_bodies_share_a_key(value: Any) -> None:
         "POST", "/v1/chat/completions", "", "application/msgpack", msgpack.packb(body)
     )
     assert as_json is not None and as_msgpack is not None
-    kb = KeyBuilder("chat", ["Authorization"])
+    kb = KeyBuilder("chat", [], HASHER)
     assert kb.build("m", as_json.key_fields, {}) == kb.build("m", as_msgpack.key_fields, {})
 
 
@@ -110,7 +113,7 @@ def test_any_changed_output_field_changes_the_key(field: str, data: Any) -> None
     a = data.draw(OUTPUT_FIELDS[field])
     b = data.draw(OUTPUT_FIELDS[field].filter(lambda v: canonical(v) != canonical(a)))
     adapter = OpenAIAdapter()
-    kb = KeyBuilder("chat", ["Authorization"])
+    kb = KeyBuilder("chat", [], HASHER)
     keys = []
     for v in (a, b):
         doc = {**base, field: v}
@@ -124,7 +127,7 @@ def test_any_changed_output_field_changes_the_key(field: str, data: Any) -> None
 
 def test_framing_and_bookkeeping_fields_do_not_change_the_key() -> None:
     adapter = OpenAIAdapter()
-    kb = KeyBuilder("chat", ["Authorization"])
+    kb = KeyBuilder("chat", [], HASHER)
     base = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
     variants = [
         base,
@@ -143,10 +146,10 @@ def test_framing_and_bookkeeping_fields_do_not_change_the_key() -> None:
 
 def test_tenant_route_and_model_separate_keys_and_tenant_is_never_in_clear() -> None:
     fields = {"messages": [{"role": "user", "content": "x"}]}
-    kb = KeyBuilder("chat", ["Authorization"])
+    kb = KeyBuilder("chat", [], HASHER)
     a = kb.build("m", fields, {"Authorization": "Bearer sk-alice"})
     b = kb.build("m", fields, {"Authorization": "Bearer sk-bob"})
-    other_route = KeyBuilder("chat2", ["Authorization"]).build(
+    other_route = KeyBuilder("chat2", [], HASHER).build(
         "m", fields, {"Authorization": "Bearer sk-alice"}
     )
     other_model = kb.build("m2", fields, {"Authorization": "Bearer sk-alice"})
@@ -154,8 +157,12 @@ def test_tenant_route_and_model_separate_keys_and_tenant_is_never_in_clear() -> 
     assert "sk-alice" not in a.value
     digest = a.value.split(".")[-1]
     assert len(digest) == 32  # blake2b-128
-    assert Selector.of(tenant="Bearer sk-alice").matches(a.value)
-    assert not Selector.of(tenant="Bearer sk-alice").matches(b.value)
+    assert Selector.of(
+        tenant=tenant_of({"Authorization": "Bearer sk-alice"}), hasher=HASHER
+    ).matches(a.value)
+    assert not Selector.of(
+        tenant=tenant_of({"Authorization": "Bearer sk-alice"}), hasher=HASHER
+    ).matches(b.value)
     assert Selector.of(route="chat", model="m").matches(a.value)
     assert not Selector.of(route="chat").matches(other_route.value)
 

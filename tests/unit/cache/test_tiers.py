@@ -8,6 +8,7 @@ import time
 from cache.codec import CacheEntry
 from cache.keys import KeyBuilder, Selector
 from cache.metrics import CacheMetrics
+from cache.tenant import TenantHasher, tenant_of
 from cache.tiers.base import Tier
 from cache.tiers.layered import LayeredTier
 from cache.tiers.memory import MemoryTier
@@ -55,7 +56,8 @@ async def test_expiry_is_honoured(tier: Tier) -> None:
 
 async def test_purge_by_route_model_tenant_and_all(tier: Tier) -> None:
     f = {"x": 1}
-    chat, emb = KeyBuilder("chat", ["Authorization"]), KeyBuilder("emb", ["Authorization"])
+    hasher = TenantHasher(b"k" * 32)
+    chat, emb = KeyBuilder("chat", [], hasher), KeyBuilder("emb", [], hasher)
     keys = {
         "chat-m-alice": chat.build("m", f, {"Authorization": "alice"}),
         "chat-m-bob": chat.build("m", f, {"Authorization": "bob"}),
@@ -68,7 +70,10 @@ async def test_purge_by_route_model_tenant_and_all(tier: Tier) -> None:
     async def present() -> set[str]:
         return {n for n, k in keys.items() if await tier.get(k.value) is not None}
 
-    assert await tier.purge(Selector.of(tenant="bob")) >= 1
+    assert (
+        await tier.purge(Selector.of(tenant=tenant_of({"Authorization": "bob"}), hasher=hasher))
+        >= 1
+    )
     assert await present() == {"chat-m-alice", "chat-m2-alice", "emb-m-alice"}
     await tier.purge(Selector.of(model="m2"))
     assert await present() == {"chat-m-alice", "emb-m-alice"}

@@ -1,0 +1,41 @@
+"""Request bytes seen before → their cache key, so an exact repeat skips parsing.
+
+Bounded in bytes, oldest first out. Only the key and an opaque framing are kept: the parsed
+body would cost several times its bytes. The tenant is part of the alias (hashed by the caller,
+so even this in-process map never holds a credential in clear).
+"""
+
+from __future__ import annotations
+
+from cache.keys import CacheKey
+
+# (route, method, path and query, content type, Inference-Header-Content-Length, tenant hash,
+# body): every request header the parser reads, so the same bytes under another split or type
+# are parsed afresh (and refused the same way) rather than served from the alias
+AliasKey = tuple[str, str, str, str, str, bytes, bytes]
+
+MAX_BODY = 16 << 10
+_MAX_BYTES = 16 << 20
+_OVERHEAD = 512
+
+
+class AliasMap:
+    __slots__ = ("_bytes", "_map")
+
+    def __init__(self) -> None:
+        self._map: dict[AliasKey, tuple[CacheKey, object]] = {}
+        self._bytes = 0
+
+    def get(self, alias: AliasKey) -> tuple[CacheKey, object] | None:
+        return self._map.get(alias)
+
+    def remember(self, alias: AliasKey, key: CacheKey, framing: object) -> None:
+        body = alias[-1]
+        if len(body) > MAX_BODY or alias in self._map:
+            return
+        self._map[alias] = (key, framing)
+        self._bytes += len(body) + _OVERHEAD
+        while self._bytes > _MAX_BYTES:
+            old = next(iter(self._map))
+            del self._map[old]
+            self._bytes -= len(old[-1]) + _OVERHEAD

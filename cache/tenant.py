@@ -1,0 +1,132 @@
+"""Tenant identity: which client a cached answer belongs to, hashed with a deployment secret.
+
+A tenant is the set of credential headers a request carries: the ones every client of these
+APIs sends (Authorization, api-key, x-api-key, OpenAI-Organization, OpenAI-Project) plus a
+route's configured extras (e.g. X-Tenant). Two requests share cached answers only when all of
+them are equal; a request with none of them is the anonymous tenant. The identity is only ever
+fed to a keyed blake2b, so neither keys nor Redis contents reveal a credential, and a guessed
+credential cannot be checked against them without the secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from typing import Any
+
+log = logging.getLogger("latentgate.cache.tenant")
+
+# Sent by OpenAI, Azure OpenAI and Anthropic-style clients; always part of the identity.
+BUILTIN_HEADERS = (
+    "authorization",
+    "api-key",
+    "x-api-key",
+    "openai-organization",
+    "openai-project",
+)
+SECRET_ENV = "LATENTGATE_TENANT_SECRET"
+_MIN_SECRET_BYTES = 16
+_DIGEST = 16
+_SHORT = 8
+
+
+def credential_headers(extra: Iterable[str] = ()) -> tuple[str, ...]:
+    """The built-in credential headers and a route's extras: lower-case, unique, sorted."""
+    return tuple(sorted({*BUILTIN_HEADERS, *(h.strip().lower() for h in extra if h.strip())}))
+
+
+def _values(headers: Mapping[str, str], name: str) -> list[str]:
+    getall = getattr(headers, "getall", None)
+    if getall is not None:
+        return list(getall(name, []))
+    # plain dicts (tests, purge bodies): names are matched without regard to case
+    return [v for k, v in headers.items() if k.lower() == name]
+
+
+def _safe(value: str) -> str:
+    # aiohttp keeps undecodable header bytes as surrogates; this maps them one-to-one onto
+    # characters that encode anywhere (latin-1 of the raw bytes), so no caller can fail on them.
+    return value.encode("utf-8", "surrogateescape").decode("latin-1")
+
+
+def tenant_of(headers: Mapping[str, str] | None, names: Sequence[str] = ()) -> str:
+    """The identity string of a request: every credential header present (built-ins + `names`),
+    each value length-prefixed so no value can shift into its neighbour. "" = no credentials."""
+    if headers is None:
+        return ""
+    parts = []
+    for name in credential_headers(names):
+        for value in _values(headers, name):
+            v = _safe(value)
+            parts.append(f"{name}:{len(v)}:{v}")
+    return "\n".join(parts)
+
+
+class TenantHasher:
+    """Keyed blake2b over identity strings; one per process, built from the deployment secret."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, secret: bytes) -> None:
+        # blake2b takes keys up to 64 bytes; a longer secret is reduced to 64 first
+        self._key = secret if len(secret) <= 64 else hashlib.blake2b(secret).digest()
+
+    def digest(self, identity: str) -> bytes:
+        return hashlib.blake2b(
+            identity.encode("utf-8", "surrogatepass"), key=self._key, digest_size=_DIGEST
+        ).digest()
+
+    def short(self, identity: str) -> str:
+        """The tenant field of a key string and of a semantic namespace."""
+        return self.digest(identity)[:_SHORT].hex()
+
+
+def identity_from_purge(value: Any) -> str | None:
+    """A purge body's tenant: {header: value} as a client sends them, or a bare Authorization
+    value; None when it is neither (the caller answers 400)."""
+    if isinstance(value, str):
+        return tenant_of({"authorization": value})
+    if isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        return tenant_of(value, list(value))
+    return None
+
+
+def resolve_secret(configured: str | None, environ: Mapping[str, str] | None = None) -> bytes:
+    """The deployment secret: the config's, else the environment's, else a fresh random one
+    (logged: it lives only as long as this process, so entries in a shared Redis written under
+    it cannot be read by sidecars or by the next start)."""
+    env = os.environ if environ is None else environ
+    value = configured or env.get(SECRET_ENV) or ""
+    if value:
+        raw = value.encode()
+        if len(raw) < _MIN_SECRET_BYTES:
+            log.warning(
+                "cache.tenant_secret is %d bytes; use at least %d random bytes",
+                len(raw),
+                _MIN_SECRET_BYTES,
+            )
+        return raw
+    log.warning(
+        "no cache.tenant_secret or %s: generated a random tenant secret for this process; "
+        "cached answers in a shared Redis are not readable by other sidecars or after a restart",
+        SECRET_ENV,
+    )
+    return secrets.token_bytes(32)
+
+
+def share_generated_secret(configured: str | None, environ: MutableMapping[str, str]) -> None:
+    """Before forking workers: without a configured secret, generate one into the environment so
+    every worker of this server (and every config reload) hashes tenants the same way."""
+    if configured or environ.get(SECRET_ENV):
+        return
+    environ[SECRET_ENV] = secrets.token_hex(32)
+    log.warning(
+        "no cache.tenant_secret or %s: generated one for this server's workers; set it to share "
+        "cached answers in Redis with other sidecars or across restarts",
+        SECRET_ENV,
+    )

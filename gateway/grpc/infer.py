@@ -1,0 +1,139 @@
+"""ModelInfer: parse, the route's cached flow (cache/flow.py), dispatch, x-cache.
+
+The key is the route's (cache/keys.py): model, then version, canonical input tensors, requested
+outputs and parameters as key fields, and the tenant from the call metadata under the route's
+`tenant_headers` (metadata keys are lowercase; names match case-insensitively, as HTTP headers
+do). Lookup, single flight, the Redis lease and the store are the flow's, as on HTTP routes;
+only OK replies are stored. A reply served from an entry (a hit, or a flight's shared answer)
+gets this call's id; the initial metadata says `x-cache: hit`, `miss` or `bypass`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from multidict import CIMultiDict
+
+from backends import UpstreamRequest, UpstreamResponse
+from cache import Ask, CacheEntry, Hit, request_directives
+from gateway.grpc import codec
+from gateway.grpc.calls import Context, Reply, grpc_route, metadata_of, parse, speaks_grpc
+from gateway.grpc.proto import pb2
+from gateway.grpc.status import RpcError, from_response
+
+if TYPE_CHECKING:
+    from gateway.grpc.service import InferenceService
+    from gateway.routing import Route
+    from gateway.runtime import Runtime
+
+KIND = "grpc-infer"
+
+
+@dataclass(slots=True)
+class _Call:
+    """What the flow reads of a call (cache.flow's CallLike); tensors have no semantic text."""
+
+    model: str | None
+    deterministic: bool = True
+    semantic_text: str | None = None
+    context: Any = None
+
+
+class _Answers:
+    """An entry answers a gRPC call when it is a stored OK reply (no streams on this RPC)."""
+
+    def serves(self, entry: CacheEntry) -> bool:
+        return entry.status == 200 and entry.body is not None
+
+    def seal(self, content_type: str, data: bytes) -> bytes | list[bytes] | None:
+        return data
+
+
+class _NoClock:
+    """The flow records stage times; the gRPC edge has no Server-Timing to put them in."""
+
+    def add(self, name: str, since: float) -> float:
+        return time.perf_counter()
+
+
+_ANSWERS = _Answers()
+_CLOCK = _NoClock()
+
+
+class InferFlow:
+    def __init__(self, service: InferenceService) -> None:
+        self.service = service
+
+    async def model_infer(self, request: bytes, ctx: Context, rt: Runtime) -> Reply:
+        msg = parse(pb2.ModelInferRequest, request)
+        if not msg.model_name:
+            raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "model_name is required")
+        route = grpc_route(rt, "ModelInfer", msg.model_name)
+        tensors = codec.input_tensors(msg)
+        metadata = metadata_of(ctx)
+        raw = speaks_grpc(rt.backends[route.backend])
+
+        async def fetch() -> bytes:
+            if raw:
+                return await self.service.forward(rt, route, "ModelInfer", request, ctx)
+            return await self._via_http_v2(rt, route, msg, tensors, metadata, ctx)
+
+        # The pipeline's flows: what a reload swaps, so the policy is always the current one.
+        flow = self.service.state.pipeline.flows.get(route.name)
+        if flow is None:
+            return await fetch(), route.name, "-"
+        headers = CIMultiDict(metadata)
+        ask = Ask(
+            key=flow.key(msg.model_name, codec.key_fields(msg, tensors), headers),
+            directives=request_directives(headers.get("cache-control"), headers.get("pragma")),
+            call=_Call(msg.model_name),
+            kind=KIND,
+            answers=_ANSWERS,
+            clock=_CLOCK,
+        )
+
+        async def compute() -> UpstreamResponse:
+            return UpstreamResponse(200, "OK", [], body=await fetch())
+
+        result = await flow.run(ask, compute)
+        if isinstance(result, Hit):
+            assert result.entry.body is not None
+            reply = codec.with_id(result.entry.body, msg.id)
+        else:
+            assert result.response.body is not None
+            reply = result.response.body
+        await ctx.send_initial_metadata((("x-cache", result.x_cache),))
+        return reply, route.name, result.x_cache
+
+    async def _via_http_v2(
+        self,
+        rt: Runtime,
+        route: Route,
+        msg: Any,
+        tensors: list[codec.Tensor],
+        metadata: list[tuple[str, str]],
+        ctx: Context,
+    ) -> bytes:
+        """Local engines and HTTP v2 upstreams: the same inference in the v2 binary form."""
+        path, body, headers = codec.to_http_v2(msg, tensors)
+        up = UpstreamRequest(
+            "POST",
+            path,
+            [*metadata, *headers],
+            body=body,
+            deadline_s=ctx.time_remaining(),
+            policy=route.upstream,
+        )
+        resp = await self.service.send(rt, route, up)
+        data = await resp.read()
+        if resp.status != 200:
+            raise from_response(resp, data)
+        try:
+            return codec.from_http_v2(data, resp.header(codec.BINARY_HEADER), msg.id)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RpcError(
+                grpc.StatusCode.INTERNAL, f"{route.backend} sent an unreadable v2 answer: {exc}"
+            ) from None

@@ -1,0 +1,141 @@
+"""Anthropic Messages API adapter: POST /v1/messages → Call.
+
+The key covers every body field that changes the answer (model, system, messages, tools,
+tool_choice, stop_sequences, max_tokens, sampling parameters, ...) in a canonical form where a
+string `content` or `system` equals the single text block it abbreviates, plus the
+`anthropic-version` and `anthropic-beta` headers: a different API version or beta set may
+answer differently, so it never shares an entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.errors import BadRequest
+from gateway.protocols.base import Call, decode_body
+
+PATH = "/v1/messages"
+KIND = "messages"
+# Bookkeeping and framing only: `metadata.user_id` tags the caller, `stream` the framing.
+IGNORED_FIELDS = frozenset({"stream", "metadata"})
+
+
+def _require(cond: bool, message: str, param: str) -> None:
+    if not cond:
+        raise BadRequest(message, param=param)
+
+
+def _blocks(content: Any) -> Any:
+    """A string is shorthand for one text block: both spellings get one key."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return content
+
+
+def _text_of(content: Any) -> str | None:
+    """The plain text of a turn, or None when it holds anything but text blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        parts = [b.get("text") for b in content if isinstance(b, dict) and b.get("type") == "text"]
+        if len(parts) == len(content) and all(isinstance(p, str) for p in parts):
+            return "\n".join(parts)  # type: ignore[arg-type]
+    return None
+
+
+def _beta_set(value: str) -> list[str]:
+    """`anthropic-beta` is a comma-separated set: order and repeats do not change it."""
+    return sorted({v.strip() for v in value.split(",") if v.strip()})
+
+
+def key_headers(headers: Mapping[str, str] | None) -> dict[str, Any]:
+    if headers is None:
+        return {}
+    out: dict[str, Any] = {}
+    version = headers.get("anthropic-version")
+    if version is not None:
+        out["anthropic-version"] = version.strip()
+    beta = headers.get("anthropic-beta")
+    if beta is not None:
+        out["anthropic-beta"] = _beta_set(beta)
+    return out
+
+
+class AnthropicAdapter:
+    name = "anthropic"
+
+    def __init__(self, extra_ignored: frozenset[str] = frozenset()) -> None:
+        self._ignored = IGNORED_FIELDS | extra_ignored
+
+    def parse(
+        self,
+        method: str,
+        path: str,
+        query: str,
+        content_type: str,
+        body: bytes,
+        headers: Mapping[str, str] | None = None,
+    ) -> Call | None:
+        if path.rstrip("/") != PATH or method != "POST":
+            return None
+        doc = decode_body(content_type, body)
+        _require(isinstance(doc, dict), "request body must be a JSON object", "body")
+        model = doc.get("model")
+        _require(
+            isinstance(model, str) and model != "",
+            "'model' is required and must be a string",
+            "model",
+        )
+        max_tokens = doc.get("max_tokens")
+        _require(
+            isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0,
+            "'max_tokens' is required and must be a positive integer",
+            "max_tokens",
+        )
+        stream = doc.get("stream", False)
+        _require(isinstance(stream, bool), "'stream' must be a boolean", "stream")
+        messages = doc.get("messages")
+        _require(
+            isinstance(messages, list) and len(messages) > 0,
+            "'messages' is required and must be a non-empty array",
+            "messages",
+        )
+        assert isinstance(messages, list)
+        for i, m in enumerate(messages):
+            _require(
+                isinstance(m, dict)
+                and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), (str, list)),
+                f"messages[{i}] must be an object with a string 'role' and a 'content' "
+                "string or array",
+                f"messages[{i}]",
+            )
+        system = doc.get("system")
+        _require(
+            system is None or isinstance(system, (str, list)),
+            "'system' must be a string or an array of text blocks",
+            "system",
+        )
+        fields = {k: v for k, v in doc.items() if k not in self._ignored}
+        fields["messages"] = [{**m, "content": _blocks(m["content"])} for m in messages]
+        if system is not None:
+            fields["system"] = _blocks(system)
+        hdrs = key_headers(headers)
+        call = Call(
+            "anthropic",
+            model,
+            {"body": fields, "headers": hdrs},
+            stream=stream,
+            kind=KIND,
+            deterministic=doc.get("temperature", 1.0) == 0,
+        )
+        last = messages[-1]
+        # Only a final user turn is a question a semantic cache may answer; the namespace is
+        # everything else (system, earlier turns, tools, parameters, version headers).
+        if last.get("role") == "user":
+            call.semantic_text = _text_of(last.get("content"))
+        context = {k: v for k, v in fields.items() if k != "messages"}
+        context["messages"] = fields["messages"][:-1]
+        call.context = {"body": context, "headers": hdrs}
+        return call

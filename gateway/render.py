@@ -1,0 +1,104 @@
+"""Cached entries as HTTP bodies: the framing a request asked for (SSE or one JSON body, with or
+without the usage chunk), converted once per entry and framing and memoised on the entry.
+
+`Framing` is also what the cache flow asks of a protocol's answers (`cache.flow.Answers`):
+whether an entry can serve this request, and how a recorded stream becomes an entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+from cache import CacheEntry
+from gateway.protocols import openai_sse
+from gateway.protocols.base import Call
+from gateway.protocols.stream_codecs import completion_check, convertible
+
+SSE = "text/event-stream"
+_OPENAI_KINDS = frozenset({"chat", "completions"})
+
+Rendered = tuple[bytes, list[tuple[str, str]]]
+
+
+def _content_type(entry: CacheEntry) -> str:
+    for k, v in entry.headers:
+        if k.lower() == "content-type":
+            return v
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Framing:
+    """What a response's shape depends on beyond the entry: stream or not, usage chunk or not."""
+
+    stream: bool = False
+    include_usage: bool = False
+    kind: str = ""  # the call's kind: which stream codec says a recorded stream completed
+
+    def serves(self, entry: CacheEntry) -> bool:
+        return rendered(entry, self) is not None
+
+    def seal(self, content_type: str, data: bytes) -> bytes | list[bytes] | None:
+        if SSE not in content_type:
+            return data
+        events = openai_sse.split_events(data)
+        return events if completion_check(self.kind).completed(events) else None
+
+
+def framing_of(call: Call) -> Framing:
+    return Framing(call.stream, bool(call.extra.get("include_usage")), call.kind)
+
+
+def rendered(entry: CacheEntry, framing: Framing) -> Rendered | None:
+    """The entry's body and headers in this framing; None when it cannot be converted."""
+    out = entry.memo.get(framing)
+    if out is None:
+        out = entry.memo[framing] = _render(entry, framing.stream, framing.include_usage) or False
+    return None if out is False else cast(Rendered, out)
+
+
+def _render(entry: CacheEntry, stream: bool, include_usage: bool) -> Rendered | None:
+    """Body and headers of the entry in the call's framing (computed once per entry and framing);
+    None when this framing cannot be served from it.
+
+    Usage follows each client's `stream_options`: a streaming client that did not ask for usage
+    never gets the usage chunk; one that asked, or a client wanting one JSON body (which always
+    carries usage), is not served from an entry without usage: that is a miss, whose answer
+    completes the entry.
+    """
+    body: bytes | None
+    ctype: str | None = None
+    codec = convertible(entry.kind)  # per kind: openai_sse for chat/completions, anthropic_sse
+    usage_rules = entry.kind in _OPENAI_KINDS
+    if entry.events is not None:
+        if stream or codec is None:
+            events = entry.events
+            if usage_rules and stream:
+                if include_usage and not openai_sse.has_usage(events):
+                    return None
+                if not include_usage:
+                    events = openai_sse.without_usage(events)
+            body = openai_sse.join_events(events)
+        else:
+            if usage_rules and not openai_sse.has_usage(entry.events):
+                return None
+            body, ctype = codec.events_to_body(entry.events, entry.kind), "application/json"
+    else:
+        body = entry.body
+        if stream and codec is not None and "json" in _content_type(entry):
+            assert entry.body is not None
+            if usage_rules and include_usage and not openai_sse.body_has_usage(entry.body):
+                return None
+            converted = codec.body_to_events(entry.body, entry.kind, include_usage)
+            body, ctype = (openai_sse.join_events(converted) if converted else None), SSE
+    if body is None:
+        return None
+    headers = entry.headers
+    if ctype is not None:
+        drop = {"content-type", "cache-control"}
+        headers = [(k, v) for k, v in headers if k.lower() not in drop]
+        headers.append(("Content-Type", ctype))
+        if ctype == SSE:
+            headers.append(("Cache-Control", "no-cache"))
+    return body, headers

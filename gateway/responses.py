@@ -1,0 +1,127 @@
+"""Every response the gateway writes: answers from the cache, the backend's answers (whole,
+streamed, or recorded for the cache while they stream), and the gateway's own errors.
+
+One writer, so the rules hold everywhere: the gateway's headers (X-Cache, Age, Server-Timing)
+replace any the upstream sent; hop-by-hop headers never cross; a stream that breaks after its
+headers went out is cut before the terminating chunk, so the client sees an error rather than
+a silently truncated body; a client that goes away mid-stream (or while the gateway drains)
+ends the write quietly, while a recording still reads on for the flight's waiters and the store.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+
+from backends import UpstreamError, UpstreamResponse
+from cache import Fresh, Hit, Recording
+from gateway.errors import GatewayError, error_body
+from gateway.headers import downstream_headers
+from gateway.render import Framing, rendered
+from gateway.timing import Timing
+
+log = logging.getLogger("latentgate.responses")
+
+_OURS = frozenset({"x-cache", "age", "x-cache-bypass-reason", "x-cache-semantic-skip"})
+
+
+def cached(hit: Hit, framing: Framing, timing: Timing) -> web.Response:
+    """A cache entry in the request's framing (the flow only returns hits that render)."""
+    out = rendered(hit.entry, framing)
+    assert out is not None, "the flow serves only entries this framing renders"
+    body, base = out
+    # a plain list: web.Response builds its own CIMultiDict from it (building one here doubles it)
+    headers = [
+        *base,
+        ("X-Cache", hit.x_cache),
+        ("Age", str(int(hit.entry.age()))),
+        ("Server-Timing", timing.header()),
+    ]
+    if hit.semantic is not None:
+        headers.append(("X-Cache-Similarity", f"{hit.semantic.similarity:.4f}"))
+        headers.append(("X-Cache-Score", f"{hit.semantic.score:.4f}"))
+        headers.append(("X-Cache-Entry", hit.semantic.exact_key))
+    return web.Response(status=hit.entry.status, headers=headers, body=body)
+
+
+async def fresh(
+    request: web.Request, answer: Fresh, timing: Timing, on_cut: Callable[[], None]
+) -> web.StreamResponse:
+    """The backend's answer to a cached route's request, with its X-Cache (and, on a bypass,
+    X-Cache-Bypass-Reason: sampled, no-store or no-cache)."""
+    return await upstream(
+        request,
+        answer.response,
+        timing,
+        on_cut,
+        x_cache=answer.x_cache,
+        reason=answer.reason,
+        semantic_skip=answer.semantic_skip,
+        recording=answer.recording,
+    )
+
+
+async def upstream(
+    request: web.Request,
+    up: UpstreamResponse,
+    timing: Timing,
+    on_cut: Callable[[], None],
+    *,
+    x_cache: str | None = None,
+    reason: str = "",
+    semantic_skip: str = "",
+    recording: Recording | None = None,
+) -> web.StreamResponse:
+    headers = downstream_headers(up.headers)
+    if x_cache is not None:
+        headers = [(k, v) for k, v in headers if k.lower() not in _OURS]
+        headers.append(("X-Cache", x_cache))
+        if reason:
+            headers.append(("X-Cache-Bypass-Reason", reason))
+        if semantic_skip:
+            headers.append(("X-Cache-Semantic-Skip", semantic_skip))
+    headers.append(("Server-Timing", timing.header()))
+    if up.body is not None or up.stream is None:
+        return web.Response(status=up.status, reason=up.reason, headers=headers, body=up.body)
+    resp = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
+    length = up.header("Content-Length")
+    if length is not None and length.isdigit():
+        resp.content_length = int(length)
+    chunks: AsyncIterator[bytes] = recording.chunks() if recording is not None else up.stream
+    client_ok = True
+    try:
+        await resp.prepare(request)
+        async for chunk in chunks:
+            if client_ok:
+                try:
+                    await resp.write(chunk)
+                except ConnectionError:
+                    client_ok = False
+            if not client_ok and (recording is None or not recording.wanted):
+                break  # nobody left to serve and nothing to store
+        if client_ok:
+            await resp.write_eof()
+    except UpstreamError as exc:
+        log.warning("upstream stream broke mid-way: %s", exc)
+        on_cut()
+        if request.transport is not None:
+            request.transport.close()
+    except ConnectionError:
+        pass  # the client went away as the last bytes went out (e.g. during a drain)
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+        if recording is not None:
+            await recording.close()
+    return resp
+
+
+def error(protocol: str, err: GatewayError, timing: Timing) -> web.Response:
+    """The gateway's own error, in the envelope the route's clients parse."""
+    headers = {
+        "Content-Type": "application/json",
+        "Server-Timing": timing.header(),
+        **err.headers,
+    }
+    return web.Response(status=err.status, body=error_body(protocol, err), headers=headers)
