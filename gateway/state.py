@@ -4,18 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from backends import Backend
-from cache import Cache
+from cache import Cache, SemanticSetup
 from gateway.config import Settings
 from gateway.metrics import Metrics
 from gateway.pipeline import Pipeline
-
-if TYPE_CHECKING:
-    from cache.semantic.setup import SemanticSetup
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
-from backends.local.progress import LoadProgress
+from backends.local import LoadProgress
 from cache.embedder import Embedder, load_embedder
 from cache.keys import Selector
 from cache.semantic.cross_encoder import CrossEncoder
