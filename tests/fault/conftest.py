@@ -16,7 +16,7 @@ import pytest
 from tests.support.servers import ROOT, free_port, wait_port
 
 ADMIN_TOKEN = "fault-token"
-CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "temperature": 0}
 
 
 class Replica:

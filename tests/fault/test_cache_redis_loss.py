@@ -27,7 +27,11 @@ async def _load(url: str, seconds: float, during: Callable[[], None], at: float)
             i = c
             while time.monotonic() < stop:
                 q = f"q{i % 30}" if i % 2 else f"u{i}"
-                body = {"model": "m", "messages": [{"role": "user", "content": q}]}
+                body = {
+                    "model": "m",
+                    "messages": [{"role": "user", "content": q}],
+                    "temperature": 0,
+                }
                 try:
                     async with s.post(url + "/v1/chat/completions", json=body) as r:
                         data = json.loads(await r.read())
@@ -76,7 +80,11 @@ async def test_redis_killed_under_load_no_failed_requests(
         redis.start()
         await asyncio.sleep(2.2)
         async with aiohttp.ClientSession() as s:
-            body = {"model": "m", "messages": [{"role": "user", "content": "after"}]}
+            body = {
+                "model": "m",
+                "messages": [{"role": "user", "content": "after"}],
+                "temperature": 0,
+            }
             for _ in range(3):
                 async with s.post(gw.url + "/v1/chat/completions", json=body) as r:
                     assert r.status == 200

@@ -220,7 +220,9 @@ def test_dashboard_queries_only_exported_metrics(
         if route["name"] == "chat":  # the exact cache on, so its series exist
             route["cache"] = {"exact": {"enabled": True, "tiers": ["memory"]}}
     gw = gateway_process(cfg)
-    chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    chat = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+    ).encode()
     for _ in range(3):
         http("POST", gw.url + "/v1/chat/completions", chat, {"Content-Type": "application/json"})
     # An upstream timeout (an uncached body), so the error series exist as in production.

@@ -25,7 +25,11 @@ from tests.support.servers import GatewayProcess, ServerThread
 from tests.support.upstream import build_upstream
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-CHAT = {"model": "m", "messages": [{"role": "user", "content": "which upstream?"}]}
+CHAT = {
+    "model": "m",
+    "messages": [{"role": "user", "content": "which upstream?"}],
+    "temperature": 0,
+}
 
 
 @pytest.fixture
