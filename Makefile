@@ -23,14 +23,17 @@ run: install
 upstream: install
 	$(BIN)/python -m tests.support.upstream --port $(or $(UPSTREAM_PORT),8000)
 
-# A real Redis server for the tests: Debian's package, installed when missing.
+# A real Redis server (and Sentinel, for the failover tests) for the tests: Debian's packages,
+# installed when missing.
 redis-server:
-	@command -v redis-server >/dev/null 2>&1 || { \
-	  echo "installing Debian's redis-server for the test suite"; \
+	@{ command -v redis-server && command -v redis-sentinel; } >/dev/null 2>&1 || { \
+	  echo "installing Debian's redis-server and redis-sentinel for the test suite"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get install -y -q redis-server >/dev/null 2>&1 || \
-	  { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q redis-server >/dev/null; }; }
+	  $$SUDO apt-get install -y -q redis-server redis-sentinel >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null && \
+	    $$SUDO apt-get install -y -q redis-server redis-sentinel >/dev/null; }; }
 	@command -v redis-server >/dev/null 2>&1 || { echo "redis-server is required by the tests"; exit 1; }
+	@command -v redis-sentinel >/dev/null 2>&1 || { echo "redis-sentinel is required by the tests"; exit 1; }
 
 test: install redis-server
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -352,8 +352,10 @@ class Recording:
             entry = self._seal() if self._ended else None
             if entry is None:
                 if self._lead is not None:
-                    if self._ended and self._copy is None:
-                        self._lead.done(None)  # complete but too large or private: not shared
+                    if self._copy is None:
+                        # nothing shareable was kept (private or too large), however far the
+                        # stream got: waiters fetch their own answers rather than fail
+                        self._lead.done(None)
                     else:
                         self._lead.fail(
                             AnswerIncomplete("upstream stream ended before it completed")

@@ -93,7 +93,10 @@ class RedisLeaseSettings(_Frozen):
 
 class RedisSettings(_Frozen):
     # None (e.g. an unset ${LATENTGATE_REDIS_URL:-}) means no Redis: memory only.
+    # cluster/sentinel: the URL lists seed nodes / sentinels, comma-separated (cache.redis_client).
     url: str | None = None
+    mode: Literal["standalone", "cluster", "sentinel"] = "standalone"
+    sentinel_master: str = "mymaster"  # the primary's name in sentinel mode
     timeouts: RedisTimeouts = RedisTimeouts()
     pool: RedisPoolSettings = RedisPoolSettings()
     breaker: RedisBreakerSettings = RedisBreakerSettings()
@@ -110,6 +113,11 @@ class SemanticIndexSettings(_Frozen):
     flat_max: int = Field(20_000, ge=1)
     hnsw_m: int = Field(32, ge=4)
     ef_search: int = Field(64, ge=1)
+    # How vectors are stored: "8bit" = fp16 codes in flat shards, 8-bit scalar codes in HNSW
+    # shards (see docs/benchmarks.md for memory and top-1 agreement); "fp16"; "fp32" = exact.
+    quantizer: Literal["fp32", "fp16", "8bit"] = "8bit"
+    # The process's semantic index (all routes) in bytes; past it the oldest entries go.
+    max_bytes: int = Field(256 << 20, ge=1 << 16)
     # Concurrent lookups are embedded together: up to batch_max texts, waiting at most
     # batch_max_delay_ms; with batch_target_p95_ms set the wait adapts to the arrival rate and
     # is zero when lookups come one at a time (no latency added to a lone request).

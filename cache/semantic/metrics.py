@@ -34,6 +34,12 @@ class SemanticMetrics:
             registry=registry,
         )
         self.size = Gauge(p + "index_entries", "Vectors in the local index", registry=registry)
+        self.index_bytes = Gauge(
+            p + "index_bytes",
+            "Estimated bytes of the local semantic index (entries and vectors; the figure "
+            "cache.semantic.max_bytes bounds)",
+            registry=registry,
+        )
         self.device = Gauge(
             p + "device_info",
             "Where the embedder and the index run (1 = in use)",

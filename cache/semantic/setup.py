@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
-from redis.asyncio import Redis
 
 from backends.local import LoadProgress
 from cache.embedder import Embedder, load_embedder
@@ -79,10 +78,12 @@ class SemanticSetup:
             hnsw_m=s.hnsw_m,
             ef_search=s.ef_search,
             device=s.device,
-            lazy=True,  # faiss is imported by open(), in the background
+            quantizer=s.quantizer,
         )
         max_entries = max(r.cache.semantic.max_entries for r in routes)
-        self.stage = SemanticStage(_Pending(), self.index, self.metrics, max_entries)
+        self.stage = SemanticStage(
+            _Pending(), self.index, self.metrics, max_entries, max_bytes=s.max_bytes
+        )
         self.stage.ready = False  # routes skip the stage until the embedder is loaded
         self.progress = LoadProgress()
         self._task: asyncio.Task[None] | None = None
@@ -102,7 +103,6 @@ class SemanticSetup:
             )
             self.routes[r.name] = SemanticRoute(self.stage, r.name, p, ver)
         self._sync: RedisSync | None = None
-        self._redis: Redis | None = None
         self._cross_encoder: CrossEncoder | None = None
 
     def start(self) -> None:
@@ -137,7 +137,6 @@ class SemanticSetup:
             max_delay_ms=s.batch_max_delay_ms,
             target_p95_ms=s.batch_target_p95_ms,
         )
-        await asyncio.to_thread(self.index.open)
         embedder: Embedder = await asyncio.to_thread(
             load_embedder,
             s.model,
@@ -176,12 +175,7 @@ class SemanticSetup:
         self.progress.step("ready")
         redis = self.settings.redis
         if s.sync and redis is not None and redis.url:
-            self._redis = Redis.from_url(
-                redis.url,
-                socket_timeout=max(redis.timeouts.op, 0.5),
-                socket_connect_timeout=redis.timeouts.connect,
-            )
-            self._sync = RedisSync(self.stage, self._redis, redis.key_prefix)
+            self._sync = RedisSync.from_settings(self.stage, redis)
             await self._sync.start()
 
     async def _open_cross_encoder(self) -> None:
@@ -223,8 +217,6 @@ class SemanticSetup:
             self._task.cancel()
         if self._sync is not None:
             await self._sync.aclose()
-        if self._redis is not None:
-            await self._redis.aclose()
         await self.stage.embedder.aclose()
         if self._cross_encoder is not None:
             self._cross_encoder.close()

@@ -1,7 +1,10 @@
 """The semantic stage: embed → search the namespace → verify → the exact key of a stored answer.
 
-Entries hold only a vector, a namespace, the text's features and the exact key of the payload
-(which lives once, in the exact store). An entry goes when its TTL passes, when the exact entry
+Entries hold only a namespace, the text and the exact key of the payload (which lives once, in
+the exact store); the vector lives only in the index, compactly, and the text's features are
+computed when the entry is a candidate (a small LRU keeps the hot ones). The stage is bounded by
+entries and by bytes (`max_bytes`, an estimate calibrated by bench/semantic_memory.py) and
+evicts the oldest entry first. An entry goes when its TTL passes, when the exact entry
 is purged (`remove_key`), or when a lookup finds its payload gone. Adds and removals are also
 published through an optional `Replicator` (cache.semantic.sync) to other gateway processes.
 """
@@ -9,11 +12,14 @@ published through an optional `Replicator` (cache.semantic.sync) to other gatewa
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
+import sys
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -29,6 +35,10 @@ log = logging.getLogger("latentgate.semantic")
 TOP_K = 5
 # A wrong-hit report raises that entry's bar to this verifier score (cosine when verifier off).
 TIGHTEN_STEP = 0.03
+# Python's cost of one entry beyond its strings and its vector: the Entry object, its floats, the
+# stage's and the index's dict slots and int keys (measured by bench/semantic_memory.py).
+ENTRY_OVERHEAD = 400
+INFO_CACHE = 4096  # TextInfo of recent candidates (a few KB each, so not kept per entry)
 
 
 def entry_id(exact_key: str) -> int:
@@ -36,18 +46,14 @@ def entry_id(exact_key: str) -> int:
     return int.from_bytes(hashlib.blake2b(exact_key.encode(), digest_size=8).digest(), "big") >> 1
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     namespace: str
     exact_key: str
     text: str
-    vector: np.ndarray
+    vector: np.ndarray | None  # None once stored: the index holds it
     expires_at: float  # wall clock (time.time), shared between processes
-    info: TextInfo = field(init=False)
     bar: float = 0.0  # per-entry threshold raised by wrong-hit reports
-
-    def __post_init__(self) -> None:
-        self.info = text_info(self.text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +82,17 @@ class SemanticStage:
         index: VectorIndex,
         metrics: SemanticMetrics,
         max_entries: int = 100_000,
+        max_bytes: int = 256 << 20,
     ) -> None:
         self.embedder = embedder
         self.index = index
         self.metrics = metrics
         self.max_entries = max_entries
-        self.entries: dict[int, Entry] = {}
+        self.max_bytes = max_bytes
+        self.entries: dict[int, Entry] = {}  # oldest first (insertion order)
+        self.nbytes = 0
+        self._infos: OrderedDict[int, TextInfo] = OrderedDict()
+        metrics.index_bytes.set_function(lambda: self.nbytes)
         self.replicator: Replicator | None = None
         # False while the embedder loads (cache.semantic.setup): routes skip the stage meanwhile.
         self.ready = True
@@ -120,11 +131,12 @@ class SemanticStage:
             self.metrics.lookups.labels("miss").inc()
             return None
         cos = np.asarray(sims, dtype=np.float32)
+        idents = [entry_id(c.exact_key) for c in cands]
         args = (
             text_info(text),
             vec,
-            [c.info for c in cands],
-            np.stack([c.vector for c in cands]),
+            [self._info(i, c) for i, c in zip(idents, cands, strict=True)],
+            self.index.vectors(idents),
             cos,
             [c.bar for c in cands],
         )
@@ -150,13 +162,36 @@ class SemanticStage:
         self.metrics.lookups.labels("hit").inc()
         return SemanticHit(chosen.exact_key, float(cos[decision.index]), decision.score)
 
+    def _info(self, ident: int, entry: Entry) -> TextInfo:
+        info = self._infos.get(ident)
+        if info is None:
+            info = self._infos[ident] = text_info(entry.text)
+            if len(self._infos) > INFO_CACHE:
+                self._infos.popitem(last=False)
+        else:
+            self._infos.move_to_end(ident)
+        return info
+
+    def _cost(self, entry: Entry) -> int:
+        return ENTRY_OVERHEAD + len(entry.text) + len(entry.exact_key) + self.index.vector_bytes()
+
     def apply_add(self, entry: Entry) -> None:
-        """Local index only (also what replication calls)."""
+        """Local index only (also what replication calls). The caller's entry keeps its vector;
+        the stored copy does not."""
+        assert entry.vector is not None
         ident = entry_id(entry.exact_key)
-        if ident not in self.entries and len(self.entries) >= self.max_entries:
-            self._evict_oldest()
-        self.entries[ident] = entry
+        if ident in self.entries:
+            self._drop(ident)  # re-added: it becomes the newest
+        cost = self._cost(entry)
+        while self.entries and (
+            len(self.entries) >= self.max_entries or self.nbytes + cost > self.max_bytes
+        ):
+            self._drop(next(iter(self.entries)))  # the oldest
         self.index.add(entry.namespace, ident, entry.vector)
+        self.entries[ident] = dataclasses.replace(
+            entry, namespace=sys.intern(entry.namespace), vector=None
+        )
+        self.nbytes += cost
         self.metrics.size.set(len(self.entries))
 
     def apply_remove(self, exact_key: str) -> bool:
@@ -192,7 +227,8 @@ class SemanticStage:
         self.apply_bar(exact_key, score + TIGHTEN_STEP)
         self.metrics.feedback.inc()
         if self.replicator is not None:
-            await self.replicator.publish_bar(e)
+            vec = self.index.vector(entry_id(exact_key))
+            await self.replicator.publish_bar(dataclasses.replace(e, vector=vec))
         return True
 
     def apply_bar(self, exact_key: str, bar: float) -> bool:
@@ -211,11 +247,10 @@ class SemanticStage:
         return len(dead)
 
     def _drop(self, ident: int) -> bool:
-        existed = self.entries.pop(ident, None) is not None
+        entry = self.entries.pop(ident, None)
         self.index.remove(ident)
+        self._infos.pop(ident, None)
+        if entry is not None:
+            self.nbytes -= self._cost(entry)
         self.metrics.size.set(len(self.entries))
-        return existed
-
-    def _evict_oldest(self) -> None:
-        oldest = min(self.entries, key=lambda i: self.entries[i].expires_at)
-        self._drop(oldest)
+        return entry is not None

@@ -1,10 +1,17 @@
 """Share the semantic index across gateway processes through Redis.
 
-Entries live in a Redis hash (`{prefix}sem:entries`, exact key → msgpack record) and every add,
-removal and wrong-hit bar is also appended to a Redis Stream (`{prefix}sem:log`). At start-up a
+Entries live in a Redis hash (`{<prefix>sem}:entries`, exact key → msgpack record) and every add,
+removal and wrong-hit bar is also appended to a Redis Stream (`{<prefix>sem}:log`). The hash tag
+puts both on one slot of a Redis Cluster, so a publish is one round trip to one primary, and a
+failover of that primary loses at most the events its replica had not received yet: the tail
+resumes from its last id on the promoted replica. At start-up a
 process rebuilds its local index from the hash, then tails the stream from the id it saw before the
-scan (replays are idempotent). Redis failures are logged and counted; the local index keeps
-serving, and the tail reconnects with backoff.
+scan (replays are idempotent). Redis failures are counted (`latentgate_semantic_sync_events_total`
+with outcome "error") and logged once per state change; the local index keeps serving, and the
+tail reconnects with backoff.
+
+The tail has its own client: its XREAD blocks for `block_ms`, longer than the short op timeout the
+publishing client has, so on a shared client every idle read timed out and warned.
 """
 
 from __future__ import annotations
@@ -20,11 +27,13 @@ from typing import Any
 
 import msgpack
 import numpy as np
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.asyncio import RedisCluster
 from redis.typing import EncodableT, FieldT
 
+from cache.outage import OutageLog
+from cache.redis_client import REDIS_ERRORS, AnyRedis, connect
 from cache.semantic.stage import Entry, SemanticStage
+from cache.settings import RedisSettings
 
 log = logging.getLogger("latentgate.semantic.sync")
 
@@ -37,7 +46,7 @@ def _pack(entry: Entry) -> bytes:
             "ns": entry.namespace,
             "k": entry.exact_key,
             "t": entry.text,
-            "v": np.asarray(entry.vector, np.float32).tobytes(),
+            "v": np.asarray(entry.vector, np.float32).tobytes(),  # the caller's full vector
             "x": entry.expires_at,
             "b": entry.bar,
         }
@@ -56,23 +65,57 @@ class RedisSync:
     """Replicator for SemanticStage; `start()` rebuilds and starts the tail task."""
 
     def __init__(
-        self, stage: SemanticStage, redis: Redis, prefix: str = "lg:", block_ms: int = 500
+        self,
+        stage: SemanticStage,
+        redis: AnyRedis,
+        prefix: str = "lg:",
+        block_ms: int = 500,
+        tail: AnyRedis | None = None,
     ) -> None:
+        """`tail` is the stream reader's client (its socket timeout must exceed block_ms);
+        None: `redis` serves both."""
         self.stage = stage
         self.redis = redis
-        self.entries_key = f"{prefix}sem:entries"
-        self.stream_key = f"{prefix}sem:log"
+        self.tail_redis = tail if tail is not None else redis
+        self.entries_key = f"{{{prefix}sem}}:entries"
+        self.stream_key = f"{{{prefix}sem}}:log"
         self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.block_ms = block_ms
         self.last_id = "0-0"
+        self._owned: list[AnyRedis] = []
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._m = stage.metrics.sync
+        hint = 'latentgate_semantic_sync_events_total{outcome="error"}'
+        self._publish_log = OutageLog(log, "semantic sync: publishing to Redis", hint)
+        self._tail_log = OutageLog(log, "semantic sync: the stream tail", hint)
+
+    @classmethod
+    def from_settings(
+        cls, stage: SemanticStage, settings: RedisSettings, block_ms: int = 500
+    ) -> RedisSync:
+        """A replicator with its own two clients (closed by aclose): publishing is one short
+        pipeline; the tail blocks in XREAD for block_ms, so its connection's timeout is above
+        that (with the op timeout on it, every idle read failed and warned)."""
+        t = settings.timeouts
+        # sentinel and cluster pools refuse (not queue) past max_connections: size it like
+        # the tier's pool, for bursts of concurrent misses
+        pub = connect(
+            settings,
+            socket_timeout=max(t.op, 0.5),
+            max_connections=settings.pool.max_connections,
+        )
+        tail = connect(
+            settings, socket_timeout=block_ms / 1000 + 1.0 + t.connect, max_connections=2
+        )
+        sync = cls(stage, pub, settings.key_prefix, block_ms=block_ms, tail=tail)
+        sync._owned = [pub, tail]
+        return sync
 
     async def start(self) -> None:
         try:
             await self.rebuild()
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             log.warning("semantic sync: rebuild from Redis failed (%s); starting empty", exc)
             self._m.labels("rebuild", "error").inc()
         self.stage.replicator = self
@@ -85,6 +128,8 @@ class RedisSync:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self.stage.replicator = None
+        for client in self._owned:
+            await client.aclose()
 
     async def rebuild(self) -> int:
         last = await self.redis.xrevrange(self.stream_key, count=1)
@@ -117,25 +162,33 @@ class RedisSync:
         """The hash record (written, or deleted when `record` is None) and the stream event in
         one round trip. A Redis failure is logged and counted, never raised: the local index
         already has the change."""
+        fields: dict[FieldT, EncodableT] = {"o": self.origin}
+        fields.update(event)
         try:
-            async with self.redis.pipeline(transaction=False) as p:
+            if isinstance(self.redis, RedisCluster):
+                # Two commands, not a cluster pipeline: a plain command that meets a dead node
+                # makes the client re-read the slot map (and so find the promoted replica);
+                # redis-py's cluster pipeline kept dialling the dead primary.
                 if record is None:
-                    p.hdel(self.entries_key, key)
+                    await self.redis.hdel(self.entries_key, key)
                 else:
-                    p.hset(self.entries_key, key, record)
-                fields: dict[FieldT, EncodableT] = {"o": self.origin}
-                fields.update(event)
-                p.xadd(
-                    self.stream_key,
-                    fields,
-                    maxlen=STREAM_MAXLEN,
-                    approximate=True,
+                    await self.redis.hset(self.entries_key, key, record)
+                await self.redis.xadd(
+                    self.stream_key, fields, maxlen=STREAM_MAXLEN, approximate=True
                 )
-                await p.execute()
+            else:
+                async with self.redis.pipeline(transaction=False) as p:
+                    if record is None:
+                        p.hdel(self.entries_key, key)
+                    else:
+                        p.hset(self.entries_key, key, record)
+                    p.xadd(self.stream_key, fields, maxlen=STREAM_MAXLEN, approximate=True)
+                    await p.execute()
             self._m.labels("publish", "ok").inc()
-        except (RedisError, OSError) as exc:
-            log.warning("semantic sync: publish %s failed (%s); kept locally", what, exc)
+            self._publish_log.ok()
+        except REDIS_ERRORS as exc:
             self._m.labels("publish", "error").inc()
+            self._publish_log.failed(f"{what}: {exc}; kept locally")
 
     def _apply(self, fields: dict[bytes, bytes]) -> None:
         if fields.get(b"o", b"").decode() == self.origin:
@@ -153,25 +206,24 @@ class RedisSync:
         backoff = 0.1
         while not self._closing:
             try:
-                resp: Any = await self.redis.xread(
+                resp: Any = await self.tail_redis.xread(
                     {self.stream_key: self.last_id}, block=self.block_ms, count=500
                 )
                 backoff = 0.1
+                self._tail_log.ok()
                 for _stream, items in resp or []:
                     for ident, fields in items:
                         self.last_id = ident.decode()
                         self._apply(fields)
             except asyncio.CancelledError:
                 raise
-            except (RedisError, OSError) as exc:
+            except REDIS_ERRORS as exc:
                 task = asyncio.current_task()
                 if self._closing or (task is not None and task.cancelling()):
                     # redis-py can turn a cancellation mid-read into a connection error:
                     # swallowing it here would leave aclose() waiting on this loop forever.
                     raise asyncio.CancelledError from exc
                 self._m.labels("tail", "error").inc()
-                log.warning(
-                    "semantic sync: stream tail failed (%s); retrying in %.1fs", exc, backoff
-                )
+                self._tail_log.failed(f"{exc}; retrying with backoff up to 5 s")
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)

@@ -3,6 +3,11 @@
 Every operation has a short deadline and goes through a breaker; a Redis that is down, slow or
 flapping costs a request at most one op timeout, then nothing while the breaker is open.
 redis-py errors are mapped to the CacheError tree here (`map_errors`) and never leave this module.
+An outage is logged when it starts and when it ends (`OutageLog`), never once per request; the
+failures are counted in `latentgate_cache_redis_errors_total`.
+
+Modes (cache.redis_client): standalone, sentinel (one primary at a time, found by name) and
+cluster, where a batch of GETs is split by hash slot, and purge and stats visit every primary.
 """
 
 from __future__ import annotations
@@ -15,16 +20,15 @@ from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.asyncio import RedisCluster
 
-from cache.breaker import Breaker
+from cache.breaker import CLOSED, OPEN, Breaker
 from cache.codec import CacheEntry, decode, encode
 from cache.errors import CodecError, TierError, TierTimeout
 from cache.keys import Selector
 from cache.metrics import CacheMetrics
+from cache.outage import OutageLog
+from cache.redis_client import REDIS_ERRORS, connect
 from cache.settings import RedisSettings
 
 log = logging.getLogger("latentgate.cache.redis")
@@ -48,15 +52,21 @@ class RedisTier:
         self.breaker = Breaker(
             settings.breaker.failures, settings.breaker.open_s, on_change=self._breaker_changed
         )
-        pool = BlockingConnectionPool.from_url(
-            settings.url,
-            max_connections=settings.pool.max_connections,
-            timeout=settings.timeouts.op,
+        self.client = connect(
+            settings,
             socket_timeout=settings.timeouts.op,
-            socket_connect_timeout=settings.timeouts.connect,
+            max_connections=settings.pool.max_connections,
         )
-        # No retries inside redis-py: a retry multiplies the time an outage costs a request.
-        self.client = Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
+        self.cluster = isinstance(self.client, RedisCluster)
+        # A cluster client first learns the slot map (CLUSTER SLOTS, a connection per node):
+        # that gets the connect timeout, not a request's op deadline.
+        self._mapped = not self.cluster
+        self._last_error = ""
+        self._outage = OutageLog(
+            log,
+            f"redis ({settings.mode}), breaker open,",
+            "latentgate_cache_redis_errors_total",
+        )
         self._release = self.client.register_script(_RELEASE)
         self._tasks: set[asyncio.Task[None]] = set()
         # GETs issued in the same loop iteration go out as one MGET (see _batched_get).
@@ -64,23 +74,36 @@ class RedisTier:
 
     def _breaker_changed(self, state: int) -> None:
         self._metrics.breaker_state.set(state)
-        log.warning("redis breaker is now %s", ("closed", "open", "half-open")[state])
+        # open ⇄ half-open repeats every open_s during an outage: only its ends are news
+        # One line when the breaker opens after having been closed and one when it closes
+        # again: open ⇄ half-open repeats every open_s during an outage and is not news.
+        log.debug("redis breaker is now %s", ("closed", "open", "half-open")[state])
+        if state == OPEN:
+            self._outage.failed(self._last_error)
+        elif state == CLOSED:
+            self._outage.ok()
 
     @asynccontextmanager
     async def _guard(self, op: str, deadline_s: float | None = None) -> AsyncIterator[None]:
         """map_errors + deadline + breaker bookkeeping for one Redis operation."""
         verdict = False
         try:
+            if not self._mapped:
+                async with asyncio.timeout(self.settings.timeouts.connect * 4):
+                    await self.client.initialize()
+                self._mapped = True
             async with asyncio.timeout(deadline_s or self._op):
                 yield
             verdict = True
             self.breaker.success()
         except TimeoutError as exc:
             verdict = True
+            self._last_error = f"{op} timed out after {deadline_s or self._op:g}s"
             self._failed(op, "timeout")
             raise TierTimeout(f"redis {op} timed out") from exc
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             verdict = True
+            self._last_error = f"{op}: {type(exc).__name__}: {exc}"
             self._failed(op, type(exc).__name__)
             raise TierError(f"redis {op} failed: {exc}") from exc
         finally:
@@ -89,6 +112,7 @@ class RedisTier:
 
     def _failed(self, op: str, kind: str) -> None:
         self._metrics.redis_errors.labels(op, kind).inc()
+        self._outage.count()
         self.breaker.failure()
 
     async def get(self, key: str) -> CacheEntry | None:
@@ -128,14 +152,23 @@ class RedisTier:
 
     async def _mget(self, batch: dict[str, list[asyncio.Future[Raw]]]) -> None:
         keys = list(batch)
+        full = [self.prefix + k for k in keys]
         try:
             async with self._guard("get"):
-                values = await self.client.mget([self.prefix + k for k in keys])
-        except TierError as exc:
+                if self.cluster:  # one MGET per hash slot, sent together
+                    values = await self.client.mget_nonatomic(full)  # type: ignore[union-attr]
+                else:
+                    values = await self.client.mget(full)
+        except BaseException as exc:
+            # Every waiter gets an answer, whatever went wrong: a lookup must never hang on an
+            # unanswered future (cancellation included).
+            err = exc if isinstance(exc, TierError) else TierError(f"redis get failed: {exc!r}")
             for futs in batch.values():
                 for f in futs:
                     if not f.done():
-                        f.set_exception(exc)
+                        f.set_exception(err)
+            if not isinstance(exc, TierError):
+                raise
             return
         for k, v in zip(keys, values, strict=True):
             for f in batch[k]:
@@ -215,8 +248,8 @@ class RedisTier:
                 n = 0
                 async for _ in self.client.scan_iter(match=self.prefix + "*", count=1000):
                     n += 1
-                info = await self.client.info("memory")
-            out.update(entries=n, bytes=int(info.get("used_memory", 0)))
+                used = await self._used_memory()
+            out.update(entries=n, bytes=used)
         except TierError as exc:
             out["error"] = str(exc)
         return out
@@ -237,6 +270,13 @@ class RedisTier:
         out["breaker"] = ("closed", "open", "half-open")[self.breaker.state]
         return out
 
+    async def _used_memory(self) -> int:
+        if not self.cluster:
+            info = await self.client.info("memory")
+            return int(info.get("used_memory", 0))
+        per_node: Any = await self.client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+        return sum(int(i.get("used_memory", 0)) for i in per_node.values())
+
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -248,6 +288,4 @@ class RedisTier:
         for futs in self._pending.values():
             for f in futs:
                 f.cancel()
-        await self.client.aclose()
-        # A client built on a pool it was handed does not close that pool: close its sockets.
-        await self.client.connection_pool.aclose()
+        await self.client.aclose()  # its pool too (cache.redis_client.connect)

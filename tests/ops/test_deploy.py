@@ -187,6 +187,24 @@ def test_compose_wires_the_gateway_to_redis_and_the_model() -> None:
     assert set(gw["depends_on"]) == {"redis", "model"}
 
 
+def test_cluster_compose_runs_the_gateway_in_cluster_mode_on_every_node() -> None:
+    (compose,) = _load_all(DEPLOY / "compose" / "cluster-compose.yaml")
+    services = compose["services"]
+    nodes = {n for n in services if n.startswith("redis-")}
+    assert len(nodes) == 6
+    init = " ".join(services["cluster-init"]["command"])
+    assert "--cluster-replicas 1" in init and all(f"{n}:6379" in init for n in nodes)
+    gw = services["latentgate"]
+    env = {k: str(v) for k, v in gw["environment"].items()}
+    redis = load_settings(DEPLOY / "compose" / "latentgate.yaml", environ=env).cache.redis
+    assert redis is not None and redis.mode == "cluster"
+    from cache.redis_client import parse_hosts
+
+    hosts, _ = parse_hosts(redis.url or "")
+    assert {h for h, _ in hosts} == nodes
+    assert gw["depends_on"]["cluster-init"]["condition"] == "service_completed_successfully"
+
+
 def test_systemd_unit_reloads_with_sighup_and_outlasts_the_drain() -> None:
     unit = configparser.ConfigParser(strict=False, interpolation=None)
     unit.optionxform = str  # type: ignore[assignment, method-assign]

@@ -106,6 +106,25 @@ def test_metrics_name_where_the_embedder_and_index_run(gw: ServerThread) -> None
     assert series == ['latentgate_semantic_device_info{embedder="cpu",index="cpu"} 1.0']
 
 
+def test_metrics_count_the_index_bytes(gw: ServerThread) -> None:
+    def index_bytes() -> float:
+        with urllib.request.urlopen(f"{gw.url}/metrics", timeout=10) as r:
+            lines = r.read().decode().splitlines()
+        (line,) = [ln for ln in lines if ln.startswith("latentgate_semantic_index_bytes ")]
+        return float(line.split()[1])
+
+    before = index_bytes()
+    ask(
+        client_for(gw.url),
+        f"What is the boiling point of water {uuid.uuid4().hex[:6]}?",
+        temperature=0,
+    )
+    deadline = time.monotonic() + 5
+    while index_bytes() == before and time.monotonic() < deadline:
+        time.sleep(0.05)  # the entry is stored after the answer is sent
+    assert index_bytes() > before
+
+
 def test_a_miss_embeds_its_question_once(gw: ServerThread) -> None:
     """The lookup's vector is the one stored after the upstream answers: a miss costs one run of
     the embedder, not two."""

@@ -1,10 +1,16 @@
-"""SemanticStage: hits inside a namespace, refusals, expiry, purge, stale payloads, feedback."""
+"""SemanticStage: hits inside a namespace, refusals, expiry, purge, stale payloads, feedback,
+the byte bound."""
 
 from __future__ import annotations
 
 import asyncio
 
-from cache.semantic.stage import SemanticStage
+from prometheus_client import CollectorRegistry
+
+from cache.embedder import Embedder
+from cache.semantic.index import VectorIndex
+from cache.semantic.metrics import SemanticMetrics
+from cache.semantic.stage import SemanticStage, entry_id
 from cache.semantic.verifier import MlpVerifier
 
 Q = "How do I reset my password?"
@@ -67,3 +73,38 @@ async def test_wrong_hit_report_stops_that_reuse(
     # The bar is that entry's own: other entries in the namespace still hit.
     await stage.add("ns", "What is the best way to learn Python?", "k2", ttl=60)
     assert await stage.lookup("ns", "What's the best way to learn Python?", verifier) is not None
+
+
+async def test_byte_bound_evicts_the_oldest_and_is_in_metrics(embedder: Embedder) -> None:
+    registry = CollectorRegistry()
+    index = VectorIndex(embedder.dim, device="cpu")
+    probe = SemanticStage(embedder, index, SemanticMetrics(CollectorRegistry()))
+    first = await probe.add("ns", "How do I reset my password?", "k0", ttl=60)
+    one = probe.nbytes
+    assert one > index.vector_bytes()
+    # room for about three entries of this size: the fourth and fifth push out the oldest
+    stage = SemanticStage(
+        embedder,
+        VectorIndex(embedder.dim, device="cpu"),
+        SemanticMetrics(registry),
+        max_bytes=int(one * 3.5),
+    )
+    texts = [
+        "How do I reset my password?",
+        "What is the capital of France?",
+        "How many legs does a spider have?",
+        "Why is the sky blue?",
+        "Who wrote the novel Moby Dick?",
+    ]
+    for i, t in enumerate(texts):
+        # the oldest to go is the first added, even with the latest expiry
+        await stage.add("ns", t, f"k{i}", ttl=600 - i)
+    assert [e.exact_key for e in stage.entries.values()] == ["k2", "k3", "k4"]
+    assert stage.nbytes <= int(one * 3.5)
+    assert entry_id("k0") not in stage.index and len(stage.index) == 3
+    found = stage.index.search("ns", await stage.embed(texts[4]), 1)
+    assert found[0][0] == entry_id("k4")
+    value = registry.get_sample_value("latentgate_semantic_index_bytes")
+    assert value == stage.nbytes
+    assert first.vector is not None  # the caller's entry keeps its vector for replication
+    assert all(e.vector is None for e in stage.entries.values())  # the index holds it

@@ -148,9 +148,10 @@ class ServerThread:
 
 
 class RedisServer:
-    """A real redis-server process on a free port, persistence off."""
+    """A real redis-server process on a free port, persistence off; `extra` adds arguments
+    (cluster mode, replicaof: see tests/support/redis_topologies.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra: list[str] | None = None) -> None:
         exe = os.environ.get("LATENTGATE_REDIS_SERVER") or shutil.which("redis-server")
         if exe is None:
             raise RuntimeError(
@@ -159,6 +160,7 @@ class RedisServer:
         self.exe = exe
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="lg-redis-")
+        self.extra = extra or []
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -181,6 +183,7 @@ class RedisServer:
                 self.dir,
                 "--protected-mode",
                 "no",
+                *self.extra,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

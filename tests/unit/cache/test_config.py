@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import cache
 from gateway.app import build_app
 from gateway.config import load_settings
@@ -40,6 +42,23 @@ async def test_redis_url_from_the_environment_enables_l2() -> None:
     state = build_app(settings)[STATE]
     assert state.cache is not None and state.cache.redis is not None
     await close_backends(state)
+
+
+async def test_redis_mode_from_the_environment() -> None:
+    settings = load_settings(CONFIG)
+    assert settings.cache.redis is not None and settings.cache.redis.mode == "standalone"
+    env = {
+        "LATENTGATE_REDIS_URL": "redis://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3/0",
+        "LATENTGATE_REDIS_MODE": "sentinel",
+        "LATENTGATE_REDIS_SENTINEL_MASTER": "cache-primary",
+    }
+    redis = load_settings(CONFIG, environ=env).cache.redis
+    assert redis is not None and (redis.mode, redis.sentinel_master) == (
+        "sentinel",
+        "cache-primary",
+    )
+    with pytest.raises(Exception, match="mode"):
+        load_settings(CONFIG, environ={**env, "LATENTGATE_REDIS_MODE": "clustr"})
 
 
 async def close_backends(state: Any) -> None:

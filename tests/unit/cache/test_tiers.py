@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+
+import pytest
 
 from cache.codec import CacheEntry
 from cache.keys import KeyBuilder, Selector
@@ -157,3 +160,30 @@ async def test_concurrent_redis_gets_share_one_mget(
         else:
             assert entry is not None and entry.body == f"v{i % 6}".encode()
     await tier.aclose()
+
+
+async def test_outage_logs_once_not_per_request(
+    metrics: CacheMetrics, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dead Redis under many requests: one 'failing' line, every failure counted; its return:
+    one 'recovered' line."""
+    server = RedisServer().start()
+    tier = RedisTier(redis_settings(server.url, breaker={"failures": 2, "open_s": 0.2}), metrics)
+    caplog.set_level(logging.DEBUG, logger="latentgate.cache.redis")
+    try:
+        server.kill()
+        for _ in range(5):  # several breaker cycles: open → half-open probe → open
+            await asyncio.gather(*(tier.get(f"k{i}") for i in range(50)))
+            await asyncio.sleep(0.25)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1 and "failing" in warnings[0], warnings
+        failures = sum(s.value for m in metrics.redis_errors.collect() for s in m.samples)
+        assert failures >= 5  # one per probe at least, counted though not logged
+        server.start()
+        await asyncio.sleep(0.25)
+        await tier.get("k0")
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 2 and "recovered" in warnings[1], warnings
+    finally:
+        await tier.aclose()
+        server.stop()

@@ -1,0 +1,110 @@
+"""Build a redis-py asyncio client for `cache.redis` in any mode: standalone, cluster, sentinel.
+
+One URL names the servers in every mode (`cache.redis.url`, env LATENTGATE_REDIS_URL):
+- standalone: `redis://host:6379/0`
+- cluster: `redis://host1:7000,host2:7001` (seed nodes; the rest of the cluster is discovered)
+- sentinel: `redis://sentinel1:26379,sentinel2:26379/0`, the primary found by
+  `cache.redis.sentinel_master` (env LATENTGATE_REDIS_SENTINEL_MASTER)
+A password in the URL is the data servers' password (not the sentinels').
+
+No retries inside redis-py: a retry multiplies the time an outage costs a request; the breaker
+and the next request's reconnect (cluster: topology refresh; sentinel: a new primary lookup)
+recover instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisClusterException, RedisError
+
+from cache.settings import RedisSettings
+
+AnyRedis = Redis | RedisCluster
+# What a failing Redis raises in any mode (cluster routing errors are not RedisErrors), plus
+# RuntimeError: redis-py's cluster client writes to a transport uvloop already closed when a
+# node dies mid-command ("unable to perform operation on <TCPTransport closed=True>").
+REDIS_ERRORS = (RedisError, RedisClusterException, OSError, RuntimeError)
+
+
+def parse_hosts(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """(host, port) pairs and connection options (password, username, db, ssl) of a URL whose
+    netloc may list several comma-separated hosts."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        raise ValueError(f"redis url must start with redis:// or rediss://, not {url!r}")
+    netloc = parts.netloc
+    opts: dict[str, Any] = {}
+    if "@" in netloc:
+        auth, netloc = netloc.rsplit("@", 1)
+        user, _, password = auth.partition(":")
+        if password:
+            opts["password"] = unquote(password)
+            if user:
+                opts["username"] = unquote(user)
+        elif user:
+            opts["password"] = unquote(user)
+    hosts = []
+    for item in netloc.split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host:
+            host, port = port, "6379"
+        hosts.append((host.strip("[]"), int(port)))
+    db = parts.path.strip("/")
+    if db:
+        opts["db"] = int(db)
+    if parts.scheme == "rediss":
+        opts["ssl"] = True
+    return hosts, opts
+
+
+def connect(
+    settings: RedisSettings, *, socket_timeout: float | None, max_connections: int
+) -> AnyRedis:
+    """A client for `settings`; `socket_timeout` bounds one read (None: wait for ever)."""
+    assert settings.url is not None
+    t = settings.timeouts
+    no_retry = Retry(NoBackoff(), 0)
+    if settings.mode == "standalone":
+        pool = BlockingConnectionPool.from_url(
+            settings.url,
+            max_connections=max_connections,
+            timeout=t.op,  # waiting for a free connection is part of the op's deadline
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=t.connect,
+        )
+        standalone = Redis(connection_pool=pool, retry=no_retry)
+        # The pool is this client's alone: aclose() closes its sockets too (Redis.from_pool's
+        # ownership; without it every closed client leaks its connections).
+        standalone.auto_close_connection_pool = True
+        return standalone
+    hosts, opts = parse_hosts(settings.url)
+    if settings.mode == "cluster":
+        opts.pop("db", None)  # a cluster has only db 0
+        return RedisCluster(
+            startup_nodes=[ClusterNode(h, p) for h, p in hosts],
+            max_connections=max_connections,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=t.connect,
+            retry=no_retry,
+            **opts,
+        )
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        hosts,
+        sentinel_kwargs={"socket_timeout": t.connect, "socket_connect_timeout": t.connect},
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=t.connect,
+    )
+    client: Redis = sentinel.master_for(
+        settings.sentinel_master,
+        max_connections=max_connections,
+        retry=no_retry,
+        **opts,
+    )
+    return client

@@ -1,0 +1,60 @@
+"""The Redis tier on a real 3+3 Redis Cluster: a batch of GETs across hash slots, leases, and
+purge and stats over every primary; the URL forms of cluster and sentinel modes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from cache.codec import CacheEntry
+from cache.keys import Selector
+from cache.metrics import CacheMetrics
+from cache.redis_client import parse_hosts
+from cache.tiers.redis import RedisTier
+from tests.support.redis_topologies import RedisClusterServers, cli
+from tests.unit.cache.conftest import redis_settings
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisClusterServers]:
+    servers = RedisClusterServers().start()
+    yield servers
+    servers.stop()
+
+
+def test_urls_list_several_hosts() -> None:
+    hosts, opts = parse_hosts("redis://:s3cret@10.0.0.1:7000,10.0.0.2:7001,node-3/2")
+    assert hosts == [("10.0.0.1", 7000), ("10.0.0.2", 7001), ("node-3", 6379)]
+    assert opts == {"password": "s3cret", "db": 2}
+    with pytest.raises(ValueError, match="redis://"):
+        parse_hosts("http://10.0.0.1:7000")
+
+
+async def test_cluster_batches_across_slots_and_purges_every_primary(
+    cluster: RedisClusterServers, metrics: CacheMetrics
+) -> None:
+    settings = redis_settings(cluster.url, mode="cluster")
+    tier = RedisTier(settings, metrics)
+    entry = CacheEntry(200, [], body=b"{}", events=None, ttl=60, model="m", kind="chat")
+    keys = [f"r.m.t.k{i}" for i in range(40)]
+    try:
+        for k in keys:
+            await tier.put(k, entry)
+        # one loop iteration's GETs: one MGET per slot, all answered
+        got = await asyncio.gather(*(tier.get(k) for k in keys), tier.get("r.m.t.absent"))
+        assert [g is not None for g in got] == [True] * 40 + [False]
+        holding = [n for n in cluster.primaries() if int(cli(n.port, "dbsize").strip()) > 0]
+        assert len(holding) == 3  # the entries are spread over every primary
+        stats = await tier.stats()
+        assert stats["entries"] == 40 and int(str(stats["bytes"])) > 0
+        token = await tier.acquire_lease(keys[0], 5000)
+        assert token is not None and await tier.acquire_lease(keys[0], 5000) is None
+        await tier.release_lease(keys[0], token)
+        assert not await tier.lease_held(keys[0])
+        assert await tier.purge(Selector.of(None, None, None)) == 40
+        assert all(int(cli(n.port, "dbsize").strip()) == 0 for n in cluster.primaries())
+        assert tier.breaker.state == 0
+    finally:
+        await tier.aclose()
