@@ -162,6 +162,7 @@ def test_bad_request_gets_the_anthropic_error_envelope(gw: ServerThread) -> None
         urllib.request.urlopen(req)
     assert info.value.code == 400
     doc = json.load(info.value)
+    info.value.close()  # an HTTPError holds the socket; the traceback keeps it past this test
     assert doc["type"] == "error"
     assert doc["error"]["type"] == "invalid_request_error"
     assert "max_tokens" in doc["error"]["message"]
