@@ -5,11 +5,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CONFIG ?= config/latentgate.yaml
 
-.PHONY: install run test lint typecheck redis-server bench bench-proxy bench-hotpath clean
+.PHONY: install run upstream test lint typecheck redis-server bench bench-proxy bench-hotpath clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/install.sh
+	@echo "make install: a virtualenv in $(VENV) with latentgate and its test tools (a few minutes the first time; later runs skip this)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# The same steps the Dockerfiles run (torch CPU wheel first, then the package).
 	sh scripts/install.sh $(BIN)/python dev
@@ -17,6 +18,10 @@ $(STAMP): pyproject.toml scripts/install.sh
 
 run: install
 	$(BIN)/latentgate serve --config $(CONFIG)
+
+# An example model server on :8000 (where `make run` sends chat): OpenAI and v2, echoing.
+upstream: install
+	$(BIN)/python -m tests.support.upstream --port $(or $(UPSTREAM_PORT),8000)
 
 # A real Redis server (and Sentinel, for the failover tests) for the tests: Debian's packages,
 # installed when missing.

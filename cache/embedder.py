@@ -91,6 +91,7 @@ def load_embedder(
     artifacts_dir: str | None = None,
     batching: Any = None,
     share: Any = None,
+    progress: Any = None,
 ) -> Embedder:
     try:
         from backends.local import load_text_encoder
@@ -107,8 +108,9 @@ def load_embedder(
         artifacts_dir=artifacts_dir,
         batching=batching,
         share=share,
+        progress=progress,
         registry=None if metrics else registry,
         metrics=metrics,
     )
-    log.info("embedder: %s on ONNX Runtime, device=%s, dim=%d", model, enc.device, enc.dim)
+    log.debug("embedder: %s on ONNX Runtime, device=%s, dim=%d", model, enc.device, enc.dim)
     return TextEncoderEmbedder(enc)

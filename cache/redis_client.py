@@ -79,7 +79,11 @@ def connect(
             socket_timeout=socket_timeout,
             socket_connect_timeout=t.connect,
         )
-        return Redis(connection_pool=pool, retry=no_retry)
+        standalone = Redis(connection_pool=pool, retry=no_retry)
+        # The pool is this client's alone: aclose() closes its sockets too (Redis.from_pool's
+        # ownership; without it every closed client leaks its connections).
+        standalone.auto_close_connection_pool = True
+        return standalone
     hosts, opts = parse_hosts(settings.url)
     if settings.mode == "cluster":
         opts.pop("db", None)  # a cluster has only db 0

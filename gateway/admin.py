@@ -10,6 +10,7 @@ from aiohttp import web
 
 from cache import identity_from_purge
 from gateway.errors import BadRequest, GatewayError, NotFound, Unauthorized, error_body
+from gateway.readiness import readiness
 from gateway.redact import redact
 from gateway.state import STATE, AppState
 
@@ -27,12 +28,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    backends = {name: {"ready": b.ready(), **b.describe()} for name, b in state.backends.items()}
-    ready = not state.draining and all(v["ready"] for v in backends.values())
-    return _json(
-        {"ready": ready, "draining": state.draining, "backends": backends}, 200 if ready else 503
-    )
+    ready, body = await readiness(request.app[STATE])
+    return _json(body, 200 if ready else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -20,8 +20,9 @@ from cache import (
     build_semantic,
     semantic_routes,
 )
-from gateway import admin, admin_semantic, reload
+from gateway import admin, admin_semantic, reload, v2_server
 from gateway.config import RouteSettings, Settings
+from gateway.drain import CATCH_ALL, unless_draining
 from gateway.metrics import Metrics
 from gateway.middleware import listener_roles, request_target
 from gateway.pipeline import Pipeline
@@ -103,7 +104,12 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     pipeline = Pipeline(router, backends, metrics, settings.limits, flows)
     pipeline.tracing = build_tracing(settings.tracing)
     state = AppState(
-        settings=settings, metrics=metrics, backends=backends, pipeline=pipeline, cache=cache
+        settings=settings,
+        metrics=metrics,
+        backends=backends,
+        pipeline=pipeline,
+        cache=cache,
+        semantic=semantic,
     )
 
     def swap_policies(new: Settings) -> None:
@@ -130,8 +136,10 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await cache.open()
+        # Models load in the background (the first start exports them: ~20 s): the listeners
+        # open at once, /healthz answers, /readyz says 503 with the progress until they are in.
         if semantic is not None:
-            await semantic.open()
+            semantic.start()
         for backend in backends.values():
             start = getattr(backend, "start", None)  # pools start health checks; engines warm up
             if start is not None:
@@ -150,8 +158,9 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
 
         grpc_server.install(app, state)  # after `lifecycle`: starts after, stops before backends
     admin.register(app)
+    v2_server.register(app)
     reload.register(app, config_path, build_router, make_backends, swap_policies)
     if semantic is not None:
         admin_semantic.register(app, semantic)
-    app.router.add_route("*", "/{tail:.*}", pipeline.handle)
+    app.router.add_route("*", CATCH_ALL, unless_draining(state, pipeline.handle))
     return app

@@ -11,6 +11,7 @@ from backends import preflight
 from cache import semantic_preflight
 from gateway.config import ConfigError, ListenerSettings, Settings, load_settings
 from gateway.redact import install_redaction
+from gateway.version import version
 
 DEFAULT_CONFIG = "config/latentgate.yaml"
 
@@ -37,6 +38,7 @@ def _apply_flags(settings: Settings, args: argparse.Namespace) -> Settings:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="latentgate", description="Caching inference gateway")
+    parser.add_argument("--version", action="version", version=f"latentgate {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="start the gateway")
     serve.add_argument("--config", default=os.environ.get("LATENTGATE_CONFIG", DEFAULT_CONFIG))

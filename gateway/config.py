@@ -64,7 +64,16 @@ class LimitSettings(_Frozen):
 
 class LoggingSettings(_Frozen):
     level: Literal["debug", "info", "warning", "error"] = "info"
-    access_log: bool = False
+    # One line per request on the `latentgate.access` logger: true or "common" (Apache's common
+    # log format plus the duration), "json" (one object per line); off by default.
+    access_log: bool | Literal["common", "json"] = False
+
+
+class ReadinessSettings(_Frozen):
+    """/readyz is the gateway's own readiness (engines loaded, listeners open, not draining);
+    backends named here must also be reachable (a remote one needs a health_check)."""
+
+    require: list[str] = []
 
 
 class TracingSettings(_Frozen):
@@ -112,6 +121,7 @@ class Settings(_Frozen):
     limits: LimitSettings = LimitSettings()
     logging: LoggingSettings = LoggingSettings()
     tracing: TracingSettings = TracingSettings()
+    readiness: ReadinessSettings = ReadinessSettings()
     cache: CacheSettings = CacheSettings()
     backends: dict[str, BackendSettings]
     routes: list[RouteSettings] = Field(min_length=1)
@@ -131,6 +141,15 @@ class Settings(_Frozen):
             if route.protocol != "grpc" and getattr(backend, "wire", "http") == "grpc":
                 raise PydanticCustomError(
                     _BACKEND_REF, _http_to_grpc(route.name, route.protocol, route.backend)
+                )
+        for name in self.readiness.require:
+            spec = self.backends.get(name)
+            if spec is None:
+                raise ValueError(f"readiness.require names {name!r}, which is not under backends")
+            if spec.kind == "remote" and getattr(spec, "health_check", None) is None:
+                raise ValueError(
+                    f"readiness.require names remote backend {name!r}: give it a health_check "
+                    "so its replicas are probed before any traffic"
                 )
         return self
 
@@ -207,7 +226,8 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 def interpolate(text: str, environ: Mapping[str, str]) -> str:
-    """Replace `${VAR}` and `${VAR:-default}`; an unset variable without a default is empty."""
+    """Replace `${VAR}` and `${VAR:-default}`; an unset variable without a default is empty
+    (parse_settings reports it as an error)."""
 
     def sub(m: re.Match[str]) -> str:
         value = environ.get(m.group(1))
@@ -231,16 +251,45 @@ def _line_index(node: yaml.Node, prefix: tuple[str, ...], out: dict[tuple[str, .
             _line_index(item, (*prefix, str(i)), out)
 
 
-def _interpolate_tree(value: Any, environ: Mapping[str, str]) -> Any:
+def unset_variables(text: str, environ: Mapping[str, str]) -> list[str]:
+    """`${VAR}` references (no default) whose variable is not in the environment."""
+    return [
+        m.group(1) for m in _VAR.finditer(text) if m.group(2) is None and m.group(1) not in environ
+    ]
+
+
+def _interpolate_tree(
+    value: Any,
+    environ: Mapping[str, str],
+    path: tuple[str, ...] = (),
+    unset: dict[tuple[str, ...], list[str]] | None = None,
+) -> Any:
     if isinstance(value, str):
+        if unset is not None and (names := unset_variables(value, environ)):
+            unset[path] = names
         out = interpolate(value, environ)
         # An emptied `${VAR:-}` means "not set" so optional fields stay None.
         return None if out == "" and _VAR.search(value) else out
     if isinstance(value, list):
-        return [_interpolate_tree(v, environ) for v in value]
+        return [_interpolate_tree(v, environ, (*path, str(i)), unset) for i, v in enumerate(value)]
     if isinstance(value, dict):
-        return {k: _interpolate_tree(v, environ) for k, v in value.items()}
+        return {k: _interpolate_tree(v, environ, (*path, str(k)), unset) for k, v in value.items()}
     return value
+
+
+def _line_of(loc: tuple[str, ...], lines: dict[tuple[str, ...], int]) -> int | None:
+    for n in range(len(loc), -1, -1):
+        if loc[:n] in lines:
+            return lines[loc[:n]]
+    return None
+
+
+def _unset_message(names: list[str]) -> str:
+    what = f"variable {names[0]} is" if len(names) == 1 else f"variables {', '.join(names)} are"
+    return (
+        f"environment {what} not set and has no default "
+        f"(set it, or write ${{{names[0]}:-default}} for an optional value)"
+    )
 
 
 def parse_settings(
@@ -262,9 +311,15 @@ def parse_settings(
     lines: dict[tuple[str, ...], int] = {}
     if node is not None:
         _line_index(node, (), lines)
-    data = _interpolate_tree(raw, env)
+    unset: dict[tuple[str, ...], list[str]] = {}
+    data = _interpolate_tree(raw, env, (), unset)
+    # An unset `${VAR}` is an error where it is used, whatever the field would accept.
+    unset_issues = [
+        ConfigIssue(".".join(path), _line_of(path, lines), _unset_message(names))
+        for path, names in unset.items()
+    ]
     try:
-        return Settings.model_validate(data)
+        settings = Settings.model_validate(data)
     except ValidationError as exc:
         issues = []
         for err in exc.errors():
@@ -273,16 +328,16 @@ def parse_settings(
             loc = tuple(str(p) for p in err["loc"])
             # Discriminated unions insert the tag into loc; drop it for the user-facing path.
             loc = tuple(p for p in loc if p not in ("remote", "onnxruntime", "tensorrt"))
-            line = None
-            for n in range(len(loc), -1, -1):
-                if loc[:n] in lines:
-                    line = lines[loc[:n]]
-                    break
+            if any(loc[: len(path)] == path for path in unset):
+                continue  # the unset variable is the cause: said once, below
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
-            issues.append(ConfigIssue(".".join(loc), line, msg))
-        raise ConfigError(source, issues + _reference_issues(data, lines)) from None
+            issues.append(ConfigIssue(".".join(loc), _line_of(loc, lines), msg))
+        raise ConfigError(source, unset_issues + issues + _reference_issues(data, lines)) from None
+    if unset_issues:
+        raise ConfigError(source, unset_issues)
+    return settings
 
 
 def load_settings(path: str | Path, environ: Mapping[str, str] | None = None) -> Settings:

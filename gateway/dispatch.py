@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from aiohttp.web_urldispatcher import PlainResource
 
-from gateway.middleware.listener_roles import PROBES, ROLES, split_admin
+from gateway.drain import CATCH_ALL, turned_away
+from gateway.middleware.listener_roles import ROLES, split_admin
 from gateway.middleware.request_target import plain_target, safe_target, undecodable_header
 from gateway.state import STATE
 
@@ -25,14 +27,23 @@ def model_traffic_handler(app: web.Application) -> Handler:
     full: Handler = app._handle
     if not set(app.middlewares) <= {safe_target, split_admin}:
         return full  # a middleware this shortcut does not know of: everything takes the full way
-    pipeline = app[STATE].pipeline
+    # Every path the app registered besides the catch-all (probes, /v2 server calls, the admin
+    # API) takes the full way; a route with a pattern would need the router itself to match.
+    own: set[str] = set()
+    for resource in app.router.resources():
+        if isinstance(resource, PlainResource):
+            own.add(resource.canonical)
+        elif resource.canonical != CATCH_ALL:
+            return full
+    state = app[STATE]
+    pipeline = state.pipeline
     roles = app[ROLES]
     split = split_admin in app.middlewares
 
     async def handle(request: web.Request) -> web.StreamResponse:
         path = request.path
         if (
-            path in PROBES
+            path in own
             or path.startswith("/admin")
             # aiohttp answers `Expect: 100-continue` in the router's path
             or "Expect" in request.headers
@@ -42,6 +53,8 @@ def model_traffic_handler(app: web.Application) -> Handler:
             or undecodable_header(request) is not None
         ):
             return await full(request)
+        if state.draining:  # as the catch-all's drain wrapper does (gateway/drain.py)
+            return turned_away()
         return await pipeline.handle(request)
 
     return handle

@@ -12,6 +12,7 @@ import socket
 import sys
 
 from cache import share_generated_secret
+from gateway import access_log
 from gateway.app import build_app
 from gateway.config import Settings
 from gateway.connections import ConnectionGuard, GuardedAppRunner
@@ -52,7 +53,7 @@ async def serve(
         handler=model_traffic_handler(app),
         max_headers=limits.max_headers,
         handle_signals=False,
-        access_log=logging.getLogger("latentgate.access") if settings.logging.access_log else None,
+        **access_log.runner_options(settings.logging.access_log),
         keepalive_timeout=limits.client_idle_timeout_s,
         max_line_size=limits.max_header_bytes,
         max_field_size=limits.max_header_bytes,
@@ -77,13 +78,12 @@ async def serve(
     loop.add_signal_handler(signal.SIGHUP, app[RELOADER].schedule, "SIGHUP")
     await stop.wait()
     log.info(
-        "draining: no new connections; waiting up to %.0fs for %d in-flight requests",
+        "draining: /readyz says 503 and new requests get 503 (listeners stay open); waiting up "
+        "to %.0fs for %d in-flight requests",
         limits.shutdown_grace_s,
         state.pipeline.in_flight,
     )
-    state.draining = True
-    for site in sites:
-        await site.stop()
+    state.draining = True  # gateway.drain turns new route requests away from here on
     # The gRPC listener drains beside HTTP: new calls refused now, in-flight ones finish.
     grpc_drain = (
         asyncio.create_task(grpc_listeners.drain(limits.shutdown_grace_s))
@@ -97,6 +97,8 @@ async def serve(
         log.warning("grace period over with %d requests in flight", state.pipeline.in_flight)
     if grpc_drain is not None:
         await grpc_drain
+    for site in sites:
+        await site.stop()
     await runner.cleanup()
     for lst in [*settings.listeners, settings.admin.listener]:
         if lst is not None and lst.unix is not None:

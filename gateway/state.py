@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from backends import Backend
-from cache import Cache
+from cache import Cache, SemanticSetup
 from gateway.config import Settings
 from gateway.metrics import Metrics
 from gateway.pipeline import Pipeline
@@ -22,6 +22,7 @@ class AppState:
     pipeline: Pipeline
     draining: bool = False
     cache: Cache | None = None
+    semantic: SemanticSetup | None = None  # loads in the background; None when no route uses it
 
 
 STATE: web.AppKey[AppState] = web.AppKey("latentgate_state", AppState)

@@ -30,3 +30,14 @@ def test_ruff_clean(mode: str) -> None:
 def test_mypy_strict_clean() -> None:
     result = _run(str(BIN / "mypy"))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_resource_warnings_fail_the_suite() -> None:
+    # An unclosed socket, transport, session or loop fails the test that leaked it (pytest turns
+    # the ResourceWarning raised in __del__ into an error under "error"): nothing may filter it.
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    filters = config["filterwarnings"]
+    assert filters[0] == "error"
+    assert not [f for f in filters if "ResourceWarning" in f or "Unraisable" in f]

@@ -19,6 +19,7 @@ from backends.local.artifacts import (
     run_export,
 )
 from backends.local.metrics import LocalMetrics
+from backends.local.progress import LoadProgress
 from backends.local.shared import EngineShare
 from backends.local.text_encoder import TextEncoder, load_text_encoder
 
@@ -36,6 +37,7 @@ _LAZY = {
 __all__ = [
     "EXPORT_REV",
     "EngineShare",
+    "LoadProgress",
     "LocalMetrics",
     "OrtEngine",
     "TextEncoder",

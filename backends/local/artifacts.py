@@ -15,10 +15,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from backends.errors import EngineError
+from backends.local.progress import LoadProgress
 
 log = logging.getLogger("latentgate.local")
 
@@ -80,8 +82,17 @@ def builtin_dir(name: str) -> Path:
     return Path(spec.origin).parent / sub
 
 
+# Rough first-start costs on a 2-core CPU (docs/benchmarks.md): said in the log and in /readyz.
+EXPORT_EXPECTED_S = 12.0
+FUSE_EXPECTED_S = 8.0
+
+
 def resolve(
-    model: str, artifacts_dir: str | None, tokenizer: str | None = None, precision: str = "fp32"
+    model: str,
+    artifacts_dir: str | None,
+    tokenizer: str | None = None,
+    precision: str = "fp32",
+    progress: LoadProgress | None = None,
 ) -> ModelArtifact:
     """Locate (and export on first use) the ONNX artifact for `model`.
 
@@ -95,10 +106,13 @@ def resolve(
         out = default_artifacts_dir(artifacts_dir) / f"{name}-{digest[:16]}-e{EXPORT_REV}"
         onnx_path = out / "model.fp32.onnx"
         if not onnx_path.exists():
+            if progress is not None:
+                progress.step("export", str(onnx_path), EXPORT_EXPECTED_S)
             export(src, onnx_path)
+        fused_path = fused(onnx_path, src / "config.json", progress)
         return ModelArtifact(
             name, _promoted(model, onnx_path, precision), src / "tokenizer.json", digest,
-            BUILTINS[name][2], src, fused(onnx_path, src / "config.json"),
+            BUILTINS[name][2], src, fused_path,
         )  # fmt: skip
     path = Path(model).expanduser()
     if not path.is_file():
@@ -127,15 +141,19 @@ def _promoted(model: str, fp32: Path, precision: str) -> Path:
     return path
 
 
-def run_export(module_args: list[str], out: Path, what: str) -> bool:
+def run_export(
+    module_args: list[str], out: Path, what: str, announce: Callable[[], None] | None = None
+) -> bool:
     """`python -m MODULE ARGS... TMP`, then TMP → `out`: once per file, under a file lock, in a
     child process (torch stays out of the serving process). False when another process built
-    `out` while this one waited."""
+    `out` while this one waited. `announce` runs only when this call builds (one log line)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with (out.parent / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if out.exists():
             return False
+        if announce is not None:
+            announce()
         tmp = out.with_suffix(f".tmp{os.getpid()}")
         proc = subprocess.run(
             [sys.executable, "-m", *module_args, str(tmp)],
@@ -153,16 +171,26 @@ def run_export(module_args: list[str], out: Path, what: str) -> bool:
 
 def export(src: Path, onnx_path: Path) -> None:
     """The torch export of a builtin, once per model hash."""
-    log.info("exporting %s to ONNX (once; cached at %s)", src, onnx_path)
+
+    def announce() -> None:
+        log.info(
+            "first start: exporting the builtin model to ONNX in %s (once: about %.0f s on a CPU, "
+            "then ONNX Runtime fusion, about %.0f s more; later starts reuse it)",
+            onnx_path.parent,
+            EXPORT_EXPECTED_S,
+            FUSE_EXPECTED_S,
+        )
+
     t0 = time.perf_counter()
-    if run_export(["backends.local.export", str(src)], onnx_path, f"ONNX export of {src}"):
+    args = ["backends.local.export", str(src)]
+    if run_export(args, onnx_path, f"ONNX export of {src}", announce):
         took = time.perf_counter() - t0
         meta = {"source": str(src), "exported_s": round(took, 2)}
         (onnx_path.parent / "meta.json").write_text(json.dumps(meta))
         log.info("exported %s in %.1f s", onnx_path.name, took)
 
 
-def fused(onnx_path: Path, config: Path) -> Path | None:
+def fused(onnx_path: Path, config: Path, progress: LoadProgress | None = None) -> Path | None:
     """`model.fp32.onnx` → `model.fp32.fused.onnx`, fused once (a child process); None, with a
     warning the first time and a marker file after, when fusion does not apply here."""
     out = onnx_path.with_name(onnx_path.stem + ".fused.onnx")
@@ -171,12 +199,22 @@ def fused(onnx_path: Path, config: Path) -> Path | None:
         return out
     if skipped.exists():
         return None
+    if progress is not None:
+        progress.step("fuse", str(out), FUSE_EXPECTED_S)
+
+    def announce() -> None:
+        log.info("fusing %s for ONNX Runtime into %s (once, about %.0f s)", onnx_path.name,
+                 out.name, FUSE_EXPECTED_S)  # fmt: skip
+
+    t0 = time.perf_counter()
     try:
-        run_export(["backends.local.fuse", str(onnx_path), str(config)], out, "ONNX Runtime fusion")
+        args = ["backends.local.fuse", str(onnx_path), str(config)]
+        if not run_export(args, out, "ONNX Runtime fusion", announce):
+            return out  # another loader fused it while this one waited
     except (EngineError, OSError) as exc:  # OSError: a read-only artifacts dir (an image)
         log.warning("serving the unfused graph of %s: %s", onnx_path.parent.name, exc)
         with contextlib.suppress(OSError):
             skipped.write_text(str(exc))
         return None
-    log.info("fused %s for ONNX Runtime: %s", onnx_path.name, out.name)
+    log.info("fused %s in %.1f s: %s", onnx_path.name, time.perf_counter() - t0, out.name)
     return out

@@ -24,8 +24,8 @@ def choose_providers(wanted: str | list[str]) -> list[str]:
     if missing and wanted != "auto":
         log.warning("onnxruntime has no %s here (it has %s)", ", ".join(missing), ", ".join(have))
     elif missing and picked and picked[0] == "CPUExecutionProvider":
-        # Visible fallback: say what `auto` could not use (onnxruntime-gpu brings CUDA/TensorRT).
-        log.info(
+        # The engine's one device line says it too (backends.local.onnx): details at debug.
+        log.debug(
             "providers auto: no %s in this onnxruntime build; falling back to the CPU",
             " or ".join(missing),
         )

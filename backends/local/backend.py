@@ -20,6 +20,7 @@ from backends.errors import BadInput, EngineError, ModelNotFound
 from backends.local.artifacts import BUILTIN_PREFIX, builtin_dir, resolve
 from backends.local.metrics import LocalMetrics
 from backends.local.openai_embeddings import embeddings_response, parse_embeddings
+from backends.local.progress import LoadProgress
 from backends.local.shared import EngineShare
 from backends.local.tensor_model import TensorModel
 from backends.local.text_encoder import TextEncoder, load_text_encoder
@@ -82,6 +83,7 @@ class LocalBackend:
         self.tensors: TensorModel | None = None
         self._task: asyncio.Task[None] | None = None
         self._error: str | None = None
+        self.progress = LoadProgress()
 
     async def start(self) -> None:
         if self._task is None:
@@ -92,8 +94,12 @@ class LocalBackend:
             await asyncio.to_thread(self._load_sync)
         except EngineError as exc:
             self._error = str(exc)
+            self.progress.step("failed", str(exc))
             log.error("backend %s failed to load: %s", self.name, exc)
             raise
+        took = self.progress.snapshot()["elapsed_s"]
+        self.progress.step("ready")
+        log.info("backend %s: %s ready in %.1f s", self.name, self.model_name, took)
 
     def _load_sync(self) -> None:
         s = self.spec
@@ -110,7 +116,7 @@ class LocalBackend:
                 max_tokens=text.max_tokens if text else None,
                 truncate=text.truncate if text else False,
                 batching=s.batching, metrics=self.metrics, warmup=s.warmup,
-                share=self.engines, **kw,
+                share=self.engines, progress=self.progress, **kw,
             )  # fmt: skip
             self.encoder.ready = True
             return
@@ -118,7 +124,8 @@ class LocalBackend:
 
         if isinstance(s, TensorRTBackendSettings):
             raise EngineError("kind tensorrt serves embedders only (task: embed) for now")
-        art = resolve(s.model, s.artifacts_dir, precision=s.precision)
+        art = resolve(s.model, s.artifacts_dir, precision=s.precision, progress=self.progress)
+        self.progress.step("load", str(art.serving_path("onnxruntime", s.precision)))
         engine = OrtEngine(
             str(art.serving_path("onnxruntime", s.precision)),
             self.model_name,
@@ -129,6 +136,7 @@ class LocalBackend:
         image = s.preprocess if isinstance(s.preprocess, ImagePreprocess) else None
         self.tensors = TensorModel(self.model_name, engine, s.batching, image, self.metrics)
         if s.warmup:
+            self.progress.step("warmup")
             self.tensors.warmup()
         self.tensors.ready = True
 
@@ -152,6 +160,7 @@ class LocalBackend:
             "device": model.device if model else None,
             "providers": list(model.providers) if model else None,
             "batching": self.spec.batching.model_dump(), "error": self._error,
+            "load": self.progress.snapshot(),
         }  # fmt: skip
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
@@ -177,6 +186,8 @@ class LocalBackend:
         await self._loaded()
         if op is None:
             return _json(self._metadata())
+        if op == "/config" and method == "GET":
+            return _json(model_config(self._metadata()))
         if op == "/infer" and method == "POST":
             return await self._infer(body, _header(request, BINARY_HEADER))
         raise ModelNotFound(f"{method} {path} is not served by local model {self.model_name}")
@@ -254,6 +265,29 @@ class LocalBackend:
             await self.encoder.aclose()
         if self.tensors is not None:
             await self.tensors.aclose()
+
+
+def model_config(meta: dict[str, Any]) -> dict[str, Any]:
+    """Triton's model configuration (GET .../config) from v2 metadata: the full shapes as dims
+    (max_batch_size 0: the batch is the first dimension, batched by the gateway itself)."""
+
+    def tensors(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": t["name"],
+                "data_type": "TYPE_STRING" if t["datatype"] == "BYTES" else f"TYPE_{t['datatype']}",
+                "dims": t["shape"],
+            }
+            for t in specs
+        ]
+
+    platform = meta["platform"]
+    return {
+        "name": meta["name"], "platform": platform,
+        "backend": "tensorrt" if platform == "tensorrt_plan" else "onnxruntime",
+        "version_policy": {"latest": {"num_versions": 1}}, "max_batch_size": 0,
+        "input": tensors(meta["inputs"]), "output": tensors(meta["outputs"]),
+    }  # fmt: skip
 
 
 # Bodies and result sets past these sizes are decoded and encoded in a worker thread: JSON of

@@ -84,12 +84,19 @@ class OrtEngine:
             )
             if metrics is not None:
                 metrics.fallbacks.labels(name, asked_device, self.device).inc()
+        # The one line that names the device (later lines about this engine do not repeat it).
+        why = (
+            "; providers auto: no TensorRT or CUDA in this onnxruntime build"
+            if providers == "auto" and self.device == "cpu"
+            else ""
+        )
         log.info(
-            "engine %s: onnxruntime on %s (providers: %s; graph %s)",
+            "engine %s: onnxruntime on %s (providers: %s; graph %s%s)",
             name,
             self.device,
             ", ".join(self.providers),
             os.path.basename(path),  # model.fp32.fused.onnx: ONNX Runtime's fused kernels
+            why,
         )
         if metrics is not None:
             metrics.engine_info.labels(name, self.kind, self.device, self.providers[0]).set(1)

@@ -23,6 +23,7 @@ from backends.errors import EngineError
 from backends.local.artifacts import resolve
 from backends.local.engine import Engine
 from backends.local.metrics import LocalMetrics
+from backends.local.progress import LoadProgress
 from backends.local.sentences import read_sentences
 from backends.local.shared import EngineShare
 from backends.preprocess.cpu import TextPreprocessor, Tokens, mean_pool_normalise, pad_tokens
@@ -80,9 +81,8 @@ class TextEncoder:
             self.dim = int(vecs.shape[1])
         self.ready = True
         took = time.perf_counter() - t0
-        log.info(
-            "engine %s warm on %s in %.0f ms (dim %d)", self.name, self.device, took * 1e3, self.dim
-        )
+        # The device is said once, when the session loads (backends.local.onnx).
+        log.info("engine %s warm in %.0f ms (dim %d)", self.name, took * 1e3, self.dim)
         return took
 
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
@@ -175,10 +175,15 @@ def load_text_encoder(
     calibration: str | None = None,
     warmup: bool = True,
     share: EngineShare | None = None,
+    progress: LoadProgress | None = None,
 ) -> TextEncoder:
     """Build a warm TextEncoder. `engine="tensorrt"` raises EngineError where tensorrt is absent."""
     # TensorRT lowers precision itself from the FP32 graph; ORT serves a promoted artifact.
-    art = resolve(model, artifacts_dir, tokenizer, "fp32" if engine == "tensorrt" else precision)
+    art = resolve(
+        model, artifacts_dir, tokenizer, "fp32" if engine == "tensorrt" else precision, progress
+    )
+    if progress is not None:
+        progress.step("load", str(art.serving_path(engine, precision)))
     if art.tokenizer_path is None:
         raise EngineError(f"model {model} needs a tokenizer.json (preprocess.tokenizer)")
     limit = max_tokens or art.max_tokens or 512
@@ -214,5 +219,7 @@ def load_text_encoder(
     pre = TextPreprocessor.from_file(str(art.tokenizer_path), limit, truncate)
     enc = TextEncoder(art.name, eng, pre, batching, metrics)
     if warmup:
+        if progress is not None:
+            progress.step("warmup")
         enc.warmup()
     return enc

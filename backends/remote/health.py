@@ -133,6 +133,7 @@ class HealthChecker:
 
     def _apply(self, r: Replica, ok: bool) -> None:
         if ok:
+            r.reached = True
             r.health_passes, r.health_fails = r.health_passes + 1, 0
             if not r.healthy and r.health_passes >= self._s.healthy_threshold:
                 r.healthy = True

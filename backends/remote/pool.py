@@ -315,6 +315,7 @@ class Pool:
             # A cancelled hedge loser: its elapsed time is a lower bound on its latency.
             self.detector.on_result(r, False, time.monotonic() - start)
             raise
+        r.reached = True
         self.detector.on_result(r, resp.status >= 500, time.monotonic() - start)
         if resp.stream is None:
             r.outstanding -= 1
@@ -331,8 +332,10 @@ class Pool:
 
     # introspection -----------------------------------------------------------------------------
     def ready(self) -> bool:
-        """Ready while any replica passes its health check (all do without active checks)."""
-        return any(r.healthy for r in self.replicas)
+        """Ready once a replica has answered and is in rotation: a pool never reached is not
+        (readiness waits on it only when the config requires this backend)."""
+        now = time.monotonic()
+        return any(r.reached and r.available(now) for r in self.replicas)
 
     def describe(self) -> dict[str, object]:
         now = time.monotonic()

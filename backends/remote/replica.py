@@ -32,6 +32,9 @@ class Replica:
     decay_at: float = 0.0  # when the ejection multiplier next shrinks while healthy
     health_passes: int = 0
     health_fails: int = 0
+    # Whether this replica ever answered (a request or a health check): one never reached is not
+    # reported healthy, even though the balancer still tries it.
+    reached: bool = False
     _ring_tokens: list[int] = field(default_factory=list)
 
     def ejected(self, now: float) -> bool:
@@ -69,11 +72,24 @@ class Replica:
         self.samples = 0
         self.slow_start_from = now
 
+    def state(self, now: float) -> str:
+        """What /readyz shows: ejected, unhealthy (failing its health check), unknown (never
+        tried), unreachable (never reached), failing (its last answers were errors) or healthy."""
+        if self.ejected(now):
+            return "ejected"
+        if not self.healthy:
+            return "unhealthy"
+        if not self.reached:
+            return "unreachable" if self.consecutive_errors else "unknown"
+        return "failing" if self.consecutive_errors else "healthy"
+
     def describe(self, now: float) -> dict[str, object]:
         ejected = self.ejected(now)
+        state = self.state(now)
         return {
             "url": self.url,
-            "healthy": self.healthy,
+            "state": state,
+            "healthy": state == "healthy",
             "ejected": ejected,
             "ejected_until_unix": (time.time() + self.ejected_until - now) if ejected else None,
             "ejections": self.ejections,

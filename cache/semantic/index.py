@@ -27,6 +27,9 @@ SQ_MARGIN = 0.1  # widen each trained 8-bit range by this fraction on both sides
 
 
 def _faiss() -> Any:
+    # faiss logs each SIMD build it tries (AVX512, AVX2) as INFO "Could not load library ...
+    # ModuleNotFoundError" before loading the one it has: noise that reads like a failure.
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
     import faiss
 
     return faiss

@@ -46,8 +46,11 @@ class SemanticRoute:
     def skip_reason(self, call: CallLike) -> str | None:
         """Why the stage does not look this call up (None: it does). Reasons: "disabled",
         "no_text" (no final user text), "too_short" (< min_chars), "too_long" (> max_chars,
-        decided on the length alone: nothing is tokenised), "sampled" (not deterministic)."""
+        decided on the length alone: nothing is tokenised), "sampled" (not deterministic),
+        "loading" (the embedder is not loaded yet)."""
         text = call.semantic_text
+        if not self.stage.ready:
+            return "loading"  # the embedder loads in the background after start-up
         if not self.policy.enabled:
             return "disabled"
         if text is None:

@@ -1,8 +1,9 @@
 """Build the semantic stage from settings: one stage per process, one SemanticRoute per route.
 
-`build_semantic` is cheap (verifiers, index); `open()` loads the embedder (seconds: the ONNX
-export is cached on disk) and starts Redis sync; `aclose()` stops both. Returns None when no
-route enables semantic caching, so nothing is loaded for nothing.
+`build_semantic` is cheap (verifiers, index); `start()` loads the embedder in the background
+(seconds; the first start also exports it to ONNX) and then starts Redis sync, while routes serve
+without the semantic stage; `aclose()` stops both. Returns None when no route enables semantic
+caching, so nothing is loaded for nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
+from backends.local import LoadProgress
 from cache.embedder import Embedder, load_embedder
 from cache.keys import Selector
 from cache.semantic.answers import EmbeddingMatch, ExactMatch, JudgeMatch, Matcher
@@ -86,6 +88,10 @@ class SemanticSetup:
         self.stage = SemanticStage(
             _Pending(), self.index, self.metrics, max_entries, max_bytes=s.max_bytes
         )
+        self.stage.ready = False  # routes skip the stage until the embedder is loaded
+        self.progress = LoadProgress()
+        self._task: asyncio.Task[None] | None = None
+        self._error: str | None = None
         self.routes: dict[str, SemanticRoute] = {}
         for r in routes:
             p = r.cache.semantic
@@ -128,6 +134,28 @@ class SemanticSetup:
     def budgets(self) -> dict[str, RouteBudget]:
         return {n: r.budget for n, r in self.routes.items() if r.budget is not None}
 
+    def start(self) -> None:
+        """Load in the background: the listeners open at once, /readyz shows the progress."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._open_logged())
+
+    async def _open_logged(self) -> None:
+        try:
+            await self.open()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the stage stays off; /readyz says why
+            self._error = f"{type(exc).__name__}: {exc}"
+            self.progress.step("failed", self._error)
+            log.exception("semantic stage failed to load; routes serve without it")
+
+    @property
+    def ready(self) -> bool:
+        return self.stage.ready
+
+    def describe(self) -> dict[str, object]:
+        return {"ready": self.ready, "load": self.progress.snapshot(), "error": self._error}
+
     async def open(self) -> None:
         s = self.settings.semantic
         shared = self._engine_metrics() if self._engine_metrics is not None else None
@@ -147,14 +175,14 @@ class SemanticSetup:
             s.artifacts_dir,
             batching,
             self._engines,
+            self.progress,
         )
         self.stage.embedder = embedder
         self.stage.metrics.device.clear()  # drop the "pending" series set before the load
         self.stage.metrics.device.labels(embedder.device, self.index.device).set(1)
         log.info(
-            "semantic stage: embedder %s on %s (%s), index on %s, routes %s",
+            "semantic stage: embedder %s (%s), index on %s, routes %s",
             s.model,
-            embedder.device,
             embedder.backend,
             self.index.device,
             sorted(self.routes),
@@ -172,6 +200,8 @@ class SemanticSetup:
                 bar,
             )
         await self._open_cross_encoder()
+        self.stage.ready = True
+        self.progress.step("ready")
         redis = self.settings.redis
         if s.sync and redis is not None and redis.url:
             self._sync = RedisSync.from_settings(self.stage, redis)
@@ -219,6 +249,9 @@ class SemanticSetup:
             await self._budget_store.aclose()
         for b in self.budgets().values():
             await b.aclose()
+        if self._task is not None and not self._task.done():
+            # A load still running in its thread finishes there; its result is dropped.
+            self._task.cancel()
         if self._sync is not None:
             await self._sync.aclose()
         await self.stage.embedder.aclose()

@@ -114,6 +114,8 @@ class SemanticStage:
         self._infos: OrderedDict[int, TextInfo] = OrderedDict()
         metrics.index_bytes.set_function(lambda: self.nbytes)
         self.replicator: Replicator | None = None
+        # False while the embedder loads (cache.semantic.setup): routes skip the stage meanwhile.
+        self.ready = True
         metrics.device.labels(embedder.device, index.device).set(1)
 
     async def embed(self, text: str) -> np.ndarray:

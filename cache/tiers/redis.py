@@ -254,6 +254,22 @@ class RedisTier:
             out["error"] = str(exc)
         return out
 
+    async def health(self) -> dict[str, object]:
+        """For /readyz: one PING (op timeout) unless the breaker is open."""
+        breaker = ("closed", "open", "half-open")[self.breaker.state]
+        out: dict[str, object] = {"breaker": breaker, "reachable": False}
+        if not self.breaker.allow():
+            out["error"] = "breaker open: recent operations failed"
+            return out
+        try:
+            async with self._guard("ping"):
+                await self.client.ping()
+            out["reachable"] = True
+        except TierError as exc:
+            out["error"] = str(exc)
+        out["breaker"] = ("closed", "open", "half-open")[self.breaker.state]
+        return out
+
     async def _used_memory(self) -> int:
         if not self.cluster:
             info = await self.client.info("memory")
@@ -272,4 +288,4 @@ class RedisTier:
         for futs in self._pending.values():
             for f in futs:
                 f.cancel()
-        await self.client.aclose()
+        await self.client.aclose()  # its pool too (cache.redis_client.connect)

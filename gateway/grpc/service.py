@@ -34,6 +34,7 @@ from gateway.grpc.infer import InferFlow
 from gateway.grpc.proto import PREFIX, SERVICE, pb2
 from gateway.grpc.status import RpcError, from_backend, from_gateway, from_response
 from gateway.metrics import LATENCY_BUCKETS
+from gateway.readiness import readiness
 from gateway.routing import Route
 from gateway.runtime import Runtime
 from gateway.state import AppState
@@ -160,9 +161,9 @@ class InferenceService:
         return pb2.ServerLiveResponse(live=True).SerializeToString(), "-", "-"
 
     async def _server_ready(self, _: bytes, ctx: Context, rt: Runtime) -> Reply:
-        """Ready while not draining and every backend a gRPC route names is ready."""
-        names = {r.backend for r in rt.router.routes if r.protocol == "grpc"}
-        ready = not self.state.draining and all(rt.backends[n].ready() for n in names)
+        """The gateway's readiness, as /readyz and /v2/health/ready (gateway/readiness.py): its
+        own parts loaded, not draining, and the backends in `readiness.require` reachable."""
+        ready, _body = await readiness(self.state)
         return pb2.ServerReadyResponse(ready=ready).SerializeToString(), "-", "-"
 
     async def _server_metadata(self, _: bytes, ctx: Context, rt: Runtime) -> Reply:

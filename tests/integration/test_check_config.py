@@ -111,3 +111,50 @@ routes:
     assert _replicas(given) == ["unix:/tmp/u.sock"]
     # Set but empty falls back to the default, as in the shell.
     assert parse_settings(text, environ={"LG_PORT": ""}).listeners[0].port == 9001
+
+
+def test_version_flag_prints_the_installed_version() -> None:
+    from gateway.version import version
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "--version"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == f"latentgate {version()}"
+    assert version()[0].isdigit()
+
+
+def test_unset_variables_are_named_with_their_line(tmp_path: Path) -> None:
+    config = tmp_path / "nope.yaml"
+    config.write_text(
+        """\
+listeners:
+  - name: main
+    host: 127.0.0.1
+    port: "${NOPE_PORT}"
+backends:
+  upstream:
+    kind: remote
+    replicas: ["${NOPE_UP}"]
+routes:
+  - {name: all, match: {prefix: /}, backend: upstream}
+"""
+    )
+    proc = _check(config)
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    assert lines[0].endswith("2 error(s)")
+    # A port left empty by an unset variable is an error too, not a silent "no port".
+    assert lines[1].strip().startswith("listeners.0.port (line 4): environment variable NOPE_PORT")
+    assert (
+        lines[2]
+        .strip()
+        .startswith(
+            "backends.upstream.replicas.0 (line 8): environment variable NOPE_UP is not set"
+        )
+    )
+    assert "${NOPE_UP:-default}" in lines[2]
+    assert "valid string" not in proc.stderr  # the cause, not pydantic's symptom

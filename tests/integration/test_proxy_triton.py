@@ -63,7 +63,9 @@ def test_metadata_and_readiness_same_as_direct(
         assert via.is_model_ready("m") == direct.is_model_ready("m") is True
         assert via.get_model_metadata("m") == direct.get_model_metadata("m")
         assert via.get_model_metadata("m")["inputs"][0]["name"] == "INPUT0"
-        assert via.get_server_metadata() == direct.get_server_metadata()
+        # Server metadata is the gateway's own (it answers /v2 itself).
+        assert via.get_server_metadata()["name"] == "latentgate"
+        assert direct.get_server_metadata()["name"] == "test-upstream"
     finally:
         direct.close()
         via.close()

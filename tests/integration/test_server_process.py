@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import time
 from collections.abc import Iterator
 
@@ -87,11 +86,24 @@ async def test_sigterm_drains_in_flight_requests_and_streams(
         status, body = await _raw_get(reader, writer, "/readyz")
         assert status == 503
         assert json.loads(body)["draining"] is True
-        with pytest.raises(OSError):  # no new connections while draining
-            socket.create_connection(("127.0.0.1", gw.port), timeout=1).close()
+        # The listener stays open while draining: a new connection is answered, not refused.
+        new_reader, new_writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        status, body = await _raw_get(new_reader, new_writer, "/readyz")
+        assert status == 503 and json.loads(body)["ready"] is False
+        new_writer.close()
+        await new_writer.wait_closed()
+        async with (
+            aiohttp.ClientSession() as fresh,
+            fresh.post(gw.url + "/v1/chat/completions", json=CHAT) as r,
+        ):
+            # New model traffic is turned away (in-flight requests still finish).
+            assert r.status == 503 and r.headers["Retry-After"] == "1"
+            assert r.headers["Connection"].lower() == "close"
+            assert (await r.json())["error"]["type"] == "unavailable"
 
         (code, answer), events = await asyncio.gather(slow_task, stream_task)
     writer.close()
+    await writer.wait_closed()
     assert code == 200 and answer["object"] == "chat.completion"
     assert events[-1] == b"data: [DONE]\n" and len(events) == 9  # role, 6 words, finish, [DONE]
     rc = await asyncio.to_thread(gw.proc.wait, 15)
@@ -217,6 +229,11 @@ async def test_served_process_routes_model_admin_probe_and_expect_requests_as_th
             assert "Server-Timing" in r.headers
         async with s.get(gw.url + "/admin/config") as r:
             assert r.status == 401  # the admin API, behind its token
+        # the gateway's own v2 server calls, registered before the catch-all, stay its own
+        async with s.get(gw.url + "/v2") as r:
+            assert r.status == 200 and (await r.json())["name"] == "latentgate"
+        async with s.get(gw.url + "/v2/health/live") as r:
+            assert r.status == 200 and (await r.json()) == {"live": True}
         async with s.get(gw.url + "/metrics") as r:
             text = await r.text()
         assert 'latentgate_requests_total{backend="upstream",route="chat",status="200"} 1.0' in text
@@ -242,3 +259,44 @@ async def test_served_process_routes_model_admin_probe_and_expect_requests_as_th
     head = await reader.readuntil(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200")
     writer.close()
+
+
+@pytest.mark.parametrize("mode", ["common", "json"])
+async def test_access_log_is_opt_in_in_common_or_json_format(
+    upstream: ServerThread, procs: list[GatewayProcess], mode: str
+) -> None:
+    cfg = base_config(upstream.url, logging={"access_log": mode})
+    gw = GatewayProcess(cfg).start()
+    procs.append(gw)
+    async with aiohttp.ClientSession() as s:
+        async with s.post(gw.url + "/v1/chat/completions?x=1", json=CHAT) as r:
+            assert r.status == 200
+        async with s.get(gw.url + "/healthz") as r:
+            assert r.status == 200
+    assert await asyncio.to_thread(gw.stop, signal.SIGTERM, 20) == 0
+    lines = [
+        line.split("latentgate.access ", 1)[1].split("] ", 1)[1]
+        for line in gw.log().splitlines()
+        if " latentgate.access " in line and "/readyz" not in line  # start() polls /readyz
+    ]
+    assert len(lines) == 2, gw.log()
+    if mode == "json":
+        first = json.loads(lines[0])
+        assert first["method"] == "POST" and first["path"] == "/v1/chat/completions"
+        assert first["status"] == 200 and first["query"] == "x=1" and first["bytes"] > 0
+        assert first["duration_ms"] > 0 and json.loads(lines[1])["path"] == "/healthz"
+    else:
+        assert lines[0].startswith("127.0.0.1 - - [")
+        assert '"POST /v1/chat/completions?x=1 HTTP/1.1" 200 ' in lines[0]
+        assert '"GET /healthz HTTP/1.1" 200 ' in lines[1]
+
+
+async def test_no_access_log_by_default(
+    upstream: ServerThread, procs: list[GatewayProcess]
+) -> None:
+    gw = GatewayProcess(base_config(upstream.url)).start()
+    procs.append(gw)
+    async with aiohttp.ClientSession() as s, s.get(gw.url + "/healthz") as r:
+        assert r.status == 200
+    assert await asyncio.to_thread(gw.stop, signal.SIGTERM, 20) == 0
+    assert " latentgate.access " not in gw.log()

@@ -70,6 +70,59 @@ def test_local_backend_and_semantic_embedder_share_one_session(
     assert loaded and float(loaded[0].split()[-1]) == 1.0
 
 
+def test_tritonclient_works_unchanged_with_no_upstream(
+    default_gateway: ServerThread, encoder: TextEncoder
+) -> None:
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    from gateway.version import version
+
+    client = httpclient.InferenceServerClient(default_gateway.url.removeprefix("http://"))
+    try:
+        # Server-level calls are the gateway's own: they work with the upstream down.
+        assert client.is_server_live() and client.is_server_ready()
+        meta = client.get_server_metadata()
+        assert meta["name"] == "latentgate" and meta["version"] == version()
+        assert "binary_tensor_data" in meta["extensions"]
+        # The local model answers every model-level call.
+        assert client.is_model_ready("all-MiniLM-L6-v2")
+        md = client.get_model_metadata("all-MiniLM-L6-v2")
+        assert md["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+        assert md["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [-1, 384]}]
+        cfg = client.get_model_config("all-MiniLM-L6-v2")
+        assert cfg["name"] == "all-MiniLM-L6-v2" and cfg["backend"] == "onnxruntime"
+        assert cfg["input"] == [{"name": "text", "data_type": "TYPE_STRING", "dims": [-1]}]
+        assert cfg["output"][0]["data_type"] == "TYPE_FP32"
+        text = httpclient.InferInput("text", [2], "BYTES")
+        text.set_data_from_numpy(np.array([b"hello there", b"general kenobi"], dtype=np.object_))
+        got = client.infer("all-MiniLM-L6-v2", [text]).as_numpy("embedding")
+        assert got is not None and got.shape == (2, 384)
+        want = encoder.encode(["hello there", "general kenobi"])
+        assert float(np.min(np.sum(got * want, axis=1))) >= 0.9999
+        # A remote model's calls still go to the (dead) upstream.
+        with pytest.raises(InferenceServerException) as err:
+            client.get_model_metadata("some-remote-model")
+        assert err.value.status() == "502"
+    finally:
+        client.close()
+
+
+def test_readyz_shows_a_never_reached_upstream_as_not_healthy(
+    default_gateway: ServerThread,
+) -> None:
+    status, doc = http("GET", f"{default_gateway.url}/readyz")
+    # Ready: the gateway's own parts (the local engine, the semantic stage) are loaded; the
+    # upstream is reported but not required by the default config.
+    assert status == 200 and doc["ready"] is True
+    assert doc["backends"]["minilm"]["required"] is True
+    assert doc["semantic"]["ready"] is True
+    upstream = doc["backends"]["upstream"]
+    assert upstream["required"] is False and upstream["ready"] is False
+    assert all(not r["healthy"] for r in upstream["replicas"])
+    assert {r["state"] for r in upstream["replicas"]} <= {"unknown", "unreachable"}
+
+
 def test_grpc_listener_serves_minilm_and_refuses_a_dead_grpc_upstream(
     default_gateway: ServerThread, encoder: TextEncoder
 ) -> None:

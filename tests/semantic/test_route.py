@@ -52,18 +52,32 @@ async def test_short_texts_and_other_tenants_miss(
     )
 
 
+async def test_routes_skip_the_stage_while_its_embedder_loads(
+    stage: SemanticStage, verifier: MlpVerifier
+) -> None:
+    route = SemanticRoute(stage, "chat", SemanticPolicy(enabled=True), verifier)
+    call = chat("How do I reset my password?", temperature=0)
+    stage.ready = False  # what the setup sets until its background load is done
+    assert not route.applies(call) and route.skip_reason(call) == "loading"
+    assert await route.embed(call) is None and not await route.remember(call, "t", "k")
+    assert await route.lookup(call, "t") is None
+    stage.ready = True
+    assert await route.remember(call, "t", "k")
+
+
 def test_skip_reasons_say_why_the_stage_did_not_look() -> None:
     def call(text: str | None, deterministic: bool = True) -> Any:
         return SimpleNamespace(
             model="m", deterministic=deterministic, semantic_text=text, context=None
         )
 
-    route = SemanticRoute(cast(Any, None), "chat", SemanticPolicy(enabled=True), cast(Any, None))
+    loaded = cast(Any, SimpleNamespace(ready=True))  # a stage whose embedder is in
+    route = SemanticRoute(loaded, "chat", SemanticPolicy(enabled=True), cast(Any, None))
     assert route.skip_reason(call("How do I reset my password?")) is None
     assert route.skip_reason(call(None)) == "no_text"
     assert route.skip_reason(call("hi")) == "too_short"
     assert route.skip_reason(call("word " * 100_000)) == "too_long"  # decided on length alone
     assert route.skip_reason(call("How do I reset my password?", False)) == "sampled"
-    off = SemanticRoute(cast(Any, None), "chat", SemanticPolicy(), cast(Any, None))
+    off = SemanticRoute(loaded, "chat", SemanticPolicy(), cast(Any, None))
     assert off.skip_reason(call("How do I reset my password?")) == "disabled"
     assert not route.applies(call("word " * 100_000))

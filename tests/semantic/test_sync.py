@@ -59,11 +59,13 @@ async def test_add_and_remove_replicate_within_a_second(
         await a.add("ns", "What is the capital of France?", "key-2", ttl=60)
         await a.report_wrong("key-2", 0.5)
         c = new_stage(embedder)
-        sc = RedisSync(c, Redis.from_url(redis_server.url), prefix)
+        r3 = Redis.from_url(redis_server.url)
+        sc = RedisSync(c, r3, prefix)
         await sc.start()
         assert {e.exact_key for e in c.entries.values()} == {"key-2"}
         assert next(iter(c.entries.values())).bar > 0.5  # the bar survives a rebuild
         await sc.aclose()
+        await r3.aclose()
     finally:
         await sa.aclose()
         await sb.aclose()

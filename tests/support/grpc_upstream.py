@@ -143,6 +143,8 @@ class GrpcUpstreamThread:
             asyncio.run_coroutine_threadsafe(self._server.stop(0), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+        if not self._thread.is_alive():
+            self.loop.close()  # an unclosed loop is a ResourceWarning (and its selector's fd)
 
 
 async def _main(args: argparse.Namespace) -> None:

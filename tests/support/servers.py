@@ -48,6 +48,28 @@ def wait_port(host: str, port: int, timeout: float = 20.0) -> None:
     raise TimeoutError(f"{host}:{port} did not open within {timeout}s")
 
 
+def wait_semantic(url: str, timeout: float = 180.0) -> None:
+    """The semantic stage loads in the background after the listeners open: wait until /readyz
+    says it is in (or failed; or the gateway has none), as a client that checks readiness would."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=5) as resp:
+                doc = json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            doc = json.loads(err.read())
+        semantic = doc.get("semantic")
+        if semantic is None or semantic["ready"] or semantic["error"]:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the semantic stage did not load in {timeout}s: {semantic}")
+        time.sleep(0.05)
+
+
 class ServerThread:
     """Runs an aiohttp app on its own event loop in a daemon thread, on TCP and/or a unix socket."""
 
@@ -76,7 +98,15 @@ class ServerThread:
     def start(self) -> ServerThread:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(60)
+        if self.port and self._loads_semantic():
+            wait_semantic(self.url)  # as before the stage loaded in the background
         return self
+
+    def _loads_semantic(self) -> bool:
+        from gateway.state import STATE
+
+        state = self.app.get(STATE) if self.app is not None else None
+        return state is not None and state.semantic is not None
 
     async def _start(self) -> None:
         self.app = self._factory()
@@ -99,8 +129,22 @@ class ServerThread:
             # a server that failed half-way still has to let the test finish
             with contextlib.suppress(Exception):
                 self.call(self._runner.cleanup(), 30)
+        with contextlib.suppress(Exception):
+            self.call(self._cancel_leftovers(), 10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+        if not self._thread.is_alive():
+            self.loop.close()  # an unclosed loop is a ResourceWarning (and its selector's fd)
+
+    @staticmethod
+    async def _cancel_leftovers() -> None:
+        """Tasks the app left behind (a background load still running) and async generators."""
+        me = asyncio.current_task()
+        left = [t for t in asyncio.all_tasks() if t is not me]
+        for t in left:
+            t.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
+        await asyncio.get_running_loop().shutdown_asyncgens()
 
 
 class RedisServer:
@@ -192,7 +236,7 @@ class GatewayProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> GatewayProcess:
+    def start(self, semantic_ready: bool = True) -> GatewayProcess:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop(), it outlives start()
         self.proc = subprocess.Popen(
             [
@@ -216,6 +260,8 @@ class GatewayProcess:
         except TimeoutError:
             self.stop()
             raise RuntimeError("gateway did not start:\n" + self.log()) from None
+        if semantic_ready:
+            wait_semantic(self.url)
         return self
 
     def log(self) -> str:

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import hashlib
 import json
-import struct
 from collections import Counter
 from typing import Any
 
@@ -28,50 +27,8 @@ import numpy as np
 from aiohttp import web
 
 from tests.support.upstream_anthropic import message_for, stream_events, write_stream
-
-NAME = web.AppKey("name", str)
-FAULTS = web.AppKey("faults", dict)
-STATS = web.AppKey("stats", dict)
-
-_DT = {"FP32": "<f4", "FP64": "<f8", "INT32": "<i4", "INT64": "<i8", "FP16": "<f2", "UINT8": "<u1"}
-
-
-def _stats(app: web.Application) -> dict[str, Any]:
-    return app[STATS]
-
-
-async def _common(request: web.Request) -> web.StreamResponse | None:
-    st = _stats(request.app)
-    st["connections"].add(id(request.protocol))
-    st["requests"][request.path] += 1
-    st["in_flight"] += 1
-    faults = request.app.get(FAULTS) or {}
-    delay = request.headers.get("X-Test-Delay") or faults.get("delay")
-    if delay:
-        await asyncio.sleep(float(delay))
-    status = request.headers.get("X-Test-Status") or faults.get("fail_status")
-    if status:
-        body = {
-            "error": {
-                "message": f"injected {status}",
-                "type": "test_error",
-                "param": None,
-                "code": int(status),
-            }
-        }
-        return web.json_response(
-            body, status=int(status), headers={"X-Upstream": request.app[NAME]}
-        )
-    return None
-
-
-def _extra_headers(request: web.Request) -> dict[str, str]:
-    h = {"X-Upstream": request.app[NAME], "X-Upstream-Custom": "kept"}
-    if v := request.headers.get("X-Test-Set-Cookie"):
-        h["Set-Cookie"] = v
-    if v := request.headers.get("X-Test-Cache-Control"):
-        h["Cache-Control"] = v
-    return h
+from tests.support.upstream_base import FAULTS, NAME, STATS, common, extra_headers, stats
+from tests.support.upstream_v2 import v2_infer, v2_model, v2_server
 
 
 def _answer(text: str, app_name: str) -> str:
@@ -83,7 +40,7 @@ async def _sse(request: web.Request, chunks: list[dict[str, Any]]) -> web.Stream
         headers={
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache",
-            **_extra_headers(request),
+            **extra_headers(request),
         }
     )
     await resp.prepare(request)
@@ -104,7 +61,7 @@ async def _sse(request: web.Request, chunks: list[dict[str, Any]]) -> web.Stream
 
 async def chat(request: web.Request) -> web.StreamResponse:
     try:
-        if (early := await _common(request)) is not None:
+        if (early := await common(request)) is not None:
             return early
         body = await request.json()
         last = body["messages"][-1].get("content", "")
@@ -174,14 +131,14 @@ async def chat(request: web.Request) -> web.StreamResponse:
                 "total_tokens": 3 + len(text.split()),
             },
         }
-        return web.json_response(out, headers=_extra_headers(request))
+        return web.json_response(out, headers=extra_headers(request))
     finally:
-        _stats(request.app)["in_flight"] -= 1
+        stats(request.app)["in_flight"] -= 1
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     try:
-        if (early := await _common(request)) is not None:
+        if (early := await common(request)) is not None:
             return early
         body = await request.json()
         text = _answer(str(body.get("prompt", "")), request.app[NAME])
@@ -192,14 +149,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
             "model": body.get("model"),
             "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}],
         }
-        return web.json_response(out, headers=_extra_headers(request))
+        return web.json_response(out, headers=extra_headers(request))
     finally:
-        _stats(request.app)["in_flight"] -= 1
+        stats(request.app)["in_flight"] -= 1
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
     try:
-        if (early := await _common(request)) is not None:
+        if (early := await common(request)) is not None:
             return early
         body = await request.json()
         inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
@@ -220,22 +177,22 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
             "model": body.get("model"),
             "usage": {"prompt_tokens": 1, "total_tokens": 1},
         }
-        return web.json_response(out, headers=_extra_headers(request))
+        return web.json_response(out, headers=extra_headers(request))
     finally:
-        _stats(request.app)["in_flight"] -= 1
+        stats(request.app)["in_flight"] -= 1
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
     try:
-        if (early := await _common(request)) is not None:
+        if (early := await common(request)) is not None:
             return early
         body = await request.json()
         msg = message_for(body, request.app[NAME])
         if body.get("stream"):
-            return await write_stream(request, stream_events(msg), _extra_headers(request))
-        return web.json_response(msg, headers=_extra_headers(request))
+            return await write_stream(request, stream_events(msg), extra_headers(request))
+        return web.json_response(msg, headers=extra_headers(request))
     finally:
-        _stats(request.app)["in_flight"] -= 1
+        stats(request.app)["in_flight"] -= 1
 
 
 async def models(request: web.Request) -> web.Response:
@@ -245,103 +202,16 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    _stats(request.app)["requests"][request.path] += 1
+    stats(request.app)["requests"][request.path] += 1
     return web.Response(status=200)
-
-
-async def v2_server(request: web.Request) -> web.Response:
-    return web.json_response(
-        {"name": "test-upstream", "version": "1", "extensions": ["binary_tensor_data"]}
-    )
-
-
-async def v2_model(request: web.Request) -> web.Response:
-    name = request.match_info["name"]
-    return web.json_response(
-        {
-            "name": name,
-            "versions": ["1"],
-            "platform": "test",
-            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, -1]}],
-            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, -1]}],
-        }
-    )
-
-
-async def v2_infer(request: web.Request) -> web.StreamResponse:
-    """OUTPUT<i> = INPUT<i> * 2 for numeric tensors; BYTES tensors are echoed upper-cased."""
-    try:
-        if (early := await _common(request)) is not None:
-            return early
-        raw = await request.read()
-        hlen = request.headers.get("Inference-Header-Content-Length")
-        header, binary = (raw[: int(hlen)], raw[int(hlen) :]) if hlen else (raw, b"")
-        doc = json.loads(header)
-        arrays, off = [], 0
-        for inp in doc["inputs"]:
-            size = (inp.get("parameters") or {}).get("binary_data_size")
-            if inp["datatype"] == "BYTES":
-                if size is not None:
-                    chunk, off = binary[off : off + size], off + size
-                    vals, i = [], 0
-                    while i < len(chunk):
-                        (n,) = struct.unpack_from("<I", chunk, i)
-                        vals.append(chunk[i + 4 : i + 4 + n].decode())
-                        i += 4 + n
-                else:
-                    vals = list(np.array(inp["data"]).reshape(-1))
-                arrays.append((inp, [str(v).upper() for v in vals]))
-                continue
-            dt = np.dtype(_DT[inp["datatype"]])
-            if size is not None:
-                arr = np.frombuffer(binary[off : off + size], dtype=dt)
-                off += size
-            else:
-                arr = np.asarray(inp["data"], dtype=dt).reshape(-1)
-            arrays.append((inp, arr * 2))
-        want_binary = bool((doc.get("parameters") or {}).get("binary_data_output")) or any(
-            (o.get("parameters") or {}).get("binary_data") for o in doc.get("outputs") or []
-        )
-        outputs, blobs = [], []
-        for i, (inp, arr) in enumerate(arrays):
-            out: dict[str, Any] = {
-                "name": f"OUTPUT{i}",
-                "datatype": inp["datatype"],
-                "shape": inp["shape"],
-            }
-            if want_binary:
-                if inp["datatype"] == "BYTES":
-                    blob = b"".join(struct.pack("<I", len(s.encode())) + s.encode() for s in arr)
-                else:
-                    blob = np.asarray(arr).tobytes()
-                out["parameters"] = {"binary_data_size": len(blob)}
-                blobs.append(blob)
-            else:
-                out["data"] = arr if isinstance(arr, list) else np.asarray(arr).tolist()
-            outputs.append(out)
-        body = {"model_name": request.match_info["name"], "model_version": "1", "outputs": outputs}
-        if "id" in doc:
-            body["id"] = doc["id"]
-        head = json.dumps(body).encode()
-        headers = _extra_headers(request)
-        if want_binary:
-            headers["Inference-Header-Content-Length"] = str(len(head))
-            return web.Response(
-                body=head + b"".join(blobs),
-                headers=headers,
-                content_type="application/octet-stream",
-            )
-        return web.Response(body=head, headers=headers, content_type="application/json")
-    finally:
-        _stats(request.app)["in_flight"] -= 1
 
 
 async def echo(request: web.Request) -> web.Response:
     """Passthrough target: echoes method, path, query, headers and body length."""
-    st = _stats(request.app)
+    st = stats(request.app)
     st["connections"].add(id(request.protocol))
     st["requests"][request.path] += 1
-    if (early := await _common(request)) is not None:
+    if (early := await common(request)) is not None:
         st["in_flight"] -= 1
         return early  # type: ignore[return-value]
     st["in_flight"] -= 1
@@ -356,12 +226,12 @@ async def echo(request: web.Request) -> web.Response:
             "body_len": len(body),
             "body_sha1": hashlib.sha1(body).hexdigest(),
         },
-        headers=_extra_headers(request),
+        headers=extra_headers(request),
     )
 
 
 async def test_stats(request: web.Request) -> web.Response:
-    st = _stats(request.app)
+    st = stats(request.app)
     return web.json_response(
         {
             "connections": len(st["connections"]),
@@ -424,6 +294,12 @@ def main() -> None:
     except ImportError:
         pass
     app = build_upstream(args.name, args.delay, args.fail_status)
+    where = f"unix:{args.uds}" if args.uds else f"http://{args.host}:{args.port}"
+    print(
+        f"example upstream {args.name!r} on {where}: OpenAI chat/completions/embeddings echo "
+        "and v2 infer (x2), for trying the gateway (Ctrl-C stops it)",
+        flush=True,
+    )
     if args.uds:
         web.run_app(app, path=args.uds, print=None, access_log=None)
     else:

@@ -1,0 +1,47 @@
+"""While the gateway drains (SIGTERM) its listeners stay open: the probes keep answering (/readyz
+says 503, so load balancers stop sending), and every new request for the routes gets 503 with
+Retry-After and a closed connection, so clients retry elsewhere. In-flight requests finish.
+
+A wrapper on the catch-all route rather than a middleware: the probes and the admin API need no
+check, and model traffic pays one attribute read, not a middleware frame.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from gateway.state import AppState
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+CATCH_ALL = "/{tail:.*}"  # the route every model call takes (gateway/app.py)
+
+_BODY = json.dumps(
+    {
+        "error": {
+            "message": "the gateway is shutting down; retry on another instance",
+            "type": "unavailable",
+            "param": None,
+            "code": 503,
+        }
+    }
+).encode()
+
+
+def turned_away() -> web.Response:
+    resp = web.Response(
+        status=503, body=_BODY, content_type="application/json", headers={"Retry-After": "1"}
+    )
+    resp.force_close()
+    return resp
+
+
+def unless_draining(state: AppState, handler: Handler) -> Handler:
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        if state.draining:
+            return turned_away()
+        return await handler(request)
+
+    return guarded

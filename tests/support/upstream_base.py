@@ -1,0 +1,51 @@
+"""What every handler of the test upstream shares: its app keys, fault injection, the headers it
+adds, and the request counters (tests/support/upstream.py builds the app)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+NAME = web.AppKey("name", str)
+FAULTS = web.AppKey("faults", dict)
+STATS = web.AppKey("stats", dict)
+
+
+def stats(app: web.Application) -> dict[str, Any]:
+    return app[STATS]
+
+
+async def common(request: web.Request) -> web.StreamResponse | None:
+    st = stats(request.app)
+    st["connections"].add(id(request.protocol))
+    st["requests"][request.path] += 1
+    st["in_flight"] += 1
+    faults = request.app.get(FAULTS) or {}
+    delay = request.headers.get("X-Test-Delay") or faults.get("delay")
+    if delay:
+        await asyncio.sleep(float(delay))
+    status = request.headers.get("X-Test-Status") or faults.get("fail_status")
+    if status:
+        body = {
+            "error": {
+                "message": f"injected {status}",
+                "type": "test_error",
+                "param": None,
+                "code": int(status),
+            }
+        }
+        return web.json_response(
+            body, status=int(status), headers={"X-Upstream": request.app[NAME]}
+        )
+    return None
+
+
+def extra_headers(request: web.Request) -> dict[str, str]:
+    h = {"X-Upstream": request.app[NAME], "X-Upstream-Custom": "kept"}
+    if v := request.headers.get("X-Test-Set-Cookie"):
+        h["Set-Cookie"] = v
+    if v := request.headers.get("X-Test-Cache-Control"):
+        h["Cache-Control"] = v
+    return h
