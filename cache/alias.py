@@ -1,12 +1,14 @@
 """Request bytes seen before → their cache key, so an exact repeat skips parsing.
 
-Bounded in bytes, oldest first out. Only the key and an opaque framing are kept: the parsed
-body would cost several times its bytes. The tenant is part of the alias (hashed by the caller,
-so even this in-process map never holds a credential in clear).
+Bounded in bytes, oldest first out. Only the key and the request's framing (its `Answers`, asked
+again before an entry is served) are kept: the parsed body would cost several times its bytes.
+The tenant is part of the alias (hashed by the caller, so even this in-process map never holds
+a credential in clear).
 """
 
 from __future__ import annotations
 
+from cache.asks import Answers
 from cache.keys import CacheKey
 
 # (route, method, path and query, content type, Inference-Header-Content-Length, tenant hash,
@@ -23,13 +25,13 @@ class AliasMap:
     __slots__ = ("_bytes", "_map")
 
     def __init__(self) -> None:
-        self._map: dict[AliasKey, tuple[CacheKey, object]] = {}
+        self._map: dict[AliasKey, tuple[CacheKey, Answers]] = {}
         self._bytes = 0
 
-    def get(self, alias: AliasKey) -> tuple[CacheKey, object] | None:
+    def get(self, alias: AliasKey) -> tuple[CacheKey, Answers] | None:
         return self._map.get(alias)
 
-    def remember(self, alias: AliasKey, key: CacheKey, framing: object) -> None:
+    def remember(self, alias: AliasKey, key: CacheKey, framing: Answers) -> None:
         body = alias[-1]
         if len(body) > MAX_BODY or alias in self._map:
             return

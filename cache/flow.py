@@ -22,7 +22,7 @@ import numpy as np
 
 from backends import UpstreamResponse
 from cache.alias import AliasKey, AliasMap
-from cache.asks import Ask, Clock, Fresh, Hit, Result, kept_headers
+from cache.asks import Answers, Ask, Clock, Fresh, Hit, Result, kept_headers
 from cache.cache import Claim, RouteCache
 from cache.codec import CacheEntry
 from cache.keys import CacheKey
@@ -75,14 +75,17 @@ class CacheFlow:
             self._identity_names[extra] = names
         return tenant_of(headers, names, resolved=True)
 
-    def fast_hit(self, alias: AliasKey) -> tuple[CacheEntry, object] | None:
-        """The L1 entry (and remembered framing) for request bytes seen before, or None."""
+    def fast_hit(self, alias: AliasKey) -> tuple[CacheEntry, Answers] | None:
+        """The L1 entry (and remembered framing) for request bytes seen before, or None: also
+        when the entry cannot serve that framing (the long way then makes it a miss)."""
         known = self.aliases.get(alias)
         if known is None:
             return None
         key, framing = known
         entry = self.rc.lookup_l1(key, _DEFAULT)
-        return None if entry is None else (entry, framing)
+        if entry is None or not framing.serves(entry):
+            return None
+        return entry, framing
 
     async def bypass(
         self,

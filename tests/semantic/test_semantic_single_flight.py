@@ -64,3 +64,17 @@ def test_an_unrelated_question_does_not_wait(
     leader.join()
     assert headers["x-cache"] == "miss" and "delete my account" in text
     assert upstream_calls(slow_upstream) == 2
+
+
+def test_another_tenants_paraphrase_does_not_wait_for_the_miss_in_flight(
+    slow_upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    gw = start_gateway(semantic_config(slow_upstream.url))
+    leader = threading.Thread(target=lambda: ask(client_for(gw.url), Q, temperature=0))
+    leader.start()
+    wait_for(lambda: admin_state(gw.url)["pending_flights"] == 1, "the leader in flight")
+    # the same paraphrase that waits for the leader above, from another API key: its own call
+    text, headers = ask(client_for(gw.url, "sk-bob"), PARA, temperature=0)
+    leader.join()
+    assert headers["x-cache"] == "miss" and "can I reset" in text
+    assert upstream_calls(slow_upstream) == 2

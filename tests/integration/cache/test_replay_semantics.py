@@ -201,3 +201,19 @@ def test_usage_on_replay_follows_each_clients_stream_options(
         xs.append(raw.headers["X-Cache"])
         assert list(raw.parse())[-1].usage is not None
     assert xs == ["miss", "hit"]
+
+
+async def test_the_byte_alias_shortcut_applies_the_usage_rule_too(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    gw = start_gateway(cache_config(upstream.url, tiers=["memory"]))
+    base = {"model": "m", "messages": MESSAGES, "temperature": 0, "stream": True}
+    wants_usage = {**base, "stream_options": {"include_usage": True}}
+    assert (await _post(gw.url, wants_usage))[1]["X-Cache"] == "miss"  # its bytes remembered
+    # another client re-fetches (no-cache) and stores the same key's answer without usage
+    status, headers, _ = await _post(gw.url, base, {"Cache-Control": "no-cache"})
+    assert (status, headers["X-Cache"]) == (200, "bypass")
+    # the first client's very bytes again: not served an entry that lacks its usage chunk
+    status, headers, body = await _post(gw.url, wants_usage)
+    assert (status, headers["X-Cache"]) == (200, "miss")
+    assert b'"choices": [], "usage"' in body or b'"choices":[],"usage"' in body
