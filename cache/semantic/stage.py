@@ -124,15 +124,11 @@ class SemanticStage:
         self.metrics.latency.labels("embed").observe(time.perf_counter() - t)
         return vec
 
-    async def lookup(
-        self,
-        namespace: str,
-        text: str,
-        verifier: Verifier,
-        payload_exists: Callable[[str], Awaitable[bool]] | None = None,
-        vector: np.ndarray | None = None,
-    ) -> SemanticHit | None:
-        vec = await self.embed(text) if vector is None else vector
+    def _candidates(
+        self, namespace: str, vec: np.ndarray
+    ) -> tuple[float, list[Entry], list[float]]:
+        """The namespace's nearest live entries and their cosines (expired ones are dropped on
+        the way); the time the search ended, for the verify stage's latency."""
         t = time.perf_counter()
         found = self.index.search(namespace, vec, TOP_K)
         t2 = time.perf_counter()
@@ -147,6 +143,18 @@ class SemanticStage:
                 continue
             cands.append(e)
             sims.append(sim)
+        return t2, cands, sims
+
+    async def lookup(
+        self,
+        namespace: str,
+        text: str,
+        verifier: Verifier,
+        payload_exists: Callable[[str], Awaitable[bool]] | None = None,
+        vector: np.ndarray | None = None,
+    ) -> SemanticHit | None:
+        vec = await self.embed(text) if vector is None else vector
+        t2, cands, sims = self._candidates(namespace, vec)
         if not cands:
             self.metrics.lookups.labels("miss").inc()
             return None
@@ -197,20 +205,7 @@ class SemanticStage:
         overall, when not served, comes back as the candidate to label. `observe` gets the best
         candidate's (cosine, score): where the route's traffic is."""
         vec = await self.embed(text) if vector is None else vector
-        t = time.perf_counter()
-        found = self.index.search(namespace, vec, TOP_K)
-        t2 = time.perf_counter()
-        self.metrics.latency.labels("search").observe(t2 - t)
-        now = time.time()
-        cands: list[Entry] = []
-        sims: list[float] = []
-        for ident, sim in found:
-            e = self.entries.get(ident)
-            if e is None or e.expires_at <= now:
-                self._drop(ident)
-                continue
-            cands.append(e)
-            sims.append(sim)
+        t2, cands, sims = self._candidates(namespace, vec)
         cos = np.asarray(sims, dtype=np.float32)
         if not cands or float(cos.max()) < verifier.floor:
             self.metrics.lookups.labels("miss").inc()

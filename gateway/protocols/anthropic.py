@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.errors import BadRequest
-from gateway.protocols.base import Call, decode_body
+from gateway.protocols.base import Call, decode_body, require, text_of
 
 PATH = "/v1/messages"
 KIND = "messages"
@@ -21,27 +20,11 @@ KIND = "messages"
 IGNORED_FIELDS = frozenset({"stream", "metadata"})
 
 
-def _require(cond: bool, message: str, param: str) -> None:
-    if not cond:
-        raise BadRequest(message, param=param)
-
-
 def _blocks(content: Any) -> Any:
     """A string is shorthand for one text block: both spellings get one key."""
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     return content
-
-
-def _text_of(content: Any) -> str | None:
-    """The plain text of a turn, or None when it holds anything but text blocks."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and content:
-        parts = [b.get("text") for b in content if isinstance(b, dict) and b.get("type") == "text"]
-        if len(parts) == len(content) and all(isinstance(p, str) for p in parts):
-            return "\n".join(parts)  # type: ignore[arg-type]
-    return None
 
 
 def _beta_set(value: str) -> list[str]:
@@ -80,30 +63,30 @@ class AnthropicAdapter:
         if path.rstrip("/") != PATH or method != "POST":
             return None
         doc = decode_body(content_type, body)
-        _require(isinstance(doc, dict), "request body must be a JSON object", "body")
+        require(isinstance(doc, dict), "request body must be a JSON object", "body")
         model = doc.get("model")
-        _require(
+        require(
             isinstance(model, str) and model != "",
             "'model' is required and must be a string",
             "model",
         )
         max_tokens = doc.get("max_tokens")
-        _require(
+        require(
             isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0,
             "'max_tokens' is required and must be a positive integer",
             "max_tokens",
         )
         stream = doc.get("stream", False)
-        _require(isinstance(stream, bool), "'stream' must be a boolean", "stream")
+        require(isinstance(stream, bool), "'stream' must be a boolean", "stream")
         messages = doc.get("messages")
-        _require(
+        require(
             isinstance(messages, list) and len(messages) > 0,
             "'messages' is required and must be a non-empty array",
             "messages",
         )
         assert isinstance(messages, list)
         for i, m in enumerate(messages):
-            _require(
+            require(
                 isinstance(m, dict)
                 and isinstance(m.get("role"), str)
                 and isinstance(m.get("content"), (str, list)),
@@ -112,7 +95,7 @@ class AnthropicAdapter:
                 f"messages[{i}]",
             )
         system = doc.get("system")
-        _require(
+        require(
             system is None or isinstance(system, (str, list)),
             "'system' must be a string or an array of text blocks",
             "system",
@@ -134,7 +117,7 @@ class AnthropicAdapter:
         # Only a final user turn is a question a semantic cache may answer; the namespace is
         # everything else (system, earlier turns, tools, parameters, version headers).
         if last.get("role") == "user":
-            call.semantic_text = _text_of(last.get("content"))
+            call.semantic_text = text_of(last.get("content"))
         context = {k: v for k, v in fields.items() if k != "messages"}
         context["messages"] = fields["messages"][:-1]
         call.context = {"body": context, "headers": hdrs}

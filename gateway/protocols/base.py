@@ -80,3 +80,21 @@ def decode_body(content_type: str, body: bytes) -> Any:
         raise BadRequest("request body is nested too deeply") from None
     except ValueError as exc:  # e.g. an integer past Python's 4,300-digit conversion limit
         raise BadRequest(f"request body has a value out of range: {str(exc)[:120]}") from None
+
+
+def require(cond: bool, message: str, param: str) -> None:
+    """A 400 naming the offending field, in the route protocol's envelope."""
+    if not cond:
+        raise BadRequest(message, param=param)
+
+
+def text_of(content: Any) -> str | None:
+    """The plain text of a chat turn (a string, or a list of text blocks, as both OpenAI and
+    Anthropic spell it); None when it holds anything but text."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        parts = [b.get("text") for b in content if isinstance(b, dict) and b.get("type") == "text"]
+        if len(parts) == len(content) and all(isinstance(p, str) for p in parts):
+            return "\n".join(parts)  # type: ignore[arg-type]
+    return None

@@ -6,8 +6,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.errors import BadRequest, PayloadTooLarge
-from gateway.protocols.base import Call, decode_body
+from gateway.errors import PayloadTooLarge
+from gateway.protocols.base import Call, decode_body, require, text_of
 
 # Fields that change only the framing or the bookkeeping, never the answer.
 IGNORED_FIELDS = frozenset({"stream", "stream_options", "user"})
@@ -26,21 +26,6 @@ def kind_of(path: str) -> str | None:
     if kind is None and (m := _AZURE.match(path)) is not None:
         kind = _KINDS["/v1/" + m.group(1)]
     return kind
-
-
-def _text_of(content: Any) -> str | None:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if parts and all(isinstance(p, str) for p in parts) and len(parts) == len(content):
-            return "\n".join(parts)  # type: ignore[arg-type]
-    return None
-
-
-def _require(cond: bool, message: str, param: str) -> None:
-    if not cond:
-        raise BadRequest(message, param=param)
 
 
 class OpenAIAdapter:
@@ -63,15 +48,15 @@ class OpenAIAdapter:
         if kind is None or method != "POST":
             return None
         doc = decode_body(content_type, body)
-        _require(isinstance(doc, dict), "request body must be a JSON object", "body")
+        require(isinstance(doc, dict), "request body must be a JSON object", "body")
         model = doc.get("model")
-        _require(
+        require(
             isinstance(model, str) and model != "",
             "'model' is required and must be a string",
             "model",
         )
         stream = doc.get("stream", False)
-        _require(isinstance(stream, bool), "'stream' must be a boolean", "stream")
+        require(isinstance(stream, bool), "'stream' must be a boolean", "stream")
         key_fields = {k: v for k, v in doc.items() if k not in self._ignored}
         call = Call("openai", model, key_fields, stream=stream, kind=kind)
         options = doc.get("stream_options")
@@ -81,13 +66,13 @@ class OpenAIAdapter:
         if kind == "chat":
             self._chat(doc, call)
         elif kind == "completions":
-            _require("prompt" in doc, "'prompt' is required", "prompt")
+            require("prompt" in doc, "'prompt' is required", "prompt")
             prompt = doc["prompt"]
             call.semantic_text = prompt if isinstance(prompt, str) else None
             call.context = {k: v for k, v in key_fields.items() if k != "prompt"}
             call.deterministic = _deterministic(doc)
         else:
-            _require("input" in doc, "'input' is required", "input")
+            require("input" in doc, "'input' is required", "input")
             items = doc["input"]
             if isinstance(items, list) and len(items) > self._max_items:
                 raise PayloadTooLarge(
@@ -100,14 +85,14 @@ class OpenAIAdapter:
 
     def _chat(self, doc: dict[str, Any], call: Call) -> None:
         messages = doc.get("messages")
-        _require(
+        require(
             isinstance(messages, list) and len(messages) > 0,
             "'messages' is required and must be a non-empty array",
             "messages",
         )
         assert isinstance(messages, list)
         for i, m in enumerate(messages):
-            _require(
+            require(
                 isinstance(m, dict) and isinstance(m.get("role"), str),
                 f"messages[{i}] must be an object with a string 'role'",
                 f"messages[{i}]",
@@ -115,7 +100,7 @@ class OpenAIAdapter:
         last = messages[-1]
         # Only a final user turn is a question a semantic cache may answer.
         if last.get("role") == "user":
-            call.semantic_text = _text_of(last.get("content"))
+            call.semantic_text = text_of(last.get("content"))
         context = {k: v for k, v in call.key_fields.items() if k != "messages"}
         context["messages"] = messages[:-1]
         call.context = context
