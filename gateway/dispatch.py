@@ -16,7 +16,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from aiohttp.web_urldispatcher import PlainResource
 
-from gateway.drain import CATCH_ALL, turned_away
+from gateway.drain import CATCH_ALL, unless_draining
 from gateway.middleware.listener_roles import ROLES, split_admin
 from gateway.middleware.request_target import plain_target, safe_target, undecodable_header
 from gateway.state import STATE
@@ -36,7 +36,7 @@ def model_traffic_handler(app: web.Application) -> Handler:
         elif resource.canonical != CATCH_ALL:
             return full
     state = app[STATE]
-    pipeline = state.pipeline
+    model_traffic = unless_draining(state, state.pipeline.handle)  # the catch-all's handler
     roles = app[ROLES]
     split = split_admin in app.middlewares
 
@@ -53,8 +53,6 @@ def model_traffic_handler(app: web.Application) -> Handler:
             or undecodable_header(request) is not None
         ):
             return await full(request)
-        if state.draining:  # as the catch-all's drain wrapper does (gateway/drain.py)
-            return turned_away()
-        return await pipeline.handle(request)
+        return await model_traffic(request)
 
     return handle

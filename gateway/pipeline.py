@@ -162,9 +162,16 @@ class Pipeline:
         else:
             body = self._stream_body(request)
         flow = self.flows.get(route.name) if cached and isinstance(body, bytes) else None
-        if flow is not None and len(candidates) == 1 and isinstance(body, bytes):
+        alias: AliasKey | None = None  # computed once: looked up here, remembered on the long way
+        if (
+            flow is not None
+            and len(candidates) == 1
+            and isinstance(body, bytes)
+            and len(body) <= ALIAS_MAX_BODY
+        ):
             # Exact-cache fast path: these very bytes were parsed before and their answer is in L1.
-            hit = self._fast_hit(request, flow, body, timing)
+            alias = self._alias(request, flow, body)
+            hit = self._fast_hit(request, flow, alias, timing)
             if hit is not None:
                 return hit
         call: Call | None = None
@@ -210,7 +217,9 @@ class Pipeline:
             )
 
         if flow is not None and call is not None and isinstance(body, bytes):
-            return await self._cached(request, route, flow, call, body, timing, upstream_request)
+            return await self._cached(
+                request, route, flow, call, body, timing, upstream_request, alias
+            )
         upstream = await self._send(route, upstream_request())
         timing.add(self.backends[route.backend].timing_stage, t)
         return await responses.upstream(request, upstream, timing, self._count_cut)
@@ -224,6 +233,7 @@ class Pipeline:
         body: bytes,
         timing: Timing,
         upstream_request: Callable[[], UpstreamRequest],
+        alias: AliasKey | None,
     ) -> web.StreamResponse:
         headers = request.headers
         directives = request_directives(headers.get("Cache-Control"), headers.get("Pragma"))
@@ -239,7 +249,8 @@ class Pipeline:
             key = await asyncio.to_thread(flow.key, call.model, call.key_fields, headers)
         else:
             key = flow.key(call.model, call.key_fields, headers)
-        flow.aliases.remember(self._alias(request, flow, body), key, framing)
+        if alias is not None:  # (None: the fast path never looks, e.g. routes picked by model)
+            flow.aliases.remember(alias, key, framing)
         ask = Ask(
             key=key,
             directives=directives,
@@ -272,15 +283,13 @@ class Pipeline:
         )
 
     def _fast_hit(
-        self, request: web.Request, flow: CacheFlow, body: bytes, timing: Timing
+        self, request: web.Request, flow: CacheFlow, alias: AliasKey, timing: Timing
     ) -> web.Response | None:
         """An L1 hit for bytes seen before, without parsing; None sends the request the long way."""
-        if len(body) > ALIAS_MAX_BODY:
-            return None
         headers = request.headers
         if "Cache-Control" in headers or "Pragma" in headers:
             return None
-        found = flow.fast_hit(self._alias(request, flow, body))
+        found = flow.fast_hit(alias)
         if found is None:
             return None
         entry, framing = found
