@@ -238,11 +238,11 @@ class Pipeline:
         headers = request.headers
         directives = request_directives(headers.get("Cache-Control"), headers.get("Pragma"))
         stage = self.backends[route.backend].timing_stage
-        if not directives.lookup and not directives.store:  # no-store: no key, no alias
-            passed = await flow.bypass(
-                call, directives, timing, stage, lambda: self._send(route, upstream_request())
-            )
-            assert passed is not None, "a no-store call always bypasses"
+        # sampled and no-store calls never touch the cache: no key, no alias
+        passed = await flow.bypass(
+            call, directives, timing, stage, lambda: self._send(route, upstream_request())
+        )
+        if passed is not None:
             return await responses.fresh(request, passed, timing, self._count_cut)
         framing = framing_of(call)
         if len(body) > _PARSE_INLINE:  # canonicalising megabytes is as slow as parsing them
