@@ -12,23 +12,9 @@ import pytest
 from gateway.app import build_app
 from gateway.config import load_settings
 from tests.local.conftest import wait_ready
+from tests.support.sdk_clients import close_tracked_clients, track  # noqa: F401 (autouse)
 from tests.support.servers import ROOT, ServerThread
 from tests.support.upstream import build_upstream
-
-# SDK clients hold keep-alive sockets: each test closes the ones it made (ResourceWarning fails).
-_OPEN: list[anthropic.Anthropic] = []
-
-
-def _track(c: anthropic.Anthropic) -> anthropic.Anthropic:
-    _OPEN.append(c)
-    return c
-
-
-@pytest.fixture(autouse=True)
-def _close_sdk_clients() -> Iterator[None]:
-    yield
-    while _OPEN:
-        _OPEN.pop().close()
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +41,8 @@ def test_the_sdk_gets_the_direct_answer_then_a_hit(
         "max_tokens": 64,
         "messages": [{"role": "user", "content": "default config"}],
     }
-    direct = _track(anthropic.Anthropic(base_url=upstream.url, api_key="k1", max_retries=0))
-    via = _track(anthropic.Anthropic(base_url=gateway.url, api_key="k1", max_retries=0))
+    direct = track(anthropic.Anthropic(base_url=upstream.url, api_key="k1", max_retries=0))
+    via = track(anthropic.Anthropic(base_url=gateway.url, api_key="k1", max_retries=0))
     expected = direct.messages.create(**kw).model_dump()
     headers = []
     for _ in range(2):
@@ -66,6 +52,6 @@ def test_the_sdk_gets_the_direct_answer_then_a_hit(
     with via.messages.stream(**kw) as s:
         assert s.get_final_message().model_dump() == expected
         headers.append(s.response.headers["X-Cache"])
-    other = _track(anthropic.Anthropic(base_url=gateway.url, api_key="k2", max_retries=0))
+    other = track(anthropic.Anthropic(base_url=gateway.url, api_key="k2", max_retries=0))
     headers.append(other.messages.with_raw_response.create(**kw).headers["X-Cache"])
     assert headers == ["miss", "hit", "hit", "miss"]

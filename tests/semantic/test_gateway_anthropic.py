@@ -4,31 +4,15 @@ arguments, so a deterministic call sends temperature 0 through extra_body."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import anthropic
-import pytest
 
 from tests.conftest import base_config
 from tests.integration.cache.conftest import anthropic_route
+from tests.support.sdk_clients import close_tracked_clients, track  # noqa: F401 (autouse)
 from tests.support.servers import ServerThread
-
-# SDK clients hold keep-alive sockets: each test closes the ones it made (ResourceWarning fails).
-_OPEN: list[anthropic.Anthropic] = []
-
-
-def _track(c: anthropic.Anthropic) -> anthropic.Anthropic:
-    _OPEN.append(c)
-    return c
-
-
-@pytest.fixture(autouse=True)
-def _close_sdk_clients() -> Iterator[None]:
-    yield
-    while _OPEN:
-        _OPEN.pop().close()
-
 
 T0 = {"temperature": 0}
 
@@ -48,7 +32,7 @@ def test_paraphrase_hits_in_its_namespace_only(
     cfg = base_config(upstream.url)
     cfg["routes"].insert(0, anthropic_route(semantic=True))
     gw = start_gateway(cfg)
-    alice = _track(anthropic.Anthropic(base_url=gw.url, api_key="sk-ant-alice", max_retries=0))
+    alice = track(anthropic.Anthropic(base_url=gw.url, api_key="sk-ant-alice", max_retries=0))
     first, x1 = ask(alice, "How do I reset my password?", extra_body=T0)
     again, x2 = ask(alice, "How can I reset my password?", extra_body=T0)
     assert (x1, x2) == ("miss", "semantic-hit") and again == first
@@ -57,5 +41,5 @@ def test_paraphrase_hits_in_its_namespace_only(
         ask(alice, "How can I reset my password?", extra_body=T0, system="Be terse.")[1] == "miss"
     )
     assert ask(alice, "How can I reset my password?")[1] == "miss"
-    bob = _track(anthropic.Anthropic(base_url=gw.url, api_key="sk-ant-bob", max_retries=0))
+    bob = track(anthropic.Anthropic(base_url=gw.url, api_key="sk-ant-bob", max_retries=0))
     assert ask(bob, "How can I reset my password?", extra_body=T0)[1] == "miss"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -21,23 +21,8 @@ from anthropic.types import MessageParam
 
 from tests.conftest import base_config
 from tests.integration.cache.conftest import anthropic_route
+from tests.support.sdk_clients import close_tracked_clients, track  # noqa: F401 (autouse)
 from tests.support.servers import ServerThread
-
-# SDK clients hold keep-alive sockets: each test closes the ones it made (ResourceWarning fails).
-_OPEN: list[anthropic.Anthropic] = []
-
-
-def _track(c: anthropic.Anthropic) -> anthropic.Anthropic:
-    _OPEN.append(c)
-    return c
-
-
-@pytest.fixture(autouse=True)
-def _close_sdk_clients() -> Iterator[None]:
-    yield
-    while _OPEN:
-        _OPEN.pop().close()
-
 
 MESSAGES: list[MessageParam] = [{"role": "user", "content": "hello there gateway"}]
 TEXT = "echo(up): hello there gateway"
@@ -51,7 +36,7 @@ def gw(upstream: ServerThread, start_gateway: Callable[..., ServerThread]) -> Se
 
 
 def client(url: str, key: str = "sk-ant-alice", **kw: Any) -> anthropic.Anthropic:
-    return _track(anthropic.Anthropic(base_url=url, api_key=key, max_retries=0, **kw))
+    return track(anthropic.Anthropic(base_url=url, api_key=key, max_retries=0, **kw))
 
 
 def create(c: anthropic.Anthropic, **kw: Any) -> tuple[dict[str, Any], str]:
@@ -129,8 +114,8 @@ def test_another_api_key_is_not_served_the_first_keys_entry(
     assert create(client(gw.url, "sk-ant-bob"))[1] == "miss"
     assert create(client(gw.url, "sk-ant-bob"))[1] == "hit"
     # the same through Authorization: Bearer (the SDK's auth_token)
-    bearer_a = _track(anthropic.Anthropic(base_url=gw.url, auth_token="tok-a", max_retries=0))
-    bearer_b = _track(anthropic.Anthropic(base_url=gw.url, auth_token="tok-b", max_retries=0))
+    bearer_a = track(anthropic.Anthropic(base_url=gw.url, auth_token="tok-a", max_retries=0))
+    bearer_b = track(anthropic.Anthropic(base_url=gw.url, auth_token="tok-b", max_retries=0))
     assert create(bearer_a)[1] == "miss"
     assert create(bearer_b)[1] == "miss"
     assert create(bearer_a)[1] == "hit"

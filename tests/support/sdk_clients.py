@@ -1,0 +1,24 @@
+"""SDK clients hold keep-alive sockets: a test module that makes them tracks each one, and the
+autouse fixture closes them after every test (an unclosed socket's ResourceWarning fails)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+import pytest
+
+C = TypeVar("C")
+_OPEN: list[Any] = []
+
+
+def track(client: C) -> C:
+    _OPEN.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def close_tracked_clients() -> Iterator[None]:
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
