@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.cache_bench import LUA_DONE, wrk  # noqa: E402
 from tests.conftest import base_config  # noqa: E402
 from tests.integration.cache.conftest import anthropic_route  # noqa: E402
 from tests.support.servers import GatewayProcess, free_port, wait_port  # noqa: E402
@@ -41,21 +41,16 @@ HEADERS = {
     "x-api-key": "sk-ant-bench",
     "anthropic-version": "2023-06-01",
 }
-LUA = """
+LUA = (
+    """
 wrk.method = "POST"
 wrk.body = [[%s]]
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["x-api-key"] = "sk-ant-bench"
 wrk.headers["anthropic-version"] = "2023-06-01"
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format(
-    'RESULT {"requests": %%d, "duration_us": %%d, "errors": %%d, "non2xx": %%d, ' ..
-    '"p50_us": %%d, "p95_us": %%d, "p99_us": %%d}\\n',
-    summary.requests, summary.duration, e.connect + e.read + e.write + e.timeout, e.status,
-    latency:percentile(50), latency:percentile(95), latency:percentile(99)))
-end
 """
+    + LUA_DONE
+)
 
 
 def messages_route(cache: bool) -> dict[str, Any]:
@@ -100,26 +95,6 @@ def post(url: str, body: bytes) -> tuple[int, str, bytes]:
         return r.status, r.headers.get("X-Cache", ""), r.read()
 
 
-def wrk(url: str, conns: int, seconds: float, script: str) -> dict[str, float]:
-    out = subprocess.run(
-        ["wrk", "-t1", f"-c{conns}", f"-d{max(1, round(seconds))}s", "-s", script, url + PATH],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    m = re.search(r"RESULT (\{.*\})", out)
-    if m is None:
-        raise RuntimeError("wrk printed no result:\n" + out)
-    r = json.loads(m.group(1))
-    return {
-        "rps": r["requests"] / (r["duration_us"] / 1e6),
-        "p50_ms": r["p50_us"] / 1000,
-        "p95_ms": r["p95_us"] / 1000,
-        "p99_ms": r["p99_us"] / 1000,
-        "errors": r["errors"] + r["non2xx"],
-    }
-
-
 def upstream_calls(upstream: str) -> int:
     with urllib.request.urlopen(upstream + "/_test/stats", timeout=10) as r:
         return int(json.loads(r.read())["requests"].get(PATH, 0))
@@ -151,10 +126,10 @@ def main() -> int:
                 assert status == 200 and got == expected, f"{name} answered differently"
                 if name == "hit":
                     assert post(url, body)[1] == "hit", "the hit target did not answer a hit"
-                wrk(url, 1, 1, script)  # warm-up
+                wrk(url, 1, 1, script, PATH)  # warm-up
                 before = upstream_calls(upstream)
-                one = wrk(url, 1, args.seconds, script)
-                many = wrk(url, 32, args.seconds, script)
+                one = wrk(url, 1, args.seconds, script, PATH)
+                many = wrk(url, 32, args.seconds, script, PATH)
                 rows.append((framing, name, one, many, upstream_calls(upstream) - before))
     print(f"\nPOST {PATH}, {len(json.dumps(BODY))}-byte body, wrk -t1, {args.seconds:g} s per cell")
     print(

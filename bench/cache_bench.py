@@ -48,11 +48,9 @@ FIXED = (
 )
 PATH = "/v1/chat/completions"
 
-LUA = """
-wrk.method = "POST"
-wrk.body = [[%s]]
-wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Authorization"] = "Bearer sk-bench"
+# wrk's report as one JSON line that `wrk()` reads (other benches append it to their scripts;
+# `%%` because every script is %-formatted with its body).
+LUA_DONE = """
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
@@ -62,6 +60,15 @@ done = function(summary, latency, requests)
     latency:percentile(50), latency:percentile(95), latency:percentile(99)))
 end
 """
+LUA = (
+    """
+wrk.method = "POST"
+wrk.body = [[%s]]
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer sk-bench"
+"""
+    + LUA_DONE
+)
 
 NGINX = """
 worker_processes 1;
@@ -136,9 +143,10 @@ def gateway(
         gw.stop()
 
 
-def wrk(url: str, conns: int, seconds: float, script: str) -> dict[str, float]:
+def wrk(url: str, conns: int, seconds: float, script: str, path: str = PATH) -> dict[str, float]:
+    """One wrk run (1 thread) of a script ending in LUA_DONE: throughput, latency, errors."""
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{conns}", f"-d{max(1, round(seconds))}s", "-s", script, url + PATH],
+        ["wrk", "-t1", f"-c{conns}", f"-d{max(1, round(seconds))}s", "-s", script, url + path],
         capture_output=True,
         text=True,
         check=True,
