@@ -206,6 +206,9 @@ class RedisSync:
         backoff = 0.1
         while not self._closing:
             try:
+                if isinstance(self.tail_redis, RedisCluster):
+                    # a no-op unless the last failure closed the client (below)
+                    await self.tail_redis.initialize()
                 resp: Any = await self.tail_redis.xread(
                     {self.stream_key: self.last_id}, block=self.block_ms, count=500
                 )
@@ -225,5 +228,13 @@ class RedisSync:
                     raise asyncio.CancelledError from exc
                 self._m.labels("tail", "error").inc()
                 self._tail_log.failed(f"{exc}; retrying with backoff up to 5 s")
+                if isinstance(self.tail_redis, RedisCluster):
+                    # XREAD has movable keys: redis-py asks COMMAND GETKEYS of the default
+                    # node it chose when it read the slot map, before its own "re-read the slot
+                    # map" step, so with that node dead the tail retried it for ever. Closing
+                    # the client and initialising it again (above) re-reads the map and picks
+                    # a live default node.
+                    with contextlib.suppress(*REDIS_ERRORS):
+                        await self.tail_redis.aclose()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)

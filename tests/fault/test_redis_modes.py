@@ -125,6 +125,12 @@ async def test_two_gateways_share_and_survive_a_primary_failover(
     mode, topo = topology
     cfg = semantic_config(upstream.url, topo.url)
     prefix = f"m{uuid.uuid4().hex[:6]}:"
+    if isinstance(topo, RedisClusterServers):
+        # The worst case, every run: the stream lives on the primary that serves slot 0, the
+        # node redis-py takes as its default and asks COMMAND GETKEYS of for XREAD. Losing it
+        # once stranded the tail on the dead node for good (a third of random prefixes did).
+        while topo.primary_of(f"{{{prefix}sem}}:log") is not topo.primary_of_slot(0):
+            prefix = f"m{uuid.uuid4().hex[:6]}:"
     cfg["cache"]["redis"].update(mode=mode, sentinel_master=MASTER, key_prefix=prefix)
     gws = [GatewayProcess(cfg).start(), GatewayProcess(cfg).start()]
     a, b = gws[0].url, gws[1].url

@@ -107,7 +107,11 @@ class RedisClusterServers:
         return self._roles("slave")
 
     def primary_of(self, key: str) -> RedisServer:
-        slot = int(cli(self.live()[0].port, "cluster", "keyslot", key).strip())
+        return self.primary_of_slot(
+            int(cli(self.live()[0].port, "cluster", "keyslot", key).strip())
+        )
+
+    def primary_of_slot(self, slot: int) -> RedisServer:
         for n in self.primaries():
             for line in cli(n.port, "cluster", "nodes").splitlines():
                 f = line.split()
