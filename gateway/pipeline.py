@@ -168,6 +168,9 @@ class Pipeline:
             and len(candidates) == 1
             and isinstance(body, bytes)
             and len(body) <= ALIAS_MAX_BODY
+            # a request with cache directives takes the long way (no-store never builds a key)
+            and "Cache-Control" not in request.headers
+            and "Pragma" not in request.headers
         ):
             # Exact-cache fast path: these very bytes were parsed before and their answer is in L1.
             alias = self._alias(request, flow, body)
@@ -286,9 +289,6 @@ class Pipeline:
         self, request: web.Request, flow: CacheFlow, alias: AliasKey, timing: Timing
     ) -> web.Response | None:
         """An L1 hit for bytes seen before, without parsing; None sends the request the long way."""
-        headers = request.headers
-        if "Cache-Control" in headers or "Pragma" in headers:
-            return None
         found = flow.fast_hit(alias)
         if found is None:
             return None
