@@ -101,8 +101,11 @@ class LeanHttp1Transport:
                     _, conn = await loop.create_connection(
                         lambda: H1Connection(loop), self._host, self._port
                     )
-        finally:
+        except BaseException:
             self._connecting -= 1
+            self._wake_one()  # the slot it held is free again
+            raise
+        self._connecting -= 1
         self._busy.add(conn)
         return conn
 
@@ -115,6 +118,9 @@ class LeanHttp1Transport:
             self._idle.append(conn)
         else:
             conn.close()
+        self._wake_one()
+
+    def _wake_one(self) -> None:
         while self._waiting:
             slot = self._waiting.popleft()
             if not slot.done():

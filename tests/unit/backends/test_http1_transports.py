@@ -314,3 +314,41 @@ async def test_header_values_cannot_split_the_request(kind: str) -> None:
     finally:
         await tr.aclose()
         await replica.stop()
+
+
+async def test_the_pool_limit_queues_requests_and_a_failed_connect_frees_its_slot(
+    kind: str,
+) -> None:
+    open_now: list[int] = [0]
+    most: list[int] = [0]
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        open_now[0] += 1
+        most[0] = max(most[0], open_now[0])
+        try:
+            while True:
+                await read_request(reader)
+                await asyncio.sleep(0.05)
+                writer.write(ok_json())
+                await writer.drain()
+        finally:
+            open_now[0] -= 1
+
+    replica = Replica(script)
+    url = await replica.start()
+    tr = make(kind, url)  # max_connections=4
+    try:
+        answers = await asyncio.gather(*(tr.send(post()) for _ in range(12)))
+        assert [r.status for r in answers] == [200] * 12
+        assert most[0] <= 4 and replica.connections <= 4
+    finally:
+        await tr.aclose()
+        await replica.stop()
+    dead = make(kind, url)
+    try:  # nothing listens any more: every caller hears so, none waits for a slot forever
+        got = await asyncio.wait_for(
+            asyncio.gather(*(dead.send(post()) for _ in range(8)), return_exceptions=True), 10
+        )
+        assert all(isinstance(e, UpstreamConnectError) for e in got)
+    finally:
+        await dead.aclose()
