@@ -55,7 +55,7 @@ def model_traffic_handler(app: web.Application) -> Handler:
             or path.startswith("/admin")
             # aiohttp answers `Expect: 100-continue` in the router's path
             or "Expect" in request.headers
-            or (split and roles.on_admin(request))
+            or (split and roles.admin and roles.on_admin(request))  # (no admin listener: no check)
             # what the request_target middleware would change or refuse
             or not plain_target(request.raw_path)
             or undecodable_header(request) is not None

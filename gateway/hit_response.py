@@ -73,7 +73,7 @@ class HitResponse(web.StreamResponse):
         if transport is None or transport.is_closing():
             # as web.Response's write would: the handler treats it as an early disconnect
             raise ConnectionResetError("the client went away before its hit was written")
-        extra = "".join(f"{k}: {v}\r\n" for k, v in self._extra)
+        extra = "".join([f"{k}: {v}\r\n" for k, v in self._extra])
         head = (
             f"HTTP/1.1 {self.status} {self.reason}\r\n{self._block}{extra}"
             f"Date: {rfc822_formatted_time()}\r\n{_SERVER}\r\n"

@@ -7,8 +7,7 @@ whether an entry can serve this request, and how a recorded stream becomes an en
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import cast
+from typing import NamedTuple, cast
 
 from cache import CacheEntry
 from gateway.protocols import openai_sse
@@ -28,9 +27,9 @@ def _content_type(entry: CacheEntry) -> str:
     return ""
 
 
-@dataclass(frozen=True, slots=True)
-class Framing:
-    """What a response's shape depends on beyond the entry: stream or not, usage chunk or not."""
+class Framing(NamedTuple):
+    """What a response's shape depends on beyond the entry: stream or not, usage chunk or not.
+    (A tuple: it keys the entry's memo on every hit, and a tuple hashes in C.)"""
 
     stream: bool = False
     include_usage: bool = False

@@ -48,7 +48,7 @@ def cached(
         extra.append(("X-Cache-Score", f"{hit.semantic.score:.4f}"))
         extra.append(("X-Cache-Entry", hit.semantic.exact_key))
     status = hit.entry.status
-    if prefer(request) and status in _REASONS:
+    if status in _REASONS and prefer(request):
         memo = hit.entry.memo
         block = memo.get((_BLOCK, framing))
         if block is None:

@@ -20,7 +20,7 @@ class Timing:
         return now
 
     def header(self) -> str:
-        total = time.perf_counter() - self.start
-        parts = [f"{n};dur={d * 1000:.3f}" for n, d in self.stages]
-        parts.append(f"total;dur={total * 1000:.3f}")
-        return ", ".join(parts)
+        total = f"total;dur={(time.perf_counter() - self.start) * 1000:.3f}"
+        if not self.stages:
+            return total
+        return "".join([f"{n};dur={d * 1000:.3f}, " for n, d in self.stages]) + total
