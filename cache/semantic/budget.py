@@ -22,9 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cache.semantic.budget_prior import Prior
+
 COS_EDGES = (0.90, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99)
 # The features MLP scores top out near 0.65: its edges are dense where its scores are.
 SCORE_EDGES = (0.0, 0.1, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.8, 0.9)
+PRIOR_WEIGHT = 1.0  # a prior label counts this much beside a live one
+OPEN_LABELS = 10  # live labels a region needs left of the shipped score before it serves there
 
 
 def wilson_upper(wrong: float, n: float, z: float) -> float:
@@ -50,19 +54,39 @@ def z_of(delta: float) -> float:
     return (lo + hi) / 2
 
 
+def wilson(wrong: np.ndarray, n: np.ndarray, z: float, sign: float) -> np.ndarray:
+    """Vectorised Wilson bound: sign +1 the upper one (1.0 with no labels), -1 the lower (0.0)."""
+    safe = np.maximum(n, 1e-12)
+    p = wrong / safe
+    z2 = z * z
+    centre = p + z2 / (2 * safe)
+    spread = z * np.sqrt(np.maximum(p * (1 - p) / safe + z2 / (4 * safe * safe), 0.0))
+    out = np.clip((centre + sign * spread) / (1 + z2 / safe), 0.0, 1.0)
+    res: np.ndarray = np.where(n > 0, out, 1.0 if sign > 0 else 0.0)
+    return res
+
+
 @dataclass(frozen=True, slots=True)
 class Bar:
-    """cosine >= cosine and score >= score; `open` False = serve no semantic hit."""
+    """Serves (cosine >= cosine and score >= score) or (cosine >= cos_only): a verifier bar and
+    a cosine-only bar (1.01: none). `open` False = serve no semantic hit."""
 
     cosine: float
     score: float
     open: bool
-    estimate: float  # labelled error rate in the served region (nan: no labels)
+    estimate: float  # error rate in the served region, prior and live labels (nan: none)
     bound: float  # its upper confidence bound
-    labels: int  # labels in the served region
+    labels: int  # live labels in the served region
+    cos_only: float = 1.01
+    prior_labels: float = 0.0  # the prior's pseudo-labels in the served region
 
     def serves(self, cosine: float, score: float) -> bool:
-        return self.open and cosine >= self.cosine and score >= self.score
+        if not self.open or score < 0:
+            return False
+        return (cosine >= self.cosine and score >= self.score) or cosine >= self.cos_only
+
+
+CLOSED = Bar(1.01, 1.01, False, float("nan"), 1.0, 0)
 
 
 class BudgetGrid:
@@ -74,19 +98,25 @@ class BudgetGrid:
         floor: float,
         p_min: float,
         *,
-        delta: float = 0.05,
-        min_labels: int = 30,
+        delta: float = 0.20,
+        min_labels: int = 100,
+        prior: Prior | None = None,
+        prior_weight: float = PRIOR_WEIGHT,
+        open_labels: int = OPEN_LABELS,
     ) -> None:
         self.max_error_rate = max_error_rate
         self.z = z_of(delta)
         self.min_labels = min_labels
-        # Never looser than the verifier's own cosine floor (candidates under it are not scored).
-        self.cos_edges = np.asarray(sorted({floor, *(c for c in COS_EDGES if c > floor)}))
-        self.score_edges = np.asarray(sorted({p_min, *SCORE_EDGES}))
+        self.prior_weight = prior_weight
+        self.open_labels = open_labels
+        self.cos_edges, self.score_edges = grid_edges(floor, p_min)
+        # The shipped point's score column: cells left of it are served only on live evidence.
+        self.p_col = int(np.searchsorted(self.score_edges, p_min, side="left"))
         shape = (len(self.cos_edges), len(self.score_edges))
         self.labels = np.zeros(shape, np.float64)
         self.wrong = np.zeros(shape, np.float64)
         self.volume = np.zeros(shape, np.float64)
+        self.prior = prior
         self._bar: Bar | None = None
 
     def cell(self, cosine: float, score: float) -> tuple[int, int] | None:
@@ -115,6 +145,13 @@ class BudgetGrid:
         self.labels, self.wrong, self.volume = labels, wrong, volume
         self._bar = None
 
+    def mixture(self) -> dict[str, float]:
+        """Which development dataset the live labels look like (empty: no prior)."""
+        if self.prior is None:
+            return {}
+        w = self.prior.mixture(self.labels, self.wrong)
+        return {n: float(x) for n, x in zip(self.prior.names, w, strict=True)}
+
     @staticmethod
     def _region(a: np.ndarray) -> np.ndarray:
         """region[i, j] = sum of a over cells i' >= i, j' >= j."""
@@ -127,37 +164,85 @@ class BudgetGrid:
         return self._bar
 
     def _choose(self) -> Bar:
-        n, k, v = self._region(self.labels), self._region(self.wrong), self._region(self.volume)
-        best: tuple[float, float, int, int] | None = None
-        pick = (0, 0)
-        for i in range(n.shape[0]):
-            for j in range(n.shape[1]):
-                if n[i, j] < self.min_labels:
-                    continue
-                ub = wilson_upper(k[i, j], n[i, j], self.z)
-                if ub > self.max_error_rate:
-                    continue
-                # most volume; among equals the stricter bar (a higher score, then cosine)
-                key = (v[i, j], -ub, i + j, j)
-                if best is None or key > best:
-                    best = key
-                    pick = (i, j)
-        if best is None:
-            total_n, total_k = float(self.labels.sum()), float(self.wrong.sum())
-            return Bar(
-                1.01,
-                1.01,
-                False,
-                total_k / total_n if total_n else float("nan"),
-                wilson_upper(total_k, total_n, self.z),
-                0,
+        """Every union of a verifier bar R(i, j) and a cosine-only bar R(i2, 0) (i2 > i, or
+        none) is a candidate region. Eligible: prior and live labels >= min_labels, their
+        upper bound <= budget, the live labels alone not proving it over budget (lower bound),
+        and its cells left of the shipped score holding >= open_labels live labels of their own
+        (the start is the shipped point or stricter). The eligible region with the most traffic
+        wins; ties go to the stricter one."""
+        if self.prior is not None:
+            p0, k0 = self.prior.pseudo(self.labels, self.wrong, self.prior_weight)
+        else:
+            p0 = k0 = np.zeros_like(self.labels)
+        rn, rk = self._region(self.labels), self._region(self.wrong)
+        r0, rk0 = self._region(p0), self._region(k0)
+        # Traffic: live lookups, and before there are any the prior's labels stand in for them.
+        rv = self._region(self.volume + p0)
+        nc, ns = rn.shape
+        pc = min(self.p_col, ns - 1)
+        best_key: tuple[float, ...] | None = None
+        best: Bar = CLOSED
+        for i2 in range(nc + 1):  # nc: no cosine-only part
+            both = np.maximum(np.arange(nc)[:, None], min(i2, nc - 1))
+
+            def union(a: np.ndarray, i2: int = i2, both: np.ndarray = both) -> np.ndarray:
+                if i2 == nc:
+                    return a
+                col = np.arange(ns)[None, :].repeat(nc, 0)
+                out: np.ndarray = a + a[i2, 0] - a[both, col]
+                return out
+
+            def union_right(a: np.ndarray, i2: int = i2, both: np.ndarray = both) -> np.ndarray:
+                """The union's cells at or right of the shipped score column."""
+                col = np.maximum(np.arange(ns)[None, :], pc).repeat(nc, 0)
+                rows = np.arange(nc)[:, None].repeat(ns, 1)
+                out: np.ndarray = a[rows, col]
+                if i2 < nc:
+                    out = out + a[i2, pc] - a[both, col]
+                return out
+
+            n, k = union(rn), union(rk)
+            n0, k0u = union(r0), union(rk0)
+            v = union(rv)
+            tot_n, tot_k = n + n0, k + k0u
+            ub = wilson(tot_k, tot_n, self.z, 1.0)
+            lb = wilson(k, n, self.z, -1.0)
+            left = n - union_right(rn)  # live labels left of the shipped score
+            has_left = np.arange(ns)[None, :] < pc
+            if i2 < nc:
+                has_left = np.ones((nc, ns), bool)
+            ok = (
+                (tot_n >= self.min_labels)
+                & (ub <= self.max_error_rate)
+                & (lb <= self.max_error_rate)
+                & (~has_left | (left >= self.open_labels))
             )
-        i, j = pick
-        return Bar(
-            float(self.cos_edges[i]),
-            float(self.score_edges[j]),
-            True,
-            float(k[i, j] / n[i, j]),
-            wilson_upper(k[i, j], n[i, j], self.z),
-            int(n[i, j]),
-        )
+            valid_rows = np.arange(nc)[:, None] < i2  # the cosine-only part lies above the bar
+            ok &= valid_rows | (i2 == nc)
+            for i, j in zip(*np.nonzero(ok), strict=True):
+                key = (float(v[i, j]), -float(ub[i, j]), float(i + j), float(j), -float(i2))
+                if best_key is None or key > best_key:
+                    best_key = key
+                    est = float(tot_k[i, j] / tot_n[i, j])
+                    best = Bar(
+                        float(self.cos_edges[i]),
+                        float(self.score_edges[j]),
+                        True,
+                        est,
+                        float(ub[i, j]),
+                        int(n[i, j]),
+                        float(self.cos_edges[i2]) if i2 < nc else 1.01,
+                        float(n0[i, j]),
+                    )
+        if not best.open:
+            total_n = float(self.labels.sum() + p0.sum())
+            total_k = float(self.wrong.sum() + k0.sum())
+            est = total_k / total_n if total_n else float("nan")
+            return Bar(1.01, 1.01, False, est, wilson_upper(total_k, total_n, self.z), 0)
+        return best
+
+
+def grid_edges(floor: float, p_min: float) -> tuple[np.ndarray, np.ndarray]:
+    """Never looser than the verifier's own cosine floor (candidates under it are not scored)."""
+    cos = np.asarray(sorted({floor, *(c for c in COS_EDGES if c > floor)}))
+    return cos, np.asarray(sorted({p_min, *SCORE_EDGES}))

@@ -21,7 +21,14 @@ from tests.support.servers import RedisServer, ServerThread
 
 Q = "How do I reset my password?"
 PARA = "How can I reset my password?"
-BUDGET: dict[str, Any] = {"max_error_rate": 0.5, "min_labels": 3, "audit_rate": 0.1}
+# The live-label mechanics alone: no prior, and a 95 % bound so that a few labels decide.
+BUDGET: dict[str, Any] = {
+    "max_error_rate": 0.5,
+    "min_labels": 3,
+    "audit_rate": 0.1,
+    "error_confidence": 0.95,
+    "prior": False,
+}
 
 
 @pytest.fixture
@@ -124,6 +131,29 @@ def test_without_the_keys_the_static_point_serves(
     assert ask(c, PARA, temperature=0)[1]["x-cache"] == "semantic-hit"  # today's static point
     state = admin_state(gw.url)
     assert "budget" not in state and state["max_error_rate"] is None
+
+
+@pytest.mark.parametrize("prior", [True, False])
+def test_the_shipped_prior_serves_before_any_label_and_only_with_it(
+    prior: bool, class_upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """Budget 0.5 and the development data's labels: the prior alone proves the shipped
+    point's region (its error there is well under 50 % on every dataset); without the prior
+    the route waits for its own labels."""
+    cfg = semantic_config(class_upstream.url, max_error_rate=0.5, min_labels=50, prior=prior)
+    gw = start_gateway(cfg)
+    c = client_for(gw.url, "sk-prior")
+    assert ask(c, Q, temperature=0)[1]["x-cache"] == "miss"
+    h = ask(c, PARA, temperature=0)[1]
+    state = admin_state(gw.url)["budget"]
+    assert state["labels"] == (0 if prior else 1)  # a hit is no label; a miss is one
+    if prior:
+        assert h["x-cache"] == "semantic-hit" and state["bar"]["open"]
+        assert set(state["prior"]) == {"qqp", "paws", "stsb"}
+        assert state["bar"]["score"] >= admin_state(gw.url)["static_point"]["score"]
+    else:
+        assert h["x-cache"] == "miss" and not state["bar"]["open"]
+        assert state["prior"] is None
 
 
 @pytest.mark.slow  # three gateway starts, each loading the embedder
