@@ -3,16 +3,18 @@
 A labelled example is one candidate the lookup found (its cosine and its verifier score) and
 whether its stored answer agreed with a fresh upstream answer. The controller keeps counts on a
 grid of (cosine, score) cells: `labels`, `wrong` and `volume` (how many lookups had their best
-candidate in that cell, labelled or not). A bar is a rule "cosine >= c and score >= s" on the
-grid's edges; its served region is the cells above and right of it.
+candidate in that cell, labelled or not). A bar serves "cosine >= c and score >= s" (a verifier
+bar) or "cosine >= c2" (a cosine-only bar above it, or none); its region is those cells.
 
-A bar is proven when its region holds at least `min_labels` labels and the one-sided Wilson upper
-bound (confidence 1 - delta) of their error rate is <= max_error_rate. The controller serves the
-proven bar with the most volume (the most hits), ties going to the stricter bar; with none proven
-it serves nothing: starting closed is the strictest start, and every unserved candidate is
-labelled by the miss that follows, which is how bars get proven. A wrong label inside the served
-region raises its bound at once, and the next `bar()` moves to a stricter proven bar (or none).
-Pure arithmetic on small arrays, no I/O: the Redis sharing lives in cache.semantic.budget_store.
+Evidence for a region = its live counts + the prior's pseudo-counts (cache.semantic.budget_prior:
+the development data's tables, mixed by what the live labels look like). A region is eligible
+when that evidence holds >= `min_labels` labels and its one-sided Wilson upper bound (confidence
+1 - delta) is <= max_error_rate, the live labels alone do not put its Wilson lower bound over the
+budget (wrong hits refute a region at once, whatever the prior says), and its cells left of the
+shipped score hold >= `open_labels` live labels of their own (the start is the shipped point or
+stricter). The eligible region with the most volume is served, ties to the stricter; with none,
+nothing is. Every unserved candidate is labelled by the miss that follows, which is how regions
+get proven. Pure arithmetic on small arrays, no I/O (Redis: cache.semantic.budget_store).
 """
 
 from __future__ import annotations
@@ -152,94 +154,72 @@ class BudgetGrid:
         w = self.prior.mixture(self.labels, self.wrong)
         return {n: float(x) for n, x in zip(self.prior.names, w, strict=True)}
 
-    @staticmethod
-    def _region(a: np.ndarray) -> np.ndarray:
-        """region[i, j] = sum of a over cells i' >= i, j' >= j."""
-        out: np.ndarray = a[::-1, ::-1].cumsum(0).cumsum(1)[::-1, ::-1]
-        return out
-
     def bar(self) -> Bar:
         if self._bar is None:
             self._bar = self._choose()
         return self._bar
 
     def _choose(self) -> Bar:
-        """Every union of a verifier bar R(i, j) and a cosine-only bar R(i2, 0) (i2 > i, or
-        none) is a candidate region. Eligible: prior and live labels >= min_labels, their
-        upper bound <= budget, the live labels alone not proving it over budget (lower bound),
-        and its cells left of the shipped score holding >= open_labels live labels of their own
-        (the start is the shipped point or stricter). The eligible region with the most traffic
-        wins; ties go to the stricter one."""
+        """Every union of a verifier bar R(i, j) and a cosine-only bar R(i2, 0) above it (i2 >
+        i, or none) is a candidate region, scored all at once on (i2, i, j) arrays. Eligible:
+        prior and live labels >= min_labels, their upper bound <= budget, the live labels alone
+        not proving it over budget (lower bound), and its cells left of the shipped score
+        holding >= open_labels live labels of their own (the start is the shipped point or
+        stricter). The eligible region with the most traffic wins; ties to the stricter one."""
         if self.prior is not None:
             p0, k0 = self.prior.pseudo(self.labels, self.wrong, self.prior_weight)
         else:
             p0 = k0 = np.zeros_like(self.labels)
-        rn, rk = self._region(self.labels), self._region(self.wrong)
-        r0, rk0 = self._region(p0), self._region(k0)
-        # Traffic: live lookups, and before there are any the prior's labels stand in for them.
-        rv = self._region(self.volume + p0)
-        nc, ns = rn.shape
+        nc, ns = self.labels.shape
         pc = min(self.p_col, ns - 1)
-        best_key: tuple[float, ...] | None = None
-        best: Bar = CLOSED
-        for i2 in range(nc + 1):  # nc: no cosine-only part
-            both = np.maximum(np.arange(nc)[:, None], min(i2, nc - 1))
-
-            def union(a: np.ndarray, i2: int = i2, both: np.ndarray = both) -> np.ndarray:
-                if i2 == nc:
-                    return a
-                col = np.arange(ns)[None, :].repeat(nc, 0)
-                out: np.ndarray = a + a[i2, 0] - a[both, col]
-                return out
-
-            def union_right(a: np.ndarray, i2: int = i2, both: np.ndarray = both) -> np.ndarray:
-                """The union's cells at or right of the shipped score column."""
-                col = np.maximum(np.arange(ns)[None, :], pc).repeat(nc, 0)
-                rows = np.arange(nc)[:, None].repeat(ns, 1)
-                out: np.ndarray = a[rows, col]
-                if i2 < nc:
-                    out = out + a[i2, pc] - a[both, col]
-                return out
-
-            n, k = union(rn), union(rk)
-            n0, k0u = union(r0), union(rk0)
-            v = union(rv)
-            tot_n, tot_k = n + n0, k + k0u
-            ub = wilson(tot_k, tot_n, self.z, 1.0)
-            lb = wilson(k, n, self.z, -1.0)
-            left = n - union_right(rn)  # live labels left of the shipped score
-            has_left = np.arange(ns)[None, :] < pc
-            if i2 < nc:
-                has_left = np.ones((nc, ns), bool)
-            ok = (
-                (tot_n >= self.min_labels)
-                & (ub <= self.max_error_rate)
-                & (lb <= self.max_error_rate)
-                & (~has_left | (left >= self.open_labels))
-            )
-            valid_rows = np.arange(nc)[:, None] < i2  # the cosine-only part lies above the bar
-            ok &= valid_rows | (i2 == nc)
-            for i, j in zip(*np.nonzero(ok), strict=True):
-                key = (float(v[i, j]), -float(ub[i, j]), float(i + j), float(j), -float(i2))
-                if best_key is None or key > best_key:
-                    best_key = key
-                    est = float(tot_k[i, j] / tot_n[i, j])
-                    best = Bar(
-                        float(self.cos_edges[i]),
-                        float(self.score_edges[j]),
-                        True,
-                        est,
-                        float(ub[i, j]),
-                        int(n[i, j]),
-                        float(self.cos_edges[i2]) if i2 < nc else 1.01,
-                        float(n0[i, j]),
-                    )
-        if not best.open:
+        # Traffic: live lookups, and before there are any the prior's labels stand in for them.
+        counts = np.stack([self.labels, self.wrong, p0, k0, self.volume + p0])
+        a = counts[:, ::-1, ::-1].cumsum(1).cumsum(2)[:, ::-1, ::-1]  # [c, i, j]: over R(i, j)
+        right = np.maximum(np.arange(ns), pc)  # column j, or the shipped one if j is left of it
+        # [c, i2, i, j]: over R(i, j) ∪ R(i2, 0), layer i2 = nc: no cosine-only part; and over
+        # that union's cells at or right of the shipped score column.
+        full = a[:, None, :, :] + a[:, :, 0][:, :, None, None] - a[:, :, None, :]
+        whole = np.concatenate([full, a[:, None]], 1)
+        ar = a[:, :, right]
+        part = ar[:, None, :, :] + a[:, :, pc][:, :, None, None] - ar[:, :, None, :]
+        n_right = np.concatenate([part[0], ar[0][None]], 0)
+        n, k, n0, k0u, v = whole
+        tot_n, tot_k = n + n0, k + k0u
+        ub = wilson(tot_k, tot_n, self.z, 1.0)
+        lb = wilson(k, n, self.z, -1.0)
+        i2 = np.arange(nc + 1)[:, None, None]
+        i = np.arange(nc)[None, :, None]
+        j = np.arange(ns)[None, None, :]
+        has_left = np.where(i2 < nc, pc > 0, j < pc)
+        ok = (
+            ((i < i2) | (i2 == nc))  # the cosine-only part lies above the verifier bar
+            & (tot_n >= self.min_labels)
+            & (ub <= self.max_error_rate)
+            & (lb <= self.max_error_rate)
+            & (~has_left | (n - n_right >= self.open_labels))
+        )
+        idx = np.flatnonzero(ok)
+        if idx.size == 0:
             total_n = float(self.labels.sum() + p0.sum())
             total_k = float(self.wrong.sum() + k0.sum())
             est = total_k / total_n if total_n else float("nan")
             return Bar(1.01, 1.01, False, est, wilson_upper(total_k, total_n, self.z), 0)
-        return best
+        shape = ok.shape
+        ii2, ii, jj = (np.broadcast_to(x, shape).ravel()[idx] for x in (i2, i, j))
+        # most volume, then the lowest bound, then the stricter bar (higher cells, no cos-only)
+        order = np.lexsort((-ii2, jj, ii + jj, -ub.ravel()[idx], v.ravel()[idx]))
+        b = int(idx[order[-1]])
+        c2, ci, cj = int(ii2[order[-1]]), int(ii[order[-1]]), int(jj[order[-1]])
+        return Bar(
+            float(self.cos_edges[ci]),
+            float(self.score_edges[cj]),
+            True,
+            float(tot_k.ravel()[b] / tot_n.ravel()[b]),
+            float(ub.ravel()[b]),
+            int(n.ravel()[b]),
+            float(self.cos_edges[c2]) if c2 < nc else 1.01,
+            float(n0.ravel()[b]),
+        )
 
 
 def grid_edges(floor: float, p_min: float) -> tuple[np.ndarray, np.ndarray]:
