@@ -5,7 +5,8 @@ parts) as a stream, all first texts then all second texts, against a route that 
 every text is stored, and every lookup whose best candidate (by verifier score, as a budgeted
 lookup picks it) is over the cosine floor gives one label, right when the candidate's class is
 the asker's (labelled duplicates share a class). The counts per (cosine, score) cell, one table
-per dataset, are the prior of cache.semantic.budget (see there for how it is weighted).
+per dataset and phase (first texts, second texts), are the prior of cache.semantic.budget
+(cache.semantic.budget_prior says how they are mixed and weighted).
 
 The counts depend on the verifier: rebuild with this one command after a new verifier.npz (the
 artifact records the verifier file's digest and the gateway warns when they differ).
@@ -91,13 +92,15 @@ def records(ver: MlpVerifier) -> dict[str, Records]:
 
 
 def counts(r: Records, cos_edges: np.ndarray, score_edges: np.ndarray) -> np.ndarray:
-    """[labels, wrong] per cell, shape (2, len(cos_edges), len(score_edges))."""
-    out = np.zeros((2, len(cos_edges), len(score_edges)))
+    """[phase, labels|wrong, cosine cell, score cell]: phase 0 the first texts (asked against
+    each other), phase 1 the second texts."""
+    out = np.zeros((2, 2, len(cos_edges), len(score_edges)))
     i = np.searchsorted(cos_edges, r.cosine, side="right") - 1
     j = np.searchsorted(score_edges, r.score, side="right") - 1
+    phase = (r.index >= r.requests // 2).astype(int)
     ok = (i >= 0) & (j >= 0)
-    np.add.at(out[0], (i[ok], j[ok]), 1)
-    np.add.at(out[1], (i[ok], j[ok]), r.wrong[ok])
+    np.add.at(out[:, 0], (phase[ok], i[ok], j[ok]), 1)
+    np.add.at(out[:, 1], (phase[ok], i[ok], j[ok]), r.wrong[ok])
     return out
 
 

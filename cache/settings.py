@@ -79,6 +79,9 @@ class SemanticPolicy(_Frozen):
     # Start from the shipped prior (budget_prior.npz, the development data's labels for the
     # shipped verifier); ignored with another verifier artifact than the one it was built for.
     prior: bool = True
+    # Labels fade so that a change in the traffic is followed: one this many seconds old
+    # weighs half (shared counts fade by wall-clock epochs of a quarter of it).
+    label_half_life: float = Field(86400.0, gt=0)
     min_labels: int = Field(100, ge=1)  # prior and live, in a served region before it serves
 
     @model_validator(mode="after")

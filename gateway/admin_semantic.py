@@ -72,9 +72,10 @@ def route_status(sr: SemanticRoute) -> dict[str, Any]:
             "error_estimate": None if math.isnan(bar.estimate) else bar.estimate,
             "error_bound": bar.bound,
         },
-        "labels": int(g.labels.sum()),
-        "wrong": int(g.wrong.sum()),
-        "lookups_with_a_candidate": int(g.volume.sum()),
+        # faded counts (cache.semantic.label_half_life), rounded
+        "labels": round(float(g.labels.sum())),
+        "wrong": round(float(g.wrong.sum())),
+        "lookups_with_a_candidate": round(float(g.volume.sum())),
         "semantic_hits": b.hits,
         "audits": b.audits,
         "audit_rate": b.audit_rate,

@@ -20,6 +20,8 @@ get proven. Pure arithmetic on small arrays, no I/O (Redis: cache.semantic.budge
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,6 +107,8 @@ class BudgetGrid:
         prior: Prior | None = None,
         prior_weight: float = PRIOR_WEIGHT,
         open_labels: int = OPEN_LABELS,
+        half_life: float | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.max_error_rate = max_error_rate
         self.z = z_of(delta)
@@ -120,6 +124,11 @@ class BudgetGrid:
         self.volume = np.zeros(shape, np.float64)
         self.prior = prior
         self._bar: Bar | None = None
+        # Labels fade: one `half_life` seconds old weighs half (None: never). Applied in steps
+        # of 1 % so that the bar is not recomputed on every lookup.
+        self.half_life = half_life
+        self.clock = clock
+        self._faded_at = clock()
 
     def cell(self, cosine: float, score: float) -> tuple[int, int] | None:
         """The cell a candidate falls in; None under the cosine floor."""
@@ -127,13 +136,27 @@ class BudgetGrid:
         j = int(np.searchsorted(self.score_edges, score, side="right")) - 1
         return None if i < 0 or j < 0 else (i, j)
 
+    def fade(self) -> None:
+        if self.half_life is None:
+            return
+        now = self.clock()
+        age = now - self._faded_at
+        if age < self.half_life / 100:
+            return
+        f = 0.5 ** (age / self.half_life)
+        self.labels, self.wrong, self.volume = self.labels * f, self.wrong * f, self.volume * f
+        self._faded_at = now
+        self._bar = None
+
     def observe(self, cosine: float, score: float) -> None:
         """A lookup's best candidate (served or not): where the traffic is."""
+        self.fade()
         c = self.cell(cosine, score)
         if c is not None:
             self.volume[c] += 1
 
     def label(self, cosine: float, score: float, agree: bool) -> None:
+        self.fade()
         c = self.cell(cosine, score)
         if c is None:
             return
@@ -143,8 +166,9 @@ class BudgetGrid:
         self._bar = None
 
     def load(self, labels: np.ndarray, wrong: np.ndarray, volume: np.ndarray) -> None:
-        """Replace the counts (a refresh from the shared store)."""
+        """Replace the counts (a refresh from the shared store, faded to now)."""
         self.labels, self.wrong, self.volume = labels, wrong, volume
+        self._faded_at = self.clock()
         self._bar = None
 
     def mixture(self) -> dict[str, float]:

@@ -21,6 +21,7 @@ log = logging.getLogger("latentgate.semantic.budget")
 
 DEFAULT_PRIOR = Path(__file__).with_name("budget_prior.npz")
 SMOOTH = 2.0  # pseudo-labels pulling a sparse cell's rate toward its dataset's overall rate
+SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)  # first-phase shares the mixture averages over
 
 
 def cell_index(edges: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -29,12 +30,25 @@ def cell_index(edges: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Prior:
-    """names[d]; labels[d, i, j] and wrong[d, i, j] on the route's grid."""
+    """names[d]; labels and wrong per phase, [d, phase, i, j], on the route's grid. The phases
+    of a replayed stream: its first texts asked against each other, then its second texts
+    against them (a route's own traffic is some mix of the two: mostly new questions early,
+    mostly repeats later)."""
 
     names: tuple[str, ...]
-    labels: np.ndarray
-    wrong: np.ndarray
+    phase_labels: np.ndarray
+    phase_wrong: np.ndarray
     verifier_sha256: str = ""
+
+    @property
+    def labels(self) -> np.ndarray:
+        out: np.ndarray = self.phase_labels.sum(1)
+        return out
+
+    @property
+    def wrong(self) -> np.ndarray:
+        out: np.ndarray = self.phase_wrong.sum(1)
+        return out
 
     @classmethod
     def load(cls, path: Path, cos_edges: np.ndarray, score_edges: np.ndarray) -> Prior:
@@ -43,28 +57,44 @@ class Prior:
         with np.load(path, allow_pickle=False) as z:
             src_c, src_s, counts = z["cos_edges"], z["score_edges"], z["counts"]
             meta = json.loads(str(z["meta"]))
-        shape = (counts.shape[0], len(cos_edges), len(score_edges))
+        if counts.ndim == 4:  # one phase
+            counts = counts[:, None]
+        shape = (*counts.shape[:2], len(cos_edges), len(score_edges))
         labels, wrong = np.zeros(shape), np.zeros(shape)
         ci, sj = cell_index(cos_edges, src_c), cell_index(score_edges, src_s)
         for a, i in enumerate(ci):
             for b, j in enumerate(sj):
                 if i >= 0 and j >= 0:
-                    labels[:, i, j] += counts[:, 0, a, b]
-                    wrong[:, i, j] += counts[:, 1, a, b]
+                    labels[:, :, i, j] += counts[:, :, 0, a, b]
+                    wrong[:, :, i, j] += counts[:, :, 1, a, b]
         return cls(tuple(meta["datasets"]), labels, wrong, meta.get("verifier_sha256", ""))
 
-    def rates(self) -> np.ndarray:
-        """Each dataset's error rate per cell, smoothed toward its overall rate."""
-        base = self.wrong.sum((1, 2)) / np.maximum(self.labels.sum((1, 2)), 1.0)
-        b = base[:, None, None]
-        out: np.ndarray = np.clip((self.wrong + SMOOTH * b) / (self.labels + SMOOTH), 1e-3, 0.999)
+    def rates(self, share: float | None = None) -> np.ndarray:
+        """Each dataset's error rate per cell, smoothed toward its overall rate: over all its
+        labels, or (`share`) for traffic whose labels come that share from the first phase."""
+        n, k = self.phase_labels, self.phase_wrong
+        if share is None or n.shape[1] == 1:
+            n, k = n.sum(1), k.sum(1)
+        else:
+            tot = np.maximum(n.sum((2, 3)), 1.0)  # [d, phase]
+            w = np.stack([share / tot[:, 0], (1 - share) / tot[:, 1]], 1)[:, :, None, None]
+            eff = (share * tot[:, 0] + (1 - share) * tot[:, 1])[:, None, None]
+            n, k = (n * w).sum(1) * eff, (k * w).sum(1) * eff
+        base = (k.sum((1, 2)) / np.maximum(n.sum((1, 2)), 1e-9))[:, None, None]
+        out: np.ndarray = np.clip((k + SMOOTH * base) / (n + SMOOTH), 1e-3, 0.999)
         return out
 
     def mixture(self, labels: np.ndarray, wrong: np.ndarray) -> np.ndarray:
         """Posterior weight of each dataset given the live counts (uniform start): the
-        likelihood of the live labels under each table's per-cell rates."""
-        e = self.rates()
-        ll = (wrong * np.log(e) + (labels - wrong) * np.log(1 - e)).sum((1, 2))
+        likelihood of the live labels under each table's per-cell rates, averaged over the
+        share of first-phase labels (0, 1/4, ..., 1: a route does not know its phase)."""
+        lls = []
+        for share in SHARES if self.phase_labels.shape[1] > 1 else (None,):
+            e = self.rates(share)
+            lls.append((wrong * np.log(e) + (labels - wrong) * np.log(1 - e)).sum((1, 2)))
+        a = np.stack(lls)  # [share, d]
+        top = a.max(0)
+        ll = top + np.log(np.exp(a - top).mean(0))
         w: np.ndarray = np.exp(ll - ll.max())
         out: np.ndarray = w / w.sum()
         return out

@@ -145,6 +145,7 @@ class SemanticSetup:
             delta=1.0 - p.error_confidence,
             min_labels=p.min_labels,
             prior=prior,
+            half_life=p.label_half_life,
         )
         matcher: Matcher = ExactMatch()
         if p.answer_match == "embedding":

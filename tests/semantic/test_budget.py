@@ -117,7 +117,7 @@ def two_kinds() -> Prior:
     """'questions': clean at high cosine, scored or not; 'swaps': wrong half the time there."""
     qn, qk = table({(0.985, 0.6): (400, 8), (0.985, 0.2): (400, 12), (0.90, 0.3): (400, 160)})
     sn, sk = table({(0.985, 0.6): (400, 200), (0.985, 0.2): (400, 240), (0.90, 0.3): (400, 320)})
-    return Prior(("questions", "swaps"), np.stack([qn, sn]), np.stack([qk, sk]))
+    return Prior(("questions", "swaps"), np.stack([qn, sn])[:, None], np.stack([qk, sk])[:, None])
 
 
 def test_without_live_labels_the_prior_proves_nothing_it_cannot_tell_apart() -> None:
@@ -150,7 +150,9 @@ def test_live_labels_like_the_word_swap_set_keep_it_shut() -> None:
 def test_wrong_live_labels_in_the_served_region_override_the_prior_at_once() -> None:
     # One clean table only: the mixture cannot move, the live labels alone must shut it.
     qn, qk = table({(0.985, 0.6): (2000, 40)})
-    g = BudgetGrid(0.10, floor=0.88, p_min=0.495, prior=Prior(("q",), qn[None], qk[None]))
+    g = BudgetGrid(
+        0.10, floor=0.88, p_min=0.495, prior=Prior(("q",), qn[None, None], qk[None, None])
+    )
     assert g.bar().serves(0.985, 0.6)
     label_many(g, 0.985, 0.6, 12, wrong=6)  # half of the audited hits were wrong
     assert not g.bar().open
@@ -161,7 +163,40 @@ def test_the_shipped_prior_was_built_with_the_shipped_verifier(tmp_path: Path) -
     prior = load_prior(DEFAULT_PRIOR, DEFAULT_ARTIFACT, *edges)
     assert prior is not None, "rebuild it: python -m bench.budget_prior"
     assert set(prior.names) == {"qqp", "paws", "stsb"} and prior.labels.sum() > 1000
+    assert prior.phase_labels.shape[1] == 2  # first texts, second texts
     other = tmp_path / "verifier.npz"
     other.write_bytes(DEFAULT_ARTIFACT.read_bytes() + b"retrained")
     assert load_prior(DEFAULT_PRIOR, other, *edges) is None  # another verifier: not used
     assert load_prior(tmp_path / "missing.npz", DEFAULT_ARTIFACT, *edges) is None
+
+
+def test_labels_fade_so_a_route_forgets_old_traffic() -> None:
+    now = [1000.0]
+    g = BudgetGrid(0.10, floor=0.88, p_min=0.495, half_life=3600.0, clock=lambda: now[0])
+    label_many(g, 0.985, 0.6, 150, wrong=1)
+    assert g.bar().open
+    now[0] += 3600.0  # one half-life later: 75 labels' worth, under min_labels
+    g.observe(0.985, 0.6)
+    assert g.labels.sum() == pytest.approx(75.0) and not g.bar().open
+    # new traffic at the same place is wrong a third of the time: it now outweighs the old
+    label_many(g, 0.985, 0.6, 60, wrong=20)
+    assert not g.bar().open
+
+
+def test_the_mixture_knows_a_dataset_in_either_phase() -> None:
+    """A table whose first phase (new questions) is mostly wrong and second phase (repeats)
+    mostly right: traffic that is all new questions so far still looks like it, not like a
+    table that is wrong half the time in both phases."""
+    n, _ = table({(0.90, 0.3): (100, 0)})
+    cell = np.argwhere(n > 0)[0]
+    phases = np.zeros((2, 2, *n.shape))  # [dataset, phase, i, j]
+    wrong = np.zeros_like(phases)
+    phases[0, :, cell[0], cell[1]] = 100
+    wrong[0, 0, cell[0], cell[1]], wrong[0, 1, cell[0], cell[1]] = 90, 10  # questions
+    phases[1, :, cell[0], cell[1]] = 100
+    wrong[1, :, cell[0], cell[1]] = 50  # half wrong throughout
+    prior = Prior(("questions", "other"), phases, wrong)
+    live_n, live_k = np.zeros_like(n), np.zeros_like(n)
+    live_n[tuple(cell)], live_k[tuple(cell)] = 40, 36  # 90 % wrong: new questions
+    w = prior.mixture(live_n, live_k)
+    assert w[0] > 0.99

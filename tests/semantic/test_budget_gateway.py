@@ -11,7 +11,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis as redis_lib
 
+from cache.semantic.budget_store import EPOCHS_PER_HALF_LIFE
+from cache.settings import SemanticPolicy
 from gateway.app import build_app
 from gateway.config import Settings
 from tests.integration.cache.conftest import ADMIN_TOKEN
@@ -182,3 +185,31 @@ def test_counts_are_shared_between_gateways_and_survive_a_restart(
         assert admin_state(c.url)["budget"]["bar"]["open"]
     finally:
         c.stop()
+
+
+def test_shared_labels_fade_by_age_and_old_epochs_leave_redis(
+    class_upstream: ServerThread, redis_server: RedisServer
+) -> None:
+    """Counts a fleet wrote long ago: one half-life old they weigh half; past four half-lives
+    they are deleted from the hash."""
+    cfg = semantic_config(class_upstream.url, redis_server.url, **BUDGET)
+    prefix = f"fade{uuid.uuid4().hex[:8]}:"
+    cfg["cache"]["redis"]["key_prefix"] = prefix
+    settings = Settings.model_validate(cfg)
+    half_life = SemanticPolicy().label_half_life  # the default
+    epoch = int(time.time() // (half_life / EPOCHS_PER_HALF_LIFE))
+    key = f"{prefix}sem:budget:chat"
+    r = redis_lib.Redis.from_url(redis_server.url)
+    cell = "0.980000:0.600000"
+    r.hset(key, f"l:{epoch - EPOCHS_PER_HALF_LIFE}:{cell}", 200)  # one half-life old
+    r.hset(key, f"w:{epoch - EPOCHS_PER_HALF_LIFE}:{cell}", 20)
+    old = f"l:{epoch - 5 * EPOCHS_PER_HALF_LIFE}:{cell}"  # five half-lives old
+    r.hset(key, old, 1000)
+    gw = ServerThread(lambda: build_app(settings)).start()
+    try:
+        wait_for(lambda: admin_state(gw.url)["budget"]["labels"] == 100, "half the old labels")
+        assert admin_state(gw.url)["budget"]["wrong"] == 10
+        wait_for(lambda: not r.hexists(key, old), "the oldest epoch deleted")
+    finally:
+        r.close()
+        gw.stop()
