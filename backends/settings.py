@@ -31,6 +31,9 @@ class PoolLimits(_Frozen):
 
     max_connections: int = Field(default=256, ge=1)
     keepalive_s: float = Field(default=60.0, gt=0)
+    # HTTP/1.1 client for http:// and unix: replicas: the gateway's own (lean_http1.py, about
+    # half the CPU per request) or aiohttp's. https:// replicas always use aiohttp's.
+    http_client: Literal["lean", "aiohttp"] = "lean"
 
 
 class BalancerSettings(_Frozen):

@@ -22,7 +22,7 @@ from cache import (
 )
 from gateway import admin, admin_semantic, reload, v2_server
 from gateway.config import RouteSettings, Settings
-from gateway.drain import CATCH_ALL, unless_draining
+from gateway.drain import CATCH_ALL, CATCH_ALL_RESOURCE, unless_draining
 from gateway.metrics import Metrics
 from gateway.middleware import listener_roles, request_target
 from gateway.pipeline import Pipeline
@@ -162,5 +162,7 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     reload.register(app, config_path, build_router, make_backends, swap_policies)
     if semantic is not None:
         admin_semantic.register(app, semantic)
-    app.router.add_route("*", CATCH_ALL, unless_draining(state, pipeline.handle))
+    model_route = app.router.add_route("*", CATCH_ALL, unless_draining(state, pipeline.handle))
+    assert model_route.resource is not None
+    app[CATCH_ALL_RESOURCE] = model_route.resource
     return app

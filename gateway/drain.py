@@ -17,6 +17,9 @@ from gateway.state import AppState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CATCH_ALL = "/{tail:.*}"  # the route every model call takes (gateway/app.py)
+# Its resource as registered: the dispatch shortcut recognises it by identity (aiohttp's
+# `canonical` for it is "/{tail}", not the pattern, and a string compare once turned it off).
+CATCH_ALL_RESOURCE = web.AppKey("catch_all_resource", web.AbstractResource)
 
 _BODY = json.dumps(
     {

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -37,7 +36,7 @@ from cache import (
     Hit,
     request_directives,
 )
-from gateway import responses
+from gateway import hit_lane, responses
 from gateway.config import LimitSettings
 from gateway.errors import (
     BadGateway,
@@ -52,8 +51,8 @@ from gateway.errors import (
 )
 from gateway.headers import upstream_headers
 from gateway.metrics import Metrics
-from gateway.protocols.base import KEYED_HEADERS, Call
-from gateway.render import Framing, framing_of
+from gateway.protocols.base import Call
+from gateway.render import framing_of
 from gateway.routing import Route, Router
 from gateway.runtime import Runtime
 from gateway.timing import Timing
@@ -99,14 +98,26 @@ class Pipeline:
         return self._pinned.get(self.runtime).backends
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        early: hit_lane.Early | None = None
+        tracing = self.tracing
+        if type(tracing) is NoTracing:
+            timing = Timing()
+            lane = hit_lane.answer(
+                request, timing, self.runtime.router, self.flows, self.limits, self.metrics
+            )
+            if isinstance(lane, web.StreamResponse):
+                return lane
+            early = lane
+            span = tracing.start(request)
+        else:  # a traced request takes the long way, and its stages start inside its span
+            span = tracing.start(request)
+            timing = Timing()
         runtime = self.runtime
         runtime.enter()
         pin = self._pinned.set(runtime)
-        span = self.tracing.start(request)
-        timing = Timing()
         status = 500
         try:
-            resp = await self._handle(request, timing)
+            resp = await self._handle(request, timing, early)
             status = resp.status
             return resp
         finally:
@@ -114,7 +125,9 @@ class Pipeline:
             self._pinned.reset(pin)
             runtime.leave()
 
-    async def _handle(self, request: web.Request, timing: Timing) -> web.StreamResponse:
+    async def _handle(
+        self, request: web.Request, timing: Timing, early: hit_lane.Early | None = None
+    ) -> web.StreamResponse:
         self.in_flight += 1
         self.idle.clear()
         route_name, backend_name, status = "-", "-", 500
@@ -127,7 +140,7 @@ class Pipeline:
                 raise NotFound(f"no route for {request.path}")
             route = candidates[0]
             protocol, route_name, backend_name = route.protocol, route.name, route.backend
-            resp = await self._serve(request, candidates, timing)
+            resp = await self._serve(request, candidates, timing, early)
             status = resp.status
             return resp
         except GatewayError as err:
@@ -145,7 +158,11 @@ class Pipeline:
                 self.idle.set()
 
     async def _serve(
-        self, request: web.Request, candidates: list[Route], timing: Timing
+        self,
+        request: web.Request,
+        candidates: list[Route],
+        timing: Timing,
+        early: hit_lane.Early | None = None,
     ) -> web.StreamResponse:
         route = candidates[0]
         t = timing.start
@@ -157,21 +174,30 @@ class Pipeline:
             )
         cached = route.policy.exact.enabled  # a key needs the whole body, even on passthrough
         parsed = route.protocol != "passthrough" or len(candidates) > 1 or cached
-        if parsed or (length is not None and length <= _STREAM_BODY_OVER):
+        if early is not None:  # the hit lane took the body (and looked for an alias) already
+            body = early.body
+            if len(body) > self.limits.max_body_bytes:
+                raise PayloadTooLarge(f"request body exceeds {self.limits.max_body_bytes} bytes")
+        elif parsed or (length is not None and length <= _STREAM_BODY_OVER):
             body = await self._read_body(request)
         else:
             body = self._stream_body(request)
         flow = self.flows.get(route.name) if cached and isinstance(body, bytes) else None
-        alias: AliasKey | None = None  # computed once: looked up here, remembered on the long way
+        # computed once: looked up here, remembered on the long way
+        alias: AliasKey | None = early.alias if early is not None else None
         if (
-            flow is not None
+            early is None
+            and flow is not None
             and len(candidates) == 1
             and isinstance(body, bytes)
             and len(body) <= ALIAS_MAX_BODY
+            # a request with cache directives takes the long way (no-store never builds a key)
+            and "Cache-Control" not in request.headers
+            and "Pragma" not in request.headers
         ):
             # Exact-cache fast path: these very bytes were parsed before and their answer is in L1.
-            alias = self._alias(request, flow, body)
-            hit = self._fast_hit(request, flow, alias, timing)
+            alias = hit_lane.alias_of(request, flow, body)
+            hit = hit_lane.fast_hit(request, flow, alias, timing)
             if hit is not None:
                 return hit
         call: Call | None = None
@@ -265,38 +291,8 @@ class Pipeline:
         except UpstreamError as exc:  # the leader's stream broke: its waiters get a 502 too
             raise BadGateway(f"upstream {route.backend} failed: {exc}") from None
         if isinstance(result, Hit):
-            return responses.cached(result, framing, timing)
+            return responses.cached(request, result, framing, timing)
         return await responses.fresh(request, result, timing, self._count_cut)
-
-    def _alias(self, request: web.Request, flow: CacheFlow, body: bytes) -> AliasKey:
-        # with the headers an adapter keys on (same bytes, other anthropic-version: another key)
-        tenant = flow.tenant(request.headers, KEYED_HEADERS)
-        return (
-            flow.route,
-            request.method,
-            request.raw_path,  # as sent (finer than path_qs, and no URL built per request)
-            request.headers.get("Content-Type", ""),
-            request.headers.get("Inference-Header-Content-Length", ""),
-            # hashed: even this in-process map never holds a credential in clear
-            hashlib.blake2b(tenant.encode()).digest(),
-            body,
-        )
-
-    def _fast_hit(
-        self, request: web.Request, flow: CacheFlow, alias: AliasKey, timing: Timing
-    ) -> web.Response | None:
-        """An L1 hit for bytes seen before, without parsing; None sends the request the long way."""
-        headers = request.headers
-        if "Cache-Control" in headers or "Pragma" in headers:
-            return None
-        found = flow.fast_hit(alias)
-        if found is None:
-            return None
-        entry, framing = found
-        t = timing.add("parse", timing.start)  # the alias lookup stands in for parsing
-        timing.add("cache", t)
-        assert isinstance(framing, Framing)  # what _cached remembered
-        return responses.cached(Hit(entry, "hit"), framing, timing)
 
     def _count_cut(self) -> None:
         self.metrics.upstream_errors.labels("-", "stream_cut").inc()

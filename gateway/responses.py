@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
+from http import HTTPStatus
 
 from aiohttp import web
 
@@ -19,31 +20,43 @@ from backends import UpstreamError, UpstreamResponse
 from cache import Fresh, Hit, Recording
 from gateway.errors import GatewayError, error_body
 from gateway.headers import downstream_headers
+from gateway.hit_response import HitResponse, header_block, prefer
 from gateway.render import Framing, rendered
 from gateway.timing import Timing
 
 log = logging.getLogger("latentgate.responses")
 
 _OURS = frozenset({"x-cache", "age", "x-cache-bypass-reason", "x-cache-semantic-skip"})
+_REASONS = {s.value: s.phrase for s in HTTPStatus}
+_BLOCK = "hit-header-block"  # the entry memo's key for its serialised headers, per framing
 
 
-def cached(hit: Hit, framing: Framing, timing: Timing) -> web.Response:
+def cached(
+    request: web.BaseRequest, hit: Hit, framing: Framing, timing: Timing
+) -> web.StreamResponse:
     """A cache entry in the request's framing (the flow only returns hits that render)."""
     out = rendered(hit.entry, framing)
     assert out is not None, "the flow serves only entries this framing renders"
     body, base = out
-    # a plain list: web.Response builds its own CIMultiDict from it (building one here doubles it)
-    headers = [
-        *base,
+    extra = [
         ("X-Cache", hit.x_cache),
         ("Age", str(int(hit.entry.age()))),
         ("Server-Timing", timing.header()),
     ]
     if hit.semantic is not None:
-        headers.append(("X-Cache-Similarity", f"{hit.semantic.similarity:.4f}"))
-        headers.append(("X-Cache-Score", f"{hit.semantic.score:.4f}"))
-        headers.append(("X-Cache-Entry", hit.semantic.exact_key))
-    return web.Response(status=hit.entry.status, headers=headers, body=body)
+        extra.append(("X-Cache-Similarity", f"{hit.semantic.similarity:.4f}"))
+        extra.append(("X-Cache-Score", f"{hit.semantic.score:.4f}"))
+        extra.append(("X-Cache-Entry", hit.semantic.exact_key))
+    status = hit.entry.status
+    if prefer(request) and status in _REASONS:
+        memo = hit.entry.memo
+        block = memo.get((_BLOCK, framing))
+        if block is None:
+            block = memo[(_BLOCK, framing)] = header_block(base, body)
+        assert isinstance(block, str)
+        return HitResponse(status, _REASONS[status], block, extra, body)
+    # a plain list: web.Response builds its own CIMultiDict from it (building one here doubles it)
+    return web.Response(status=status, headers=[*base, *extra], body=body)
 
 
 async def fresh(

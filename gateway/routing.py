@@ -70,12 +70,27 @@ def _upstream_policy(s: RouteSettings) -> RoutePolicy:
     return s.upstream
 
 
+# Resolutions remembered per router: the model paths are few and asked for again and again;
+# past this many distinct (method, path) pairs (a client spraying paths) the rest are computed.
+_MEMO_MAX = 4096
+
+
 class Router:
     def __init__(self, routes: list[Route]) -> None:
         self.routes = routes
+        self._memo: dict[tuple[str, str], tuple[list[Route], bool]] = {}
 
     def resolve(self, method: str, path: str) -> tuple[list[Route], bool]:
-        """Routes that fully match, in config order, and whether any matched the path only."""
+        """Routes that fully match, in config order, and whether any matched the path only.
+        (The list is shared between calls: callers read it, never change it.)"""
+        found = self._memo.get((method, path))
+        if found is None:
+            found = self._resolve(method, path)
+            if len(self._memo) < _MEMO_MAX:
+                self._memo[(method, path)] = found
+        return found
+
+    def _resolve(self, method: str, path: str) -> tuple[list[Route], bool]:
         full: list[Route] = []
         partial = False
         for route in self.routes:

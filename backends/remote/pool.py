@@ -25,6 +25,7 @@ from backends.remote.replica import Replica
 from backends.remote.retry import IDEMPOTENT_METHODS, RetryBudget, backoff_s, retryable_error
 from backends.remote.transports.base import Transport
 from backends.remote.transports.http1 import Http1Transport
+from backends.remote.transports.lean_http1 import LeanHttp1Transport
 from backends.settings import RemoteBackendSettings, RoutePolicy, wire_of
 
 log = logging.getLogger("latentgate.backends.pool")
@@ -66,6 +67,8 @@ def make_transport(url: str, settings: RemoteBackendSettings) -> Transport:
         from backends.remote.transports.grpc import GrpcTransport  # grpc loads only when used
 
         return GrpcTransport(url, settings.pool, settings.timeouts)
+    if settings.pool.http_client == "lean" and not url.startswith("https:"):
+        return LeanHttp1Transport(url, settings.pool, settings.timeouts)
     return Http1Transport(url, settings.pool, settings.timeouts)
 
 

@@ -166,8 +166,7 @@ def test_in_flight_request_completes_across_a_reload(
     old_pool = gw.server.app[STATE].backends["upstream"]
 
     def old_pool_closed() -> bool:
-        # Pool internals: every replica transport's aiohttp session.
-        return all(tr._session.closed for tr in old_pool.transports)  # type: ignore[attr-defined]
+        return all(tr.closed for tr in old_pool.transports)  # type: ignore[attr-defined]
 
     t = threading.Thread(target=slow)
     t.start()

@@ -22,4 +22,9 @@ class Transport(Protocol):
 
     def pool_stats(self) -> dict[str, int]: ...
 
+    @property
+    def closed(self) -> bool:
+        """aclose() was called (a reload closes a replaced pool once it has drained)."""
+        ...
+
     async def aclose(self) -> None: ...

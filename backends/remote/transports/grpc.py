@@ -77,6 +77,7 @@ class GrpcTransport:
         self._target = target_of(url)
         self._limits = limits
         self._timeouts = timeouts
+        self._closed = False
         # Created on first use: a grpc.aio channel belongs to the event loop that made it.
         self._channel: grpc.aio.Channel | None = None
         self._methods: dict[str, grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]] = {}
@@ -163,7 +164,12 @@ class GrpcTransport:
             "limit": self._limits.max_connections,
         }
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def aclose(self) -> None:
+        self._closed = True
         if self._channel is not None:
             channel, self._channel = self._channel, None
             self._methods.clear()

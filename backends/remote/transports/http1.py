@@ -181,6 +181,10 @@ class Http1Transport:
             "limit": self._connector.limit,
         }
 
+    @property
+    def closed(self) -> bool:
+        return self._session.closed
+
     async def aclose(self) -> None:
         await self._session.close()
         # Let the connector's transports finish closing before the loop moves on.

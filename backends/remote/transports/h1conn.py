@@ -1,0 +1,205 @@
+"""One keep-alive HTTP/1.1 client connection: an asyncio Protocol that writes a request and
+parses its response with httptools (llhttp, the parser Node.js uses).
+
+The aiohttp client costs about as much CPU per request as the rest of a pass-through together
+(ClientRequest, payload registry, timers, a StreamReader, a CIMultiDict per response); a replica
+beside the gateway needs none of that. This connection does exactly one thing at a time: the
+transport (lean_http1.py) writes one request, then reads the response from here.
+
+Timeouts are loop timers on the waiting future (no asyncio.timeout context per read), and the
+protocol applies backpressure: reading pauses while more than `_HIGH_WATER` bytes of body wait
+for a slow consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import cast
+
+import httptools
+
+_HIGH_WATER = 1 << 18
+
+
+class ConnectionClosed(Exception):
+    """The peer closed the connection before the response was complete."""
+
+
+class ReadTimeout(Exception):
+    """No bytes arrived within the read timeout (or the request's deadline passed)."""
+
+
+class BadResponse(Exception):
+    """The peer's bytes are not an HTTP/1.1 response."""
+
+
+class H1Connection(asyncio.Protocol):
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self._parser = httptools.HttpResponseParser(self)
+        self._waiter: asyncio.Future[None] | None = None
+        self._drain: asyncio.Future[None] | None = None
+        self._paused = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.reason = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.headers_done = False
+        self.done = False
+        self.keep_alive = True
+        self.chunked = False
+        self.length: int | None = None
+        self.exc: Exception | None = None
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+
+    # --- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (uvloop's transports are not asyncio.Transport subclasses, but have its methods)
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(BadResponse("the upstream switched protocols"))
+        except httptools.HttpParserError as exc:
+            self._fail(BadResponse(f"unparsable response: {exc}"))
+        if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.headers_done and not self.done and self.length is None and not self.chunked:
+            self.done = True  # a body delimited by the connection's end (RFC 9112 6.3 item 8)
+        elif not self.done and self.exc is None:
+            self.exc = ConnectionClosed(str(exc) if exc else "closed by the peer")
+        self._wake()
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._drain is None or self._drain.done():
+            self._drain = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    # --- httptools callbacks ------------------------------------------------------------------
+
+    def on_status(self, status: bytes) -> None:
+        self.reason += status
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        code = self._parser.get_status_code()
+        if 100 <= code < 200:  # 1xx: informational, the real response follows
+            self.reason = b""
+            self.headers = []
+            return
+        self.status = code
+        self.keep_alive = self._parser.should_keep_alive()
+        for name, value in self.headers:
+            low = name.lower()
+            if low == b"content-length":
+                self.length = int(value) if value.strip().isdigit() else None
+            elif low == b"transfer-encoding":
+                self.chunked = b"chunked" in value.lower()
+        self.headers_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if self.headers_done:  # (a 1xx message completes before the real one begins)
+            self.done = True
+            self._wake()
+
+    # --- the transport's side -------------------------------------------------------------------
+
+    def start(self, data: bytes | list[bytes]) -> None:
+        """Write a request (head and, when whole, body) and get ready for its response."""
+        self._reset()
+        assert self.transport is not None
+        if isinstance(data, bytes):
+            self.transport.write(data)
+        else:
+            self.transport.writelines(data)
+
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    async def drain(self) -> None:
+        if self.closed:
+            raise ConnectionClosed("closed while the request body was sent")
+        if self._drain is not None and not self._drain.done():
+            await self._drain
+
+    async def wait(self, within_s: float) -> None:
+        """Until there is something new (headers, body bytes, the end or an error)."""
+        if self.exc is not None:
+            raise self.exc
+        waiter = self._waiter = self.loop.create_future()
+        timer = self.loop.call_later(within_s, self._timed_out, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+        if self.exc is not None:
+            raise self.exc
+
+    def take(self) -> bytes:
+        """The body bytes received so far (b"" when none)."""
+        if not self._chunks:
+            return b""
+        data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks.clear()
+        self._buffered = 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return data
+
+    def has_body(self) -> bool:
+        return bool(self._chunks)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def reusable(self) -> bool:
+        return self.done and self.keep_alive and not self.closed and self.exc is None
+
+    def _fail(self, exc: Exception) -> None:
+        self.exc = exc
+        self.close()
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _timed_out(self, waiter: asyncio.Future[None]) -> None:
+        if not waiter.done():
+            self.exc = ReadTimeout()
+            waiter.set_result(None)

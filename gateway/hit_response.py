@@ -1,0 +1,86 @@
+"""A cache hit written as one block of bytes: status line, the entry's headers serialised once
+per entry and framing, the per-request headers, the body; one `transport.write`.
+
+`web.Response` builds a CIMultiDict from the headers, works out framing, Date, Server and
+Connection, then serialises it all again for every hit: about a fifth of a hit's CPU went there
+for bytes that, but for X-Cache, Age, Server-Timing and Date, are the same every time.
+
+aiohttp's request handler needs only `prepare`, `write_eof` and `keep_alive` from what a handler
+returns (and the access log `status`, `body_length` and `headers`). It is used only where its
+shortcuts are exact: HTTP/1.1, a keep-alive connection, not HEAD (`prefer`); every other hit
+goes out through `web.Response`.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from aiohttp.helpers import rfc822_formatted_time
+from aiohttp.http import SERVER_SOFTWARE
+from multidict import CIMultiDict
+
+_SERVER = f"Server: {SERVER_SOFTWARE}\r\n"
+_DROP = frozenset({"content-length", "transfer-encoding", "connection", "date", "server"})
+
+
+def prefer(request: web.BaseRequest) -> bool:
+    """Whether this request's hit can go out as one block (see the module docstring)."""
+    return request.version == (1, 1) and request.keep_alive and request.method != "HEAD"
+
+
+def header_block(headers: list[tuple[str, str]], body: bytes) -> str:
+    """The entry's own header lines with the framing this writer owns (computed once per entry
+    and framing, memoised by the caller)."""
+    lines = [f"{k}: {v}\r\n" for k, v in headers if k.lower() not in _DROP]
+    lines.append(f"Content-Length: {len(body)}\r\n")
+    return "".join(lines)
+
+
+class HitResponse(web.StreamResponse):
+    """A hit written in one piece: a StreamResponse to every caller (its status, headers and
+    length read as usual), whose prepare writes the whole response at once."""
+
+    def __init__(
+        self, status: int, reason: str, block: str, extra: list[tuple[str, str]], body: bytes
+    ) -> None:
+        super().__init__(status=status, reason=reason)
+        self._block = block
+        self._extra = extra
+        self._hit_body = body
+        self._sent = 0
+
+    @property
+    def keep_alive(self) -> bool:
+        return True  # `prefer` let only keep-alive requests here
+
+    @property
+    def body_length(self) -> int:
+        return self._sent  # as aiohttp counts it: status line and headers included
+
+    @property
+    def headers(self) -> CIMultiDict[str]:
+        """For the access log only (rarely on): the headers as a mapping, built on demand."""
+        out: CIMultiDict[str] = CIMultiDict()
+        for line in self._block.split("\r\n"):
+            name, sep, value = line.partition(": ")
+            if sep:
+                out.add(name, value)
+        for name, value in self._extra:
+            out.add(name, value)
+        return out
+
+    async def prepare(self, request: web.BaseRequest) -> None:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            # as web.Response's write would: the handler treats it as an early disconnect
+            raise ConnectionResetError("the client went away before its hit was written")
+        extra = "".join(f"{k}: {v}\r\n" for k, v in self._extra)
+        head = (
+            f"HTTP/1.1 {self.status} {self.reason}\r\n{self._block}{extra}"
+            f"Date: {rfc822_formatted_time()}\r\n{_SERVER}\r\n"
+        )
+        data = head.encode("latin-1") + self._hit_body
+        self._sent = len(data)
+        transport.write(data)
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        return None  # prepare wrote everything
