@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from bench.semantic_data import MODEL_TAG, embed_cached, load_qqp, splits, st_encoder
 from bench.semantic_pooled import label_roots
-from cache.semantic.budget import BudgetGrid
+from cache.semantic.budget import BudgetGrid, grid_edges
+from cache.semantic.budget_prior import DEFAULT_PRIOR, load_prior
 from cache.semantic.features import TextInfo, text_info
 from cache.semantic.learn import AUDIT_CAP, LEARNING_LABELS
 from cache.semantic.stage import TIGHTEN_STEP
-from cache.semantic.verifier import MlpVerifier
+from cache.semantic.verifier import DEFAULT_ARTIFACT, MlpVerifier
+from cache.settings import SemanticPolicy
 
 
 @dataclass
@@ -156,12 +159,20 @@ def streams(part: str) -> list[tuple[str, list[str], list[str]]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--part", default="calib")
-    ap.add_argument("--delta", type=float, default=0.05)
-    ap.add_argument("--min-labels", type=int, default=30)
+    policy = SemanticPolicy()
+    ap.add_argument("--delta", type=float, default=round(1 - policy.error_confidence, 6))
+    ap.add_argument("--min-labels", type=int, default=policy.min_labels)
+    ap.add_argument("--prior", default=str(DEFAULT_PRIOR), help="'none': live labels only")
     ap.add_argument("--audit-rate", type=float, default=0.05)
     ap.add_argument("--streams", default="qqp,paws,stsb")
     args = ap.parse_args()
     ver = MlpVerifier.load()
+    cos_edges, score_edges = grid_edges(ver.floor, ver.p_min)
+    prior = (
+        None
+        if args.prior == "none"
+        else load_prior(Path(args.prior), DEFAULT_ARTIFACT, cos_edges, score_edges)
+    )
     enc = st_encoder()
     for name, texts, classes in streams(args.part):
         if name.split("-")[0] not in args.streams.split(","):
@@ -170,7 +181,14 @@ def main() -> None:
         routes = [RouteSim("static", None)] + [
             RouteSim(
                 f"budget {b}",
-                BudgetGrid(b, ver.floor, ver.p_min, delta=args.delta, min_labels=args.min_labels),
+                BudgetGrid(
+                    b,
+                    ver.floor,
+                    ver.p_min,
+                    delta=args.delta,
+                    min_labels=args.min_labels,
+                    prior=prior,
+                ),
                 args.audit_rate,
             )
             for b in (0.02, 0.05, 0.10)
@@ -181,7 +199,7 @@ def main() -> None:
             print(summary(r, len(texts) // 2))
             if r.grid is not None:
                 b = r.grid.bar()
-                print(f"             bar {b}")
+                print(f"             bar {b}\n             looks like {r.grid.mixture()}")
 
 
 if __name__ == "__main__":

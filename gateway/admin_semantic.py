@@ -1,7 +1,7 @@
 """Admin endpoints of the semantic cache: client feedback on hits, and the error budgets.
 
 GET /admin/semantic: per route, the serving bar and, on routes with an error budget, the
-labelled error estimate, its upper bound, label and audit counts.
+labelled error estimate, its upper bound, label and audit counts, and the prior's mixture.
 
 POST /admin/cache/semantic/wrong-hit {"entry": <X-Cache-Entry>, "score": <X-Cache-Score>}
 (bearer-guarded like every /admin route). After it, only a closer match than the reported one
@@ -60,18 +60,27 @@ def route_status(sr: SemanticRoute) -> dict[str, Any]:
     bar = b.bar()
     g = b.grid
     out["budget"] = {
-        "bar": {"open": bar.open, "cosine": bar.cosine, "score": bar.score},
+        "bar": {
+            "open": bar.open,
+            "cosine": bar.cosine,
+            "score": bar.score,
+            "cosine_only": bar.cos_only,
+        },
         "served_region": {
             "labels": bar.labels,
+            "prior_labels": round(bar.prior_labels, 1),
             "error_estimate": None if math.isnan(bar.estimate) else bar.estimate,
             "error_bound": bar.bound,
         },
-        "labels": int(g.labels.sum()),
-        "wrong": int(g.wrong.sum()),
-        "lookups_with_a_candidate": int(g.volume.sum()),
+        # faded counts (cache.semantic.label_half_life), rounded
+        "labels": round(float(g.labels.sum())),
+        "wrong": round(float(g.wrong.sum())),
+        "lookups_with_a_candidate": round(float(g.volume.sum())),
         "semantic_hits": b.hits,
         "audits": b.audits,
         "audit_rate": b.audit_rate,
         "confidence": sr.policy.error_confidence,
+        # which development dataset the live labels look like (None: no prior in use)
+        "prior": g.mixture() if g.prior is not None else None,
     }
     return out

@@ -3,28 +3,36 @@
 A labelled example is one candidate the lookup found (its cosine and its verifier score) and
 whether its stored answer agreed with a fresh upstream answer. The controller keeps counts on a
 grid of (cosine, score) cells: `labels`, `wrong` and `volume` (how many lookups had their best
-candidate in that cell, labelled or not). A bar is a rule "cosine >= c and score >= s" on the
-grid's edges; its served region is the cells above and right of it.
+candidate in that cell, labelled or not). A bar serves "cosine >= c and score >= s" (a verifier
+bar) or "cosine >= c2" (a cosine-only bar above it, or none); its region is those cells.
 
-A bar is proven when its region holds at least `min_labels` labels and the one-sided Wilson upper
-bound (confidence 1 - delta) of their error rate is <= max_error_rate. The controller serves the
-proven bar with the most volume (the most hits), ties going to the stricter bar; with none proven
-it serves nothing: starting closed is the strictest start, and every unserved candidate is
-labelled by the miss that follows, which is how bars get proven. A wrong label inside the served
-region raises its bound at once, and the next `bar()` moves to a stricter proven bar (or none).
-Pure arithmetic on small arrays, no I/O: the Redis sharing lives in cache.semantic.budget_store.
+Evidence for a region = its live counts + the prior's pseudo-counts (cache.semantic.budget_prior:
+the development data's tables, mixed by what the live labels look like). A region is eligible
+when that evidence holds >= `min_labels` labels and its one-sided Wilson upper bound (confidence
+1 - delta) is <= max_error_rate, the live labels alone do not put its Wilson lower bound over the
+budget (wrong hits refute a region at once, whatever the prior says), and its cells left of the
+shipped score hold >= `open_labels` live labels of their own (the start is the shipped point or
+stricter). The eligible region with the most volume is served, ties to the stricter; with none,
+nothing is. Every unserved candidate is labelled by the miss that follows, which is how regions
+get proven. Pure arithmetic on small arrays, no I/O (Redis: cache.semantic.budget_store).
 """
 
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from cache.semantic.budget_prior import Prior
+
 COS_EDGES = (0.90, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99)
 # The features MLP scores top out near 0.65: its edges are dense where its scores are.
 SCORE_EDGES = (0.0, 0.1, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.8, 0.9)
+PRIOR_WEIGHT = 1.0  # a prior label counts this much beside a live one
+OPEN_LABELS = 10  # live labels a region needs left of the shipped score before it serves there
 
 
 def wilson_upper(wrong: float, n: float, z: float) -> float:
@@ -50,19 +58,39 @@ def z_of(delta: float) -> float:
     return (lo + hi) / 2
 
 
+def wilson(wrong: np.ndarray, n: np.ndarray, z: float, sign: float) -> np.ndarray:
+    """Vectorised Wilson bound: sign +1 the upper one (1.0 with no labels), -1 the lower (0.0)."""
+    safe = np.maximum(n, 1e-12)
+    p = wrong / safe
+    z2 = z * z
+    centre = p + z2 / (2 * safe)
+    spread = z * np.sqrt(np.maximum(p * (1 - p) / safe + z2 / (4 * safe * safe), 0.0))
+    out = np.clip((centre + sign * spread) / (1 + z2 / safe), 0.0, 1.0)
+    res: np.ndarray = np.where(n > 0, out, 1.0 if sign > 0 else 0.0)
+    return res
+
+
 @dataclass(frozen=True, slots=True)
 class Bar:
-    """cosine >= cosine and score >= score; `open` False = serve no semantic hit."""
+    """Serves (cosine >= cosine and score >= score) or (cosine >= cos_only): a verifier bar and
+    a cosine-only bar (1.01: none). `open` False = serve no semantic hit."""
 
     cosine: float
     score: float
     open: bool
-    estimate: float  # labelled error rate in the served region (nan: no labels)
+    estimate: float  # error rate in the served region, prior and live labels (nan: none)
     bound: float  # its upper confidence bound
-    labels: int  # labels in the served region
+    labels: int  # live labels in the served region
+    cos_only: float = 1.01
+    prior_labels: float = 0.0  # the prior's pseudo-labels in the served region
 
     def serves(self, cosine: float, score: float) -> bool:
-        return self.open and cosine >= self.cosine and score >= self.score
+        if not self.open or score < 0:
+            return False
+        return (cosine >= self.cosine and score >= self.score) or cosine >= self.cos_only
+
+
+CLOSED = Bar(1.01, 1.01, False, float("nan"), 1.0, 0)
 
 
 class BudgetGrid:
@@ -74,20 +102,33 @@ class BudgetGrid:
         floor: float,
         p_min: float,
         *,
-        delta: float = 0.05,
-        min_labels: int = 30,
+        delta: float = 0.20,
+        min_labels: int = 100,
+        prior: Prior | None = None,
+        prior_weight: float = PRIOR_WEIGHT,
+        open_labels: int = OPEN_LABELS,
+        half_life: float | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.max_error_rate = max_error_rate
         self.z = z_of(delta)
         self.min_labels = min_labels
-        # Never looser than the verifier's own cosine floor (candidates under it are not scored).
-        self.cos_edges = np.asarray(sorted({floor, *(c for c in COS_EDGES if c > floor)}))
-        self.score_edges = np.asarray(sorted({p_min, *SCORE_EDGES}))
+        self.prior_weight = prior_weight
+        self.open_labels = open_labels
+        self.cos_edges, self.score_edges = grid_edges(floor, p_min)
+        # The shipped point's score column: cells left of it are served only on live evidence.
+        self.p_col = int(np.searchsorted(self.score_edges, p_min, side="left"))
         shape = (len(self.cos_edges), len(self.score_edges))
         self.labels = np.zeros(shape, np.float64)
         self.wrong = np.zeros(shape, np.float64)
         self.volume = np.zeros(shape, np.float64)
+        self.prior = prior
         self._bar: Bar | None = None
+        # Labels fade: one `half_life` seconds old weighs half (None: never). Applied in steps
+        # of 1 % so that the bar is not recomputed on every lookup.
+        self.half_life = half_life
+        self.clock = clock
+        self._faded_at = clock()
 
     def cell(self, cosine: float, score: float) -> tuple[int, int] | None:
         """The cell a candidate falls in; None under the cosine floor."""
@@ -95,13 +136,27 @@ class BudgetGrid:
         j = int(np.searchsorted(self.score_edges, score, side="right")) - 1
         return None if i < 0 or j < 0 else (i, j)
 
+    def fade(self) -> None:
+        if self.half_life is None:
+            return
+        now = self.clock()
+        age = now - self._faded_at
+        if age < self.half_life / 100:
+            return
+        f = 0.5 ** (age / self.half_life)
+        self.labels, self.wrong, self.volume = self.labels * f, self.wrong * f, self.volume * f
+        self._faded_at = now
+        self._bar = None
+
     def observe(self, cosine: float, score: float) -> None:
         """A lookup's best candidate (served or not): where the traffic is."""
+        self.fade()
         c = self.cell(cosine, score)
         if c is not None:
             self.volume[c] += 1
 
     def label(self, cosine: float, score: float, agree: bool) -> None:
+        self.fade()
         c = self.cell(cosine, score)
         if c is None:
             return
@@ -111,15 +166,17 @@ class BudgetGrid:
         self._bar = None
 
     def load(self, labels: np.ndarray, wrong: np.ndarray, volume: np.ndarray) -> None:
-        """Replace the counts (a refresh from the shared store)."""
+        """Replace the counts (a refresh from the shared store, faded to now)."""
         self.labels, self.wrong, self.volume = labels, wrong, volume
+        self._faded_at = self.clock()
         self._bar = None
 
-    @staticmethod
-    def _region(a: np.ndarray) -> np.ndarray:
-        """region[i, j] = sum of a over cells i' >= i, j' >= j."""
-        out: np.ndarray = a[::-1, ::-1].cumsum(0).cumsum(1)[::-1, ::-1]
-        return out
+    def mixture(self) -> dict[str, float]:
+        """Which development dataset the live labels look like (empty: no prior)."""
+        if self.prior is None:
+            return {}
+        w = self.prior.mixture(self.labels, self.wrong)
+        return {n: float(x) for n, x in zip(self.prior.names, w, strict=True)}
 
     def bar(self) -> Bar:
         if self._bar is None:
@@ -127,37 +184,69 @@ class BudgetGrid:
         return self._bar
 
     def _choose(self) -> Bar:
-        n, k, v = self._region(self.labels), self._region(self.wrong), self._region(self.volume)
-        best: tuple[float, float, int, int] | None = None
-        pick = (0, 0)
-        for i in range(n.shape[0]):
-            for j in range(n.shape[1]):
-                if n[i, j] < self.min_labels:
-                    continue
-                ub = wilson_upper(k[i, j], n[i, j], self.z)
-                if ub > self.max_error_rate:
-                    continue
-                # most volume; among equals the stricter bar (a higher score, then cosine)
-                key = (v[i, j], -ub, i + j, j)
-                if best is None or key > best:
-                    best = key
-                    pick = (i, j)
-        if best is None:
-            total_n, total_k = float(self.labels.sum()), float(self.wrong.sum())
-            return Bar(
-                1.01,
-                1.01,
-                False,
-                total_k / total_n if total_n else float("nan"),
-                wilson_upper(total_k, total_n, self.z),
-                0,
-            )
-        i, j = pick
-        return Bar(
-            float(self.cos_edges[i]),
-            float(self.score_edges[j]),
-            True,
-            float(k[i, j] / n[i, j]),
-            wilson_upper(k[i, j], n[i, j], self.z),
-            int(n[i, j]),
+        """Every union of a verifier bar R(i, j) and a cosine-only bar R(i2, 0) above it (i2 >
+        i, or none) is a candidate region, scored all at once on (i2, i, j) arrays. Eligible:
+        prior and live labels >= min_labels, their upper bound <= budget, the live labels alone
+        not proving it over budget (lower bound), and its cells left of the shipped score
+        holding >= open_labels live labels of their own (the start is the shipped point or
+        stricter). The eligible region with the most traffic wins; ties to the stricter one."""
+        if self.prior is not None:
+            p0, k0 = self.prior.pseudo(self.labels, self.wrong, self.prior_weight)
+        else:
+            p0 = k0 = np.zeros_like(self.labels)
+        nc, ns = self.labels.shape
+        pc = min(self.p_col, ns - 1)
+        # Traffic: live lookups, and before there are any the prior's labels stand in for them.
+        counts = np.stack([self.labels, self.wrong, p0, k0, self.volume + p0])
+        a = counts[:, ::-1, ::-1].cumsum(1).cumsum(2)[:, ::-1, ::-1]  # [c, i, j]: over R(i, j)
+        right = np.maximum(np.arange(ns), pc)  # column j, or the shipped one if j is left of it
+        # [c, i2, i, j]: over R(i, j) ∪ R(i2, 0), layer i2 = nc: no cosine-only part; and over
+        # that union's cells at or right of the shipped score column.
+        full = a[:, None, :, :] + a[:, :, 0][:, :, None, None] - a[:, :, None, :]
+        whole = np.concatenate([full, a[:, None]], 1)
+        ar = a[:, :, right]
+        part = ar[:, None, :, :] + a[:, :, pc][:, :, None, None] - ar[:, :, None, :]
+        n_right = np.concatenate([part[0], ar[0][None]], 0)
+        n, k, n0, k0u, v = whole
+        tot_n, tot_k = n + n0, k + k0u
+        ub = wilson(tot_k, tot_n, self.z, 1.0)
+        lb = wilson(k, n, self.z, -1.0)
+        i2 = np.arange(nc + 1)[:, None, None]
+        i = np.arange(nc)[None, :, None]
+        j = np.arange(ns)[None, None, :]
+        has_left = np.where(i2 < nc, pc > 0, j < pc)
+        ok = (
+            ((i < i2) | (i2 == nc))  # the cosine-only part lies above the verifier bar
+            & (tot_n >= self.min_labels)
+            & (ub <= self.max_error_rate)
+            & (lb <= self.max_error_rate)
+            & (~has_left | (n - n_right >= self.open_labels))
         )
+        idx = np.flatnonzero(ok)
+        if idx.size == 0:
+            total_n = float(self.labels.sum() + p0.sum())
+            total_k = float(self.wrong.sum() + k0.sum())
+            est = total_k / total_n if total_n else float("nan")
+            return Bar(1.01, 1.01, False, est, wilson_upper(total_k, total_n, self.z), 0)
+        shape = ok.shape
+        ii2, ii, jj = (np.broadcast_to(x, shape).ravel()[idx] for x in (i2, i, j))
+        # most volume, then the lowest bound, then the stricter bar (higher cells, no cos-only)
+        order = np.lexsort((-ii2, jj, ii + jj, -ub.ravel()[idx], v.ravel()[idx]))
+        b = int(idx[order[-1]])
+        c2, ci, cj = int(ii2[order[-1]]), int(ii[order[-1]]), int(jj[order[-1]])
+        return Bar(
+            float(self.cos_edges[ci]),
+            float(self.score_edges[cj]),
+            True,
+            float(tot_k.ravel()[b] / tot_n.ravel()[b]),
+            float(ub.ravel()[b]),
+            int(n.ravel()[b]),
+            float(self.cos_edges[c2]) if c2 < nc else 1.01,
+            float(n0.ravel()[b]),
+        )
+
+
+def grid_edges(floor: float, p_min: float) -> tuple[np.ndarray, np.ndarray]:
+    """Never looser than the verifier's own cosine floor (candidates under it are not scored)."""
+    cos = np.asarray(sorted({floor, *(c for c in COS_EDGES if c > floor)}))
+    return cos, np.asarray(sorted({p_min, *SCORE_EDGES}))

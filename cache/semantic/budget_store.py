@@ -1,13 +1,15 @@
 """Error-budget counts shared between gateway processes and kept across restarts, in Redis.
 
-One hash per route, `{prefix}sem:budget:{route}`; a field per grid cell and count,
-`l|w|v:{cosine edge}:{score edge}` (labels, wrong labels, volume), named by the cell's edges so
-a grid with other edges still reads them. A process counts locally and, every `interval`
-seconds, adds its new counts (HINCRBY) and reads the fleet's totals (HGETALL) in one pipeline:
-every process then derives the same bar from the same counts. Plain hash commands only, on the
-client the semantic sync publishes with (standalone, sentinel or cluster: one key per route, so
-a cluster pipeline sends each to its slot). A Redis failure is logged and counted; the counts stay
-local and go with the next flush.
+One hash per route, `{prefix}sem:budget:{route}`; a field per grid cell, count and epoch,
+`l|w|v:{epoch}:{cosine edge}:{score edge}` (labels, wrong labels, volume), named by the cell's
+edges so a grid with other edges still reads them. An epoch is a quarter of the route's label
+half-life of wall-clock time: a count weighs 0.5 ** (its epoch's age / 4) when read, and epochs
+past 4 half-lives are deleted (so the hash stays small). A process counts locally and, every
+`interval` seconds, adds its new counts (HINCRBY) and reads the fleet's totals (HGETALL) in one
+pipeline: every process then derives the same bar from the same counts (and clocks). Plain hash
+commands only, on the client the semantic sync publishes with (standalone, sentinel or cluster:
+one key per route, so a cluster pipeline sends each to its slot). A Redis failure is logged and
+counted; the counts stay local and go with the next flush.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter
 from collections.abc import Mapping
 
@@ -27,26 +30,43 @@ from cache.semantic.learn import RouteBudget
 log = logging.getLogger("latentgate.semantic.budget")
 
 _KINDS = {"l": 0, "w": 1, "v": 2}
+EPOCHS_PER_HALF_LIFE = 4
+KEEP_HALF_LIVES = 4
 
 
-def _field(grid: BudgetGrid, kind: str, cosine: float, score: float) -> str | None:
+def epoch_of(grid: BudgetGrid, now: float) -> int:
+    """The wall-clock epoch counts made now belong to (0 when labels never fade)."""
+    if grid.half_life is None:
+        return 0
+    return int(now // (grid.half_life / EPOCHS_PER_HALF_LIFE))
+
+
+def _field(grid: BudgetGrid, kind: str, cosine: float, score: float, epoch: int) -> str | None:
     c = grid.cell(cosine, score)
     if c is None:
         return None
-    return f"{kind}:{grid.cos_edges[c[0]]:.6f}:{grid.score_edges[c[1]]:.6f}"
+    return f"{kind}:{epoch}:{grid.cos_edges[c[0]]:.6f}:{grid.score_edges[c[1]]:.6f}"
 
 
-def _arrays(grid: BudgetGrid, counts: Mapping[str, int]) -> list[np.ndarray]:
+def _arrays(
+    grid: BudgetGrid, counts: Mapping[str, int], epoch: int
+) -> tuple[list[np.ndarray], list[str]]:
+    """The grid's counts, each weighed by its epoch's age; and the fields too old to keep."""
     out = [np.zeros_like(grid.labels) for _ in _KINDS]
+    stale = []
     for name, n in counts.items():
         try:
-            kind, cos, score = name.split(":")
+            kind, ep, cos, score = name.split(":")
+            age = max(epoch - int(ep), 0) / EPOCHS_PER_HALF_LIFE
             c = grid.cell(float(cos) + 1e-9, float(score) + 1e-9)
         except ValueError:
+            stale.append(name)  # not a field this version writes
             continue
-        if c is not None and kind in _KINDS:
-            out[_KINDS[kind]][c] += n
-    return out
+        if grid.half_life is not None and age > KEEP_HALF_LIVES:
+            stale.append(name)
+        elif c is not None and kind in _KINDS:
+            out[_KINDS[kind]][c] += n * 0.5**age
+    return out, stale
 
 
 class BudgetStore:
@@ -73,8 +93,9 @@ class BudgetStore:
         new = self._new[route]
 
         def count(cosine: float, score: float, wrong: int, labels: int, volume: int) -> None:
+            epoch = epoch_of(grid, time.time())
             for kind, n in (("l", labels), ("w", wrong), ("v", volume)):
-                if n and (f := _field(grid, kind, cosine, score)) is not None:
+                if n and (f := _field(grid, kind, cosine, score, epoch)) is not None:
                     new[f] += n
 
         return count
@@ -110,9 +131,12 @@ class BudgetStore:
             totals = Counter({k.decode(): int(v) for k, v in raw.items()})
             totals.update(self._new[route])  # counted while the pipeline was out
             b = self.budgets[route]
-            labels, wrong, volume = _arrays(b.grid, totals)
+            (labels, wrong, volume), stale = _arrays(b.grid, totals, epoch_of(b.grid, time.time()))
             b.grid.load(labels, wrong, volume)
             b.publish()
+            if stale:
+                with contextlib.suppress(*REDIS_ERRORS):  # the next flush tries again
+                    await self.redis.hdel(self.key(route), *stale)
         return True
 
     async def _loop(self) -> None:

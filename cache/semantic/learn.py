@@ -71,6 +71,7 @@ class RouteBudget:
         m, r = self.metrics, self.route
         m.bar.labels(r, "cosine").set(b.cosine)
         m.bar.labels(r, "score").set(b.score)
+        m.bar.labels(r, "cosine_only").set(b.cos_only)
         m.bar_open.labels(r).set(1 if b.open else 0)
         m.error_rate.labels(r, "estimate").set(b.estimate)
         m.error_rate.labels(r, "bound").set(b.bound)

@@ -76,7 +76,7 @@ class SemanticMetrics:
         )
         self.bar = Gauge(
             p + "bar",
-            "The learned serving bar (1.01 while closed)",
+            "The learned serving bar: cosine and score, or cosine_only (1.01: none / closed)",
             ["route", "dim"],
             registry=registry,
         )

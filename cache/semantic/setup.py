@@ -20,7 +20,8 @@ from backends.local import LoadProgress
 from cache.embedder import Embedder, load_embedder
 from cache.keys import Selector
 from cache.semantic.answers import EmbeddingMatch, ExactMatch, JudgeMatch, Matcher
-from cache.semantic.budget import BudgetGrid
+from cache.semantic.budget import BudgetGrid, grid_edges
+from cache.semantic.budget_prior import DEFAULT_PRIOR, load_prior
 from cache.semantic.budget_store import BudgetStore
 from cache.semantic.cross_encoder import CrossEncoder
 from cache.semantic.index import VectorIndex
@@ -29,7 +30,13 @@ from cache.semantic.metrics import SemanticMetrics
 from cache.semantic.route import SemanticRoute
 from cache.semantic.stage import SemanticStage
 from cache.semantic.sync import RedisSync
-from cache.semantic.verifier import CrossEncoderVerifier, Verifier, load_verifier
+from cache.semantic.verifier import (
+    DEFAULT_ARTIFACT,
+    CrossEncoderVerifier,
+    MlpVerifier,
+    Verifier,
+    load_verifier,
+)
 from cache.settings import CachePolicy, CacheSettings, SemanticPolicy
 
 log = logging.getLogger("latentgate.semantic")
@@ -107,20 +114,38 @@ class SemanticSetup:
             )
             sr = SemanticRoute(self.stage, r.name, p, ver)
             if p.max_error_rate is not None:
-                sr.budget = self._budget(r.name, p, ver)
+                sr.budget = self._budget(r.name, p, ver, s.verifier_artifact, s.budget_prior)
             self.routes[r.name] = sr
         self._sync: RedisSync | None = None
         self._budget_store: BudgetStore | None = None
         self._cross_encoder: CrossEncoder | None = None
 
-    def _budget(self, route: str, p: SemanticPolicy, ver: Verifier) -> RouteBudget:
+    def _budget(
+        self,
+        route: str,
+        p: SemanticPolicy,
+        ver: Verifier,
+        verifier_artifact: str | None,
+        prior_path: str | None,
+    ) -> RouteBudget:
         assert p.max_error_rate is not None
+        cos_edges, score_edges = grid_edges(ver.floor, ver.p_min)
+        prior = None
+        if p.prior and isinstance(ver, MlpVerifier):
+            prior = load_prior(
+                Path(prior_path) if prior_path else DEFAULT_PRIOR,
+                Path(verifier_artifact) if verifier_artifact else DEFAULT_ARTIFACT,
+                cos_edges,
+                score_edges,
+            )
         grid = BudgetGrid(
             p.max_error_rate,
             ver.floor,
             ver.p_min,
             delta=1.0 - p.error_confidence,
             min_labels=p.min_labels,
+            prior=prior,
+            half_life=p.label_half_life,
         )
         matcher: Matcher = ExactMatch()
         if p.answer_match == "embedding":

@@ -11,7 +11,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis as redis_lib
 
+from cache.semantic.budget_store import EPOCHS_PER_HALF_LIFE
+from cache.settings import SemanticPolicy
 from gateway.app import build_app
 from gateway.config import Settings
 from tests.integration.cache.conftest import ADMIN_TOKEN
@@ -21,7 +24,14 @@ from tests.support.servers import RedisServer, ServerThread
 
 Q = "How do I reset my password?"
 PARA = "How can I reset my password?"
-BUDGET: dict[str, Any] = {"max_error_rate": 0.5, "min_labels": 3, "audit_rate": 0.1}
+# The live-label mechanics alone: no prior, and a 95 % bound so that a few labels decide.
+BUDGET: dict[str, Any] = {
+    "max_error_rate": 0.5,
+    "min_labels": 3,
+    "audit_rate": 0.1,
+    "error_confidence": 0.95,
+    "prior": False,
+}
 
 
 @pytest.fixture
@@ -126,6 +136,29 @@ def test_without_the_keys_the_static_point_serves(
     assert "budget" not in state and state["max_error_rate"] is None
 
 
+@pytest.mark.parametrize("prior", [True, False])
+def test_the_shipped_prior_serves_before_any_label_and_only_with_it(
+    prior: bool, class_upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """Budget 0.5 and the development data's labels: the prior alone proves the shipped
+    point's region (its error there is well under 50 % on every dataset); without the prior
+    the route waits for its own labels."""
+    cfg = semantic_config(class_upstream.url, max_error_rate=0.5, min_labels=50, prior=prior)
+    gw = start_gateway(cfg)
+    c = client_for(gw.url, "sk-prior")
+    assert ask(c, Q, temperature=0)[1]["x-cache"] == "miss"
+    h = ask(c, PARA, temperature=0)[1]
+    state = admin_state(gw.url)["budget"]
+    assert state["labels"] == (0 if prior else 1)  # a hit is no label; a miss is one
+    if prior:
+        assert h["x-cache"] == "semantic-hit" and state["bar"]["open"]
+        assert set(state["prior"]) == {"qqp", "paws", "stsb"}
+        assert state["bar"]["score"] >= admin_state(gw.url)["static_point"]["score"]
+    else:
+        assert h["x-cache"] == "miss" and not state["bar"]["open"]
+        assert state["prior"] is None
+
+
 @pytest.mark.slow  # three gateway starts, each loading the embedder
 def test_counts_are_shared_between_gateways_and_survive_a_restart(
     class_upstream: ServerThread, redis_server: RedisServer
@@ -152,3 +185,31 @@ def test_counts_are_shared_between_gateways_and_survive_a_restart(
         assert admin_state(c.url)["budget"]["bar"]["open"]
     finally:
         c.stop()
+
+
+def test_shared_labels_fade_by_age_and_old_epochs_leave_redis(
+    class_upstream: ServerThread, redis_server: RedisServer
+) -> None:
+    """Counts a fleet wrote long ago: one half-life old they weigh half; past four half-lives
+    they are deleted from the hash."""
+    cfg = semantic_config(class_upstream.url, redis_server.url, **BUDGET)
+    prefix = f"fade{uuid.uuid4().hex[:8]}:"
+    cfg["cache"]["redis"]["key_prefix"] = prefix
+    settings = Settings.model_validate(cfg)
+    half_life = SemanticPolicy().label_half_life  # the default
+    epoch = int(time.time() // (half_life / EPOCHS_PER_HALF_LIFE))
+    key = f"{prefix}sem:budget:chat"
+    r = redis_lib.Redis.from_url(redis_server.url)
+    cell = "0.980000:0.600000"
+    r.hset(key, f"l:{epoch - EPOCHS_PER_HALF_LIFE}:{cell}", 200)  # one half-life old
+    r.hset(key, f"w:{epoch - EPOCHS_PER_HALF_LIFE}:{cell}", 20)
+    old = f"l:{epoch - 5 * EPOCHS_PER_HALF_LIFE}:{cell}"  # five half-lives old
+    r.hset(key, old, 1000)
+    gw = ServerThread(lambda: build_app(settings)).start()
+    try:
+        wait_for(lambda: admin_state(gw.url)["budget"]["labels"] == 100, "half the old labels")
+        assert admin_state(gw.url)["budget"]["wrong"] == 10
+        wait_for(lambda: not r.hexists(key, old), "the oldest epoch deleted")
+    finally:
+        r.close()
+        gw.stop()
