@@ -186,7 +186,7 @@ class RedisSync:
                     await p.execute()
             self._m.labels("publish", "ok").inc()
             self._publish_log.ok()
-        except REDIS_ERRORS as exc:
+        except Exception as exc:  # (a client-library fault mid-failover too: see RedisTier._guard)
             self._m.labels("publish", "error").inc()
             self._publish_log.failed(f"{what}: {exc}; kept locally")
 
@@ -220,7 +220,7 @@ class RedisSync:
                         self._apply(fields)
             except asyncio.CancelledError:
                 raise
-            except REDIS_ERRORS as exc:
+            except Exception as exc:  # Redis errors and client-library faults: retried, never fatal
                 task = asyncio.current_task()
                 if self._closing or (task is not None and task.cancelling()):
                     # redis-py can turn a cancellation mid-read into a connection error:

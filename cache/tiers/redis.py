@@ -101,7 +101,12 @@ class RedisTier:
             self._last_error = f"{op} timed out after {deadline_s or self._op:g}s"
             self._failed(op, "timeout")
             raise TierTimeout(f"redis {op} timed out") from exc
-        except REDIS_ERRORS as exc:
+        except TierError:
+            raise
+        except (*REDIS_ERRORS, Exception) as exc:
+            # Exception too: mid-failover redis-py raised AttributeError from a connection torn
+            # down under it, and that reached the client as a 500. A client-library fault is an
+            # outage like any other.
             verdict = True
             self._last_error = f"{op}: {type(exc).__name__}: {exc}"
             self._failed(op, type(exc).__name__)

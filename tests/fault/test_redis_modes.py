@@ -37,8 +37,10 @@ async def chat(s: aiohttp.ClientSession, url: str, text: str) -> tuple[int, str,
     body = {"model": "m", "temperature": 0, "messages": [{"role": "user", "content": text}]}
     headers = {"Authorization": "Bearer sk-alice"}
     async with s.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
-        data = json.loads(await r.read())
-        answer = data["choices"][0]["message"]["content"] if r.status == 200 else ""
+        raw = (
+            await r.read()
+        )  # (any status: a failed request is counted, and its body may not be JSON)
+        answer = json.loads(raw)["choices"][0]["message"]["content"] if r.status == 200 else ""
         return r.status, r.headers.get("X-Cache", ""), answer
 
 

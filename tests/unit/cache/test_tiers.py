@@ -187,3 +187,31 @@ async def test_outage_logs_once_not_per_request(
     finally:
         await tier.aclose()
         server.stop()
+
+
+async def test_a_client_library_fault_is_an_outage_not_an_exception(
+    redis_server: RedisServer, metrics: CacheMetrics
+) -> None:
+    """Mid-failover redis-py raised AttributeError ('NoneType' object has no attribute
+    'writelines') from a connection torn down under it; from the lease path it reached a client
+    as a 500. Every tier operation must turn such a fault into a miss, counted like an outage."""
+    tier = RedisTier(redis_settings(redis_server.url), metrics)
+    entry = _entry()
+    assert await tier.acquire_lease("k.lease", 1000) is not None  # the real server answers
+
+    async def torn_down(*args: object, **kwargs: object) -> None:
+        raise AttributeError("'NoneType' object has no attribute 'writelines'")
+
+    real_set, real_exists = tier.client.set, tier.client.exists
+    tier.client.set = torn_down  # type: ignore[method-assign]
+    tier.client.exists = torn_down  # type: ignore[method-assign]
+    try:
+        assert await tier.acquire_lease("k.other", 1000) is None
+        assert await tier.lease_held("k.other") is False
+        await tier.put("k.entry", entry)  # no exception: the store is skipped and counted
+        assert metrics.redis_errors.labels("lease", "AttributeError")._value.get() == 2
+        assert metrics.redis_errors.labels("set", "AttributeError")._value.get() == 1
+    finally:
+        tier.client.set, tier.client.exists = real_set, real_exists  # type: ignore[method-assign]
+    assert await tier.acquire_lease("k.after", 1000) is not None  # and it recovers
+    await tier.aclose()
