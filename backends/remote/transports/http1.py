@@ -24,10 +24,30 @@ from backends.errors import (
 from backends.settings import PoolLimits, Timeouts
 
 # Bodies up to this size with a Content-Length are read whole: one write downstream, no chunking.
-_BUFFER_LIMIT = 1 << 20
+BUFFER_LIMIT = 1 << 20
 _SKIP_AUTO = frozenset({"User-Agent", "Accept-Encoding", "Content-Type", "Accept"})
 DEADLINE_HEADER = "X-Latentgate-Deadline-Ms"
 _DEADLINE_SLACK_S = 0.05
+
+
+def with_deadline(
+    request: UpstreamRequest, deadline_s: float | None, total_s: float
+) -> tuple[list[tuple[str, str]], float | None]:
+    """The request's headers, announcing its deadline upstream when it has one, and that
+    deadline when it is tighter than the transport's total timeout (None: the total bounds it).
+    Both HTTP/1.1 transports use this, so they send and enforce the same deadline."""
+    headers = request.headers
+    deadline = deadline_s if deadline_s is not None else request.deadline_s
+    if deadline is None:
+        return headers, None
+    headers = [*headers, (DEADLINE_HEADER, str(max(0, int(deadline * 1000))))]
+    return headers, deadline if deadline < total_s - _DEADLINE_SLACK_S else None
+
+
+def read_whole(length: int | None, content_type: str) -> bool:
+    """Whether a response body is read whole (else streamed): a known, small length, and not
+    an event stream."""
+    return length is not None and length <= BUFFER_LIMIT and "text/event-stream" not in content_type
 
 
 # What the hot path catches; `translate` turns each into the BackendError tree.
@@ -123,19 +143,13 @@ class Http1Transport:
         connect_s: float | None = None,
         deadline_s: float | None = None,
     ) -> UpstreamResponse:
-        headers = request.headers
-        deadline = deadline_s if deadline_s is not None else request.deadline_s
-        if deadline is not None:
-            headers = [*headers, (DEADLINE_HEADER, str(max(0, int(deadline * 1000))))]
-        timeout = None
         # The session's own total timeout already bounds a deadline within _DEADLINE_SLACK_S
         # of it; building a ClientTimeout per request is only worth it for a tighter one.
-        short_deadline = (
-            deadline is not None and deadline < self._timeouts.total - _DEADLINE_SLACK_S
-        )
-        if short_deadline or (connect_s is not None and connect_s != self._timeouts.connect):
+        headers, short = with_deadline(request, deadline_s, self._timeouts.total)
+        timeout = None
+        if short is not None or (connect_s is not None and connect_s != self._timeouts.connect):
             timeout = aiohttp.ClientTimeout(
-                total=deadline if short_deadline else self._timeouts.total,
+                total=short if short is not None else self._timeouts.total,
                 sock_connect=connect_s if connect_s is not None else self._timeouts.connect,
                 sock_read=self._timeouts.read,
             )
@@ -155,7 +169,7 @@ class Http1Transport:
         out = UpstreamResponse(resp.status, resp.reason or "", out_headers, replica=self.url)
         length = resp.content_length
         ctype = resp.headers.get("Content-Type", "")
-        if length is not None and length <= _BUFFER_LIMIT and "text/event-stream" not in ctype:
+        if read_whole(length, ctype):
             try:
                 out.body = await resp.read()
             except BaseException as exc:

@@ -30,7 +30,7 @@ from backends.remote.transports.h1conn import (
     H1Connection,
     ReadTimeout,
 )
-from backends.remote.transports.http1 import _BUFFER_LIMIT, _DEADLINE_SLACK_S, DEADLINE_HEADER
+from backends.remote.transports.http1 import read_whole, with_deadline
 from backends.settings import PoolLimits, Timeouts
 
 _NO_LENGTH_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE"})
@@ -157,13 +157,9 @@ class LeanHttp1Transport:
         connect_s: float | None = None,
         deadline_s: float | None = None,
     ) -> UpstreamResponse:
-        headers = request.headers
-        deadline = deadline_s if deadline_s is not None else request.deadline_s
-        if deadline is not None:
-            headers = [*headers, (DEADLINE_HEADER, str(max(0, int(deadline * 1000))))]
         t = self._timeouts
-        short = deadline is not None and deadline < t.total - _DEADLINE_SLACK_S
-        req = _Request(deadline if short and deadline is not None else t.total, t.read)
+        headers, short = with_deadline(request, deadline_s, t.total)
+        req = _Request(short if short is not None else t.total, t.read)
         connect = connect_s if connect_s is not None else t.connect
         try:
             conn = await self._acquire(connect)
@@ -188,13 +184,8 @@ class LeanHttp1Transport:
                 out.body = conn.take()
                 self._release(conn)
                 return out
-            ctype = out.header("Content-Type") or ""
-            if (
-                conn.length is not None
-                and conn.length <= _BUFFER_LIMIT
-                and "text/event-stream" not in ctype
-            ):
-                out.body = await self._read_whole(conn, req)
+            if read_whole(conn.length, out.header("Content-Type") or ""):
+                out.body = await self._whole_body(conn, req)
                 self._release(conn)
             else:
                 out.stream = _Stream(self, conn, req)
@@ -232,7 +223,7 @@ class LeanHttp1Transport:
         if declared is None:
             conn.write(b"0\r\n\r\n")
 
-    async def _read_whole(self, conn: H1Connection, req: _Request) -> bytes:
+    async def _whole_body(self, conn: H1Connection, req: _Request) -> bytes:
         while not conn.done:
             await conn.wait(req.next_wait())
         return conn.take()
