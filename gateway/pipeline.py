@@ -28,7 +28,6 @@ from backends import (
     UpstreamTimeout,
 )
 from cache import (
-    ALIAS_MAX_BODY,
     AliasKey,
     Ask,
     CacheFlow,
@@ -98,20 +97,16 @@ class Pipeline:
         return self._pinned.get(self.runtime).backends
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        early: hit_lane.Early | None = None
         tracing = self.tracing
-        if type(tracing) is NoTracing:
-            timing = Timing()
-            lane = hit_lane.answer(
-                request, timing, self.runtime.router, self.flows, self.limits, self.metrics
-            )
-            if isinstance(lane, web.StreamResponse):
-                return lane
-            early = lane
-            span = tracing.start(request)
-        else:  # a traced request takes the long way, and its stages start inside its span
-            span = tracing.start(request)
-            timing = Timing()
+        span = tracing.start(request)  # (first: every stage, the lane's too, lies inside it)
+        timing = Timing()
+        lane = hit_lane.answer(
+            request, timing, self.runtime.router, self.flows, self.limits, self.metrics
+        )
+        if isinstance(lane, web.StreamResponse):
+            tracing.finish(span, timing, lane.status)
+            return lane
+        early = lane
         runtime = self.runtime
         runtime.enter()
         pin = self._pinned.set(runtime)
@@ -183,23 +178,8 @@ class Pipeline:
         else:
             body = self._stream_body(request)
         flow = self.flows.get(route.name) if cached and isinstance(body, bytes) else None
-        # computed once: looked up here, remembered on the long way
+        # the lane's alias (None when it did not look): remembered on the long way
         alias: AliasKey | None = early.alias if early is not None else None
-        if (
-            early is None
-            and flow is not None
-            and len(candidates) == 1
-            and isinstance(body, bytes)
-            and len(body) <= ALIAS_MAX_BODY
-            # a request with cache directives takes the long way (no-store never builds a key)
-            and "Cache-Control" not in request.headers
-            and "Pragma" not in request.headers
-        ):
-            # Exact-cache fast path: these very bytes were parsed before and their answer is in L1.
-            alias = hit_lane.alias_of(request, flow, body)
-            hit = hit_lane.fast_hit(request, flow, alias, timing)
-            if hit is not None:
-                return hit
         call: Call | None = None
         if isinstance(body, bytes) and (route.protocol != "passthrough" or cached):
             parse = functools.partial(
