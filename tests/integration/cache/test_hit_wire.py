@@ -68,6 +68,13 @@ async def test_a_hit_is_well_formed_http_on_a_kept_alive_connection(
             assert value(headers, "Age") is not None and value(headers, "Date") is not None
             assert "total;dur=" in (value(headers, "Server-Timing") or "")
             assert value(headers, "Connection") is None  # kept alive
+        # the same bytes from another tenant are not its hit, on this path either
+        writer.write(request(extra="Authorization: Bearer sk-other\r\n"))
+        status, headers, _ = await response(reader)
+        assert value(headers, "X-Cache") == "miss"
+        writer.write(request(extra="Authorization: Bearer sk-other\r\n"))
+        status, headers, _ = await response(reader)
+        assert value(headers, "X-Cache") == "hit"
         # pipelined: two requests in one write, two answers in order
         writer.write(request() + request())
         for _ in range(2):
@@ -95,6 +102,6 @@ async def test_a_hit_is_well_formed_http_on_a_kept_alive_connection(
         if " latentgate.access " in line and "/readyz" not in line
     ]
     hits = [x for x in logged if x.get("x_cache") == "hit"]
-    assert len(hits) == 7 and all(x["status"] == 200 for x in hits)
+    assert len(hits) == 8 and all(x["status"] == 200 for x in hits)
     # what went out, as aiohttp counts it for every response (status line and headers too)
-    assert [x["bytes"] for x in logged if x.get("x_cache")] == SENT[-8:]
+    assert [x["bytes"] for x in logged if x.get("x_cache")] == SENT[-10:]
