@@ -23,10 +23,10 @@ import numpy as np
 
 from bench.semantic_data import MODEL_TAG, embed_cached, load_qqp, splits, st_encoder
 from bench.semantic_pooled import label_roots
-from cache.semantic.budget import COS_EDGES, SCORE_EDGES
+from cache.semantic.budget import LEARN_FLOOR, grid_edges
 from cache.semantic.budget_prior import DEFAULT_PRIOR, digest
 from cache.semantic.features import text_info
-from cache.semantic.verifier import DEFAULT_ARTIFACT, MlpVerifier
+from cache.semantic.verifier import DEFAULT_ARTIFACT, MlpVerifier, Verifier, with_floor
 
 TOP_K = 5
 
@@ -42,7 +42,8 @@ class Records:
     requests: int
 
 
-def replay(texts: list[str], classes: list[str], vec: np.ndarray, ver: MlpVerifier) -> Records:
+def replay(texts: list[str], classes: list[str], vec: np.ndarray, ver: Verifier) -> Records:
+    """ver: the verifier as a budgeted route scores with it (from its learning floor)."""
     infos = [text_info(t) for t in texts]
     buf = np.zeros((len(texts), vec.shape[1]), np.float32)
     owner: list[int] = []
@@ -82,7 +83,12 @@ def calib_streams() -> list[tuple[str, list[str], list[str]]]:
     return out
 
 
-def records(ver: MlpVerifier) -> dict[str, Records]:
+def scorer(ver: MlpVerifier) -> Verifier:
+    """As cache.semantic.setup builds a budgeted route's: scoring from the learning floor."""
+    return with_floor(ver, min(LEARN_FLOOR, ver.floor))
+
+
+def records(ver: Verifier) -> dict[str, Records]:
     enc = st_encoder()
     out = {}
     for name, texts, classes in calib_streams():
@@ -110,10 +116,9 @@ def main() -> None:
     args = ap.parse_args()
     os.environ["LATENTGATE_BENCH_FULL"] = "1"  # the whole calib parts, always
     ver = MlpVerifier.load()
-    # The finest grid any route can use: every edge a BudgetGrid may have for this verifier.
-    cos_edges = np.asarray(sorted({ver.floor, *(c for c in COS_EDGES if c > ver.floor)}))
-    score_edges = np.asarray(sorted({ver.p_min, *SCORE_EDGES}))
-    recs = records(ver)
+    # The grid a budgeted route of this verifier uses.
+    cos_edges, score_edges = grid_edges(scorer(ver).floor, ver.p_min, ver.floor)
+    recs = records(scorer(ver))
     tables = {}
     for name, r in recs.items():
         tables[name] = counts(r, cos_edges, score_edges)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.budget_prior import scorer
 from bench.semantic_data import MODEL_TAG, embed_cached, load_qqp, splits, st_encoder
 from bench.semantic_pooled import label_roots
 from cache.semantic.budget import BudgetGrid, grid_edges
@@ -23,7 +24,7 @@ from cache.semantic.budget_prior import DEFAULT_PRIOR, load_prior
 from cache.semantic.features import TextInfo, text_info
 from cache.semantic.learn import AUDIT_CAP, LEARNING_LABELS
 from cache.semantic.stage import TIGHTEN_STEP
-from cache.semantic.verifier import DEFAULT_ARTIFACT, MlpVerifier
+from cache.semantic.verifier import DEFAULT_ARTIFACT, MlpVerifier, Verifier
 from cache.settings import SemanticPolicy
 
 
@@ -32,6 +33,7 @@ class RouteSim:
     name: str
     grid: BudgetGrid | None
     audit_rate: float = 0.05
+    scorer: Verifier | None = None  # a budgeted route's (bench.budget_prior.scorer)
     keys: list[int] = field(default_factory=list)  # request index of each entry
     bars: list[float] = field(default_factory=list)
     vecs: list[np.ndarray] = field(default_factory=list)
@@ -62,7 +64,7 @@ def run(
                 top = np.argpartition(-cos_all, min(5, len(cos_all) - 1))[:5]
                 top = top[np.argsort(-cos_all[top])]
                 cos = cos_all[top]
-                if cos.max() >= ver.floor:
+                if cos.max() >= (ver.floor if r.scorer is None else r.scorer.floor):
                     cands = [r.infos[k] for k in top]
                     cvecs = _mat(r)[top]
                     if r.grid is None:
@@ -70,7 +72,7 @@ def run(
                         hit_j = int(top[d.index]) if d.index >= 0 else -1
                     else:
                         hit_j = _budget(
-                            r, i, classes, infos[i], vec[i], top, cos, cands, cvecs, ver
+                            r, i, classes, infos[i], vec[i], top, cos, cands, cvecs, r.scorer
                         )
             if hit_j >= 0:
                 wrong = int(classes[r.keys[hit_j]] != classes[i])
@@ -167,7 +169,8 @@ def main() -> None:
     ap.add_argument("--streams", default="qqp,paws,stsb")
     args = ap.parse_args()
     ver = MlpVerifier.load()
-    cos_edges, score_edges = grid_edges(ver.floor, ver.p_min)
+    sc = scorer(ver)
+    cos_edges, score_edges = grid_edges(sc.floor, ver.p_min, ver.floor)
     prior = (
         None
         if args.prior == "none"
@@ -183,13 +186,15 @@ def main() -> None:
                 f"budget {b}",
                 BudgetGrid(
                     b,
-                    ver.floor,
+                    sc.floor,
                     ver.p_min,
                     delta=args.delta,
                     min_labels=args.min_labels,
                     prior=prior,
+                    serve_floor=ver.floor,
                 ),
                 args.audit_rate,
+                sc,
             )
             for b in (0.02, 0.05, 0.10)
         ]

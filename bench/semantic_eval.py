@@ -42,6 +42,7 @@ from bench.semantic_pooled import (
     choose_cosine,
     choose_verified,
     label_roots,
+    restated,
     score,
     score_labelled,
 )
@@ -84,7 +85,7 @@ def candidate_probs(ver: Verifier, ps: PairSet, pool: Pool, vb: np.ndarray) -> n
     if isinstance(ver, MlpVerifier):
         return pool_probs(ver, ps, pool, vb)
     assert isinstance(ver, CrossEncoderVerifier) and ver.model is not None
-    return pool_scores(ver.model, ps, pool, min(0.7, ver.floor))
+    return restated(pool, ps.b, pool_scores(ver.model, ps, pool, min(0.7, ver.floor)))
 
 
 def pooled(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench.semantic_data import PairSet
+from cache.semantic.features import restates, text_info
 
 
 @dataclass
@@ -131,3 +132,16 @@ def choose_verified(pool: Pool, prob: np.ndarray, floor: float, p_min: float) ->
     best = pool.cand[np.arange(len(j)), j].copy()
     best[p[np.arange(len(j)), j] < p_min] = -1
     return best
+
+
+def restated(pool: Pool, queries: list[str], prob: np.ndarray) -> np.ndarray:
+    """prob with every candidate that restates its query at 1.0, as the serving verifiers score
+    it (cache.semantic.verifier.restated)."""
+    out = np.array(prob, dtype=np.float32, copy=True)
+    entries = {int(j): text_info(pool.entries[int(j)]) for j in np.unique(pool.cand)}
+    for i, q in enumerate(queries):
+        qi = text_info(q)
+        for k, j in enumerate(pool.cand[i]):
+            if restates(qi, entries[int(j)]):
+                out[i, k] = 1.0
+    return out

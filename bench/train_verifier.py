@@ -26,6 +26,7 @@ from bench.semantic_pooled import (
     build_pool,
     choose_verified,
     label_roots,
+    restated,
     score,
     score_labelled,
 )
@@ -153,7 +154,8 @@ def pool_probs(ver: MlpVerifier, ps: PairSet, pool: Pool, vb: np.ndarray) -> np.
     b = [t for t in ps.b for _ in range(k)]
     va = pool.entry_vecs[pool.cand.reshape(-1)]
     vbb = np.repeat(vb, k, axis=0)
-    return ver.probabilities(pair_matrix(a, b, va, vbb, ver.idf)).reshape(n, k)
+    prob = ver.probabilities(pair_matrix(a, b, va, vbb, ver.idf)).reshape(n, k)
+    return restated(pool, ps.b, prob)
 
 
 def rate_upper_bound(hits: int, n: int, z: float = PAWS_CONFIDENCE_Z) -> float:

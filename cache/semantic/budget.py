@@ -32,7 +32,11 @@ COS_EDGES = (0.90, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99)
 # The features MLP scores top out near 0.65: its edges are dense where its scores are.
 SCORE_EDGES = (0.0, 0.1, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.8, 0.9)
 PRIOR_WEIGHT = 1.0  # a prior label counts this much beside a live one
-OPEN_LABELS = 10  # live labels a region needs left of the shipped score before it serves there
+OPEN_LABELS = 10  # live labels a region needs outside the shipped point before it serves there
+# A budgeted route scores (and so labels) candidates from here up, below the shipped cosine
+# floor: those misses tell it early what its traffic looks like (Prior.mixture), where labels
+# over the shipped floor only come once repeats arrive. It serves there only on evidence.
+LEARN_FLOOR = 0.88
 
 
 def wilson_upper(wrong: float, n: float, z: float) -> float:
@@ -109,14 +113,21 @@ class BudgetGrid:
         open_labels: int = OPEN_LABELS,
         half_life: float | None = None,
         clock: Callable[[], float] = time.time,
+        serve_floor: float | None = None,
     ) -> None:
+        """floor: the lowest cosine the route scores and labels; serve_floor: the shipped
+        point's cosine (default: floor); p_min: the shipped point's score."""
         self.max_error_rate = max_error_rate
         self.z = z_of(delta)
         self.min_labels = min_labels
         self.prior_weight = prior_weight
         self.open_labels = open_labels
-        self.cos_edges, self.score_edges = grid_edges(floor, p_min)
-        # The shipped point's score column: cells left of it are served only on live evidence.
+        self.cos_edges, self.score_edges = grid_edges(floor, p_min, serve_floor)
+        # The shipped point's row and column: cells outside R(f_row, p_col) are served only on
+        # live evidence of their own.
+        self.f_row = int(
+            np.searchsorted(self.cos_edges, floor if serve_floor is None else serve_floor)
+        )
         self.p_col = int(np.searchsorted(self.score_edges, p_min, side="left"))
         shape = (len(self.cos_edges), len(self.score_edges))
         self.labels = np.zeros(shape, np.float64)
@@ -195,32 +206,36 @@ class BudgetGrid:
         else:
             p0 = k0 = np.zeros_like(self.labels)
         nc, ns = self.labels.shape
-        pc = min(self.p_col, ns - 1)
+        pc, fr = min(self.p_col, ns - 1), min(self.f_row, nc - 1)
         # Traffic: live lookups, and before there are any the prior's labels stand in for them.
-        counts = np.stack([self.labels, self.wrong, p0, k0, self.volume + p0])
+        # The last layer counts cells: a region with more cells than its part inside the
+        # shipped point's region reaches outside it.
+        cells = np.ones_like(self.labels)
+        counts = np.stack([self.labels, self.wrong, p0, k0, self.volume + p0, cells])
         a = counts[:, ::-1, ::-1].cumsum(1).cumsum(2)[:, ::-1, ::-1]  # [c, i, j]: over R(i, j)
-        right = np.maximum(np.arange(ns), pc)  # column j, or the shipped one if j is left of it
-        # [c, i2, i, j]: over R(i, j) ∪ R(i2, 0), layer i2 = nc: no cosine-only part; and over
-        # that union's cells at or right of the shipped score column.
+        # [c, i2, i, j]: over R(i, j) ∪ R(i2, 0), layer i2 = nc: no cosine-only part.
         full = a[:, None, :, :] + a[:, :, 0][:, :, None, None] - a[:, :, None, :]
         whole = np.concatenate([full, a[:, None]], 1)
-        ar = a[:, :, right]
-        part = ar[:, None, :, :] + a[:, :, pc][:, :, None, None] - ar[:, :, None, :]
-        n_right = np.concatenate([part[0], ar[0][None]], 0)
-        n, k, n0, k0u, v = whole
+        # The same over that union's cells inside the shipped region R(fr, pc): R(i, j) ∩ it is
+        # R(max(i, fr), max(j, pc)).
+        rows = np.maximum(np.arange(nc), fr)
+        ins = a[:, rows][:, :, np.maximum(np.arange(ns), pc)]
+        part = ins[:, None, :, :] + a[:, rows, pc][:, :, None, None] - ins[:, :, None, :]
+        inside = np.concatenate([part, ins[:, None]], 1)
+        n, k, n0, k0u, v, n_cells = whole
         tot_n, tot_k = n + n0, k + k0u
         ub = wilson(tot_k, tot_n, self.z, 1.0)
         lb = wilson(k, n, self.z, -1.0)
         i2 = np.arange(nc + 1)[:, None, None]
         i = np.arange(nc)[None, :, None]
         j = np.arange(ns)[None, None, :]
-        has_left = np.where(i2 < nc, pc > 0, j < pc)
+        outside = n_cells > inside[5] + 0.5
         ok = (
             ((i < i2) | (i2 == nc))  # the cosine-only part lies above the verifier bar
             & (tot_n >= self.min_labels)
             & (ub <= self.max_error_rate)
             & (lb <= self.max_error_rate)
-            & (~has_left | (n - n_right >= self.open_labels))
+            & (~outside | (n - inside[0] >= self.open_labels))
         )
         idx = np.flatnonzero(ok)
         if idx.size == 0:
@@ -246,7 +261,11 @@ class BudgetGrid:
         )
 
 
-def grid_edges(floor: float, p_min: float) -> tuple[np.ndarray, np.ndarray]:
-    """Never looser than the verifier's own cosine floor (candidates under it are not scored)."""
-    cos = np.asarray(sorted({floor, *(c for c in COS_EDGES if c > floor)}))
+def grid_edges(
+    floor: float, p_min: float, serve_floor: float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Never looser than the scoring floor (candidates under it are not scored); the shipped
+    point's cosine and score are edges."""
+    extra = {floor} if serve_floor is None else {floor, serve_floor}
+    cos = np.asarray(sorted({*extra, *(c for c in COS_EDGES if c > floor)}))
     return cos, np.asarray(sorted({p_min, *SCORE_EDGES}))

@@ -150,6 +150,23 @@ def _stem(t: str) -> str:
     return t
 
 
+_CLOSING = frozenset({"?", ".", "!"})
+
+
+def _words(t: TextInfo) -> tuple[str, ...]:
+    end = len(t.lower)
+    while end and t.lower[end - 1] in _CLOSING:
+        end -= 1
+    return t.lower[:end]
+
+
+def restates(a: TextInfo, b: TextInfo) -> bool:
+    """The same words in the same order, case, spacing and a closing ?/./! aside: the same
+    question asked again. A learned score must not overrule this: the MLP never saw such a
+    pair labelled a duplicate (training pairs differ by construction) and scores ~0.006."""
+    return _words(a) == _words(b)
+
+
 @dataclass(frozen=True, slots=True)
 class TextInfo:
     """What the features need from one text; computed once per text (cached entries keep it)."""

@@ -22,6 +22,7 @@ from cache.semantic.answers import Matcher, answer_text
 from cache.semantic.budget import Bar, BudgetGrid
 from cache.semantic.metrics import SemanticMetrics
 from cache.semantic.stage import Candidate, SemanticHit, SemanticStage
+from cache.semantic.verifier import Verifier
 
 log = logging.getLogger("latentgate.semantic.budget")
 
@@ -40,9 +41,11 @@ class RouteBudget:
         stage: SemanticStage,
         metrics: SemanticMetrics,
         audit_rate: float,
+        scorer: Verifier,
     ) -> None:
         self.route = route
         self.grid = grid
+        self.scorer = scorer  # the route's verifier, scoring from the grid's floor
         self.matcher = matcher
         self.stage = stage
         self.metrics = metrics

@@ -135,7 +135,7 @@ class SemanticRoute:
         return await self.stage.search(
             self.namespace(call, tenant),
             call.semantic_text,
-            self.verifier,
+            self.budget.scorer,
             self.budget.bar(),
             payload_exists,
             vector,
@@ -182,9 +182,12 @@ class SemanticRoute:
         if not self.applies(call):
             return None
         assert call.semantic_text is not None
-        bar = self.bar()
+        ver: Verifier = self.verifier
+        bar: Bar | None = None
+        if self.budget is not None:
+            bar, ver = self.budget.bar(), self.budget.scorer
         return await self.pending.find(
-            self.namespace(call, tenant), call.semantic_text, vector, self.verifier, bar
+            self.namespace(call, tenant), call.semantic_text, vector, ver, bar
         )
 
     def begin(

@@ -20,7 +20,7 @@ from backends.local import LoadProgress
 from cache.embedder import Embedder, load_embedder
 from cache.keys import Selector
 from cache.semantic.answers import EmbeddingMatch, ExactMatch, JudgeMatch, Matcher
-from cache.semantic.budget import BudgetGrid, grid_edges
+from cache.semantic.budget import LEARN_FLOOR, BudgetGrid, grid_edges
 from cache.semantic.budget_prior import DEFAULT_PRIOR, load_prior
 from cache.semantic.budget_store import BudgetStore
 from cache.semantic.cross_encoder import CrossEncoder
@@ -36,6 +36,7 @@ from cache.semantic.verifier import (
     MlpVerifier,
     Verifier,
     load_verifier,
+    with_floor,
 )
 from cache.settings import CachePolicy, CacheSettings, SemanticPolicy
 
@@ -129,7 +130,10 @@ class SemanticSetup:
         prior_path: str | None,
     ) -> RouteBudget:
         assert p.max_error_rate is not None
-        cos_edges, score_edges = grid_edges(ver.floor, ver.p_min)
+        # Labels from below the shipped floor (budget.LEARN_FLOOR), where scoring is cheap; a
+        # verifier too slow for the event loop keeps its own floor.
+        scorer = ver if ver.offload else with_floor(ver, min(LEARN_FLOOR, ver.floor))
+        cos_edges, score_edges = grid_edges(scorer.floor, ver.p_min, ver.floor)
         prior = None
         if p.prior and isinstance(ver, MlpVerifier):
             prior = load_prior(
@@ -140,12 +144,13 @@ class SemanticSetup:
             )
         grid = BudgetGrid(
             p.max_error_rate,
-            ver.floor,
+            scorer.floor,
             ver.p_min,
             delta=1.0 - p.error_confidence,
             min_labels=p.min_labels,
             prior=prior,
             half_life=p.label_half_life,
+            serve_floor=ver.floor,
         )
         matcher: Matcher = ExactMatch()
         if p.answer_match == "embedding":
@@ -154,7 +159,7 @@ class SemanticSetup:
             assert p.judge is not None
             j = p.judge
             matcher = JudgeMatch(j.url, j.model, j.headers, j.timeout)
-        return RouteBudget(route, grid, matcher, self.stage, self.metrics, p.audit_rate)
+        return RouteBudget(route, grid, matcher, self.stage, self.metrics, p.audit_rate, scorer)
 
     def budgets(self) -> dict[str, RouteBudget]:
         return {n: r.budget for n, r in self.routes.items() if r.budget is not None}

@@ -13,6 +13,7 @@ Nearest neighbours are only candidates. Three verifiers, one per route policy:
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import numpy as np
 
 from cache.semantic.cross_encoder import DEFAULT_ARTIFACT as CE_ARTIFACT
 from cache.semantic.cross_encoder import CrossEncoder, read_meta
-from cache.semantic.features import FEATURES_VERSION, Idf, TextInfo, pair_features
+from cache.semantic.features import FEATURES_VERSION, Idf, TextInfo, pair_features, restates
 
 DEFAULT_ARTIFACT = Path(__file__).with_name("verifier.npz")
 COSINE_THRESHOLD = 0.90  # verifier off, no threshold configured
@@ -186,7 +187,8 @@ class MlpVerifier:
         x = self.features(
             query, query_vec, [cands[i] for i in keep], cand_vecs[keep], np.asarray(cand_cos)[keep]
         )
-        return _pick(self.probabilities(x), keep, self.p_min, tighten)
+        prob = restated(self.probabilities(x), query, [cands[i] for i in keep])
+        return _pick(prob, keep, self.p_min, tighten)
 
     def scores(
         self,
@@ -206,7 +208,7 @@ class MlpVerifier:
                 cand_vecs[keep],
                 np.asarray(cand_cos)[keep],
             )
-            out[keep] = self.probabilities(x)
+            out[keep] = restated(self.probabilities(x), query, [cands[i] for i in keep])
         return out
 
 
@@ -215,6 +217,16 @@ def build_matrix(cos: np.ndarray, lex: np.ndarray, u: np.ndarray, v: np.ndarray)
     return np.concatenate([cos.reshape(-1, 1), lex, u * v, np.abs(u - v)], axis=1).astype(
         np.float32
     )
+
+
+def restated(prob: np.ndarray, query: TextInfo, cands: Sequence[TextInfo]) -> np.ndarray:
+    """Scores with every candidate that restates the query (features.restates) at 1.0."""
+    same = [j for j, c in enumerate(cands) if restates(query, c)]
+    if not same:
+        return prob
+    out = np.array(prob, dtype=np.float32, copy=True)
+    out[same] = 1.0
+    return out
 
 
 def _pick(
@@ -259,8 +271,9 @@ class CrossEncoderVerifier:
         keep = [i for i, c in enumerate(cand_cos) if c >= self.floor]
         if not keep or self.model is None:
             return Decision(-1, 0.0, len(keep))
-        prob = self.model.score_pairs_sync([query.text] * len(keep), [cands[i].text for i in keep])
-        return _pick(prob, keep, self.p_min, tighten)
+        kept = [cands[i] for i in keep]
+        prob = self.model.score_pairs_sync([query.text] * len(keep), [c.text for c in kept])
+        return _pick(restated(prob, query, kept), keep, self.p_min, tighten)
 
     def scores(
         self,
@@ -273,9 +286,17 @@ class CrossEncoderVerifier:
         out = np.full(len(cands), -1.0, np.float32)
         keep = [i for i, c in enumerate(cand_cos) if c >= self.floor]
         if keep and self.model is not None:
-            texts = [cands[i].text for i in keep]
-            out[keep] = self.model.score_pairs_sync([query.text] * len(keep), texts)
+            kept = [cands[i] for i in keep]
+            prob = self.model.score_pairs_sync([query.text] * len(keep), [c.text for c in kept])
+            out[keep] = restated(prob, query, kept)
         return out
+
+
+def with_floor(ver: Verifier, floor: float) -> Verifier:
+    """The same verifier scoring from another cosine floor; its serving point is unchanged."""
+    out = copy.copy(ver)
+    out.floor = floor
+    return out
 
 
 def load_verifier(

@@ -200,3 +200,18 @@ def test_the_mixture_knows_a_dataset_in_either_phase() -> None:
     live_n[tuple(cell)], live_k[tuple(cell)] = 40, 36  # 90 % wrong: new questions
     w = prior.mixture(live_n, live_k)
     assert w[0] > 0.99
+
+
+def test_labels_below_the_shipped_floor_tell_the_traffic_but_serve_only_on_live_evidence() -> None:
+    # A budgeted route scores from LEARN_FLOOR (0.88) while the shipped point is cosine 0.94:
+    # a prior calling the 0.90 cells clean opens nothing there by itself.
+    qn, qk = table({(0.985, 0.6): (2000, 40), (0.90, 0.6): (2000, 40)})
+    prior = Prior(("q",), qn[None, None], qk[None, None])
+    g = BudgetGrid(0.10, floor=0.88, p_min=0.495, prior=prior, serve_floor=0.94)
+    assert 0.94 in g.cos_edges and g.cell(0.90, 0.6) is not None
+    bar = g.bar()
+    assert bar.serves(0.985, 0.6) and not bar.serves(0.90, 0.6)
+    label_many(g, 0.90, 0.6, OPEN_LABELS, wrong=0)  # the route's own labels there
+    for _ in range(100):
+        g.observe(0.90, 0.6)
+    assert g.bar().serves(0.90, 0.6)

@@ -36,7 +36,9 @@ def budget_route(
     policy = SemanticPolicy(enabled=True, max_error_rate=0.5, min_labels=3)
     sr = SemanticRoute(stage, "chat", policy, verifier)
     grid = BudgetGrid(0.5, verifier.floor, verifier.p_min, min_labels=3)
-    sr.budget = RouteBudget("chat", grid, ExactMatch(), stage, metrics, audit_rate=0.10)
+    sr.budget = RouteBudget(
+        "chat", grid, ExactMatch(), stage, metrics, audit_rate=0.10, scorer=verifier
+    )
     return sr
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cache.embedder import Embedder
-from cache.semantic.features import text_info
+from cache.semantic.features import restates, text_info
 from cache.semantic.verifier import (
     COSINE_THRESHOLD,
     CosineVerifier,
@@ -77,3 +77,35 @@ def test_default_policy_serves_the_artifacts_calibrated_point(verifier: MlpVerif
     assert (tuned.floor, tuned.p_min) == (0.95, 0.7)
     off = load_verifier("off", SemanticPolicy(verifier="off").threshold)
     assert off.floor == COSINE_THRESHOLD == 0.90
+
+
+RESTATED = [
+    ("How can I earn money online?", "How can I earn money online?"),
+    ("What is the best plan to lose weight?", "What is the best  plan to lose weight ?!"),
+]
+
+
+@pytest.mark.parametrize(("cached", "asked"), RESTATED)
+def test_the_same_question_asked_again_is_served_whatever_the_mlp_says(
+    verifier: MlpVerifier, embedder: Embedder, cached: str, asked: str
+) -> None:
+    # The MLP never saw two copies of a question labelled duplicates: alone it refuses them
+    # (~0.006 on QQP's repeated questions). Case, spacing and closing ?/./! are not a new
+    # question, so the verifier serves them at score 1.0.
+    v = embedder.embed_sync([asked, cached])
+    cos = np.asarray([float(v[0] @ v[1])], dtype=np.float32)
+    q, c = text_info(asked), text_info(cached)
+    assert restates(q, c)
+    raw = verifier.probabilities(verifier.features(q, v[0], [c], v[1:], cos))
+    assert float(raw[0]) < verifier.p_min
+    assert float(verifier.scores(q, v[0], [c], v[1:], cos)[0]) == 1.0
+    assert verifier.choose(q, v[0], [c], v[1:], cos).index == 0
+
+
+def test_a_restatement_is_words_in_order_not_a_bag_of_them() -> None:
+    for cached, asked in SWAPS:
+        assert not restates(text_info(asked), text_info(cached))
+    assert not restates(
+        text_info("Flights from Paris to Rome?"), text_info("Flights to Paris from Rome?")
+    )
+    assert not restates(text_info("What is 5-3?"), text_info("What is 5+3?"))
