@@ -60,7 +60,12 @@ def second_half(r: RouteSim) -> tuple[int, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.parse_args()
+    ap.add_argument("--deltas", default=",".join(map(str, DELTAS)), help="1 - error_confidence")
+    ap.add_argument("--min-labels", default=",".join(map(str, MIN_LABELS)))
+    ap.add_argument("--no-shift", action="store_true")
+    args = ap.parse_args()
+    deltas = [float(x) for x in args.deltas.split(",")]
+    mins = [int(x) for x in args.min_labels.split(",")]
     os.environ["LATENTGATE_BENCH_FULL"] = "1"  # the whole calib parts, always
     ver = MlpVerifier.load()
     sc = scorer(ver)
@@ -78,7 +83,7 @@ def main() -> None:
         + ", ".join(f"budget {b} hits/err" for b in BUDGETS)
     )
     results = {}
-    for delta, min_labels in itertools.product(DELTAS, MIN_LABELS):
+    for delta, min_labels in itertools.product(deltas, mins):
         row = {}
         for d in parts:
             for h in (0, 1):
@@ -93,6 +98,7 @@ def main() -> None:
                             min_labels=min_labels,
                             prior=priors[1 - h],
                             serve_floor=ver.floor,
+                            shift=not args.no_shift,
                         ),
                         scorer=sc,
                     )

@@ -167,6 +167,7 @@ def main() -> None:
     ap.add_argument("--prior", default=str(DEFAULT_PRIOR), help="'none': live labels only")
     ap.add_argument("--audit-rate", type=float, default=0.05)
     ap.add_argument("--streams", default="qqp,paws,stsb")
+    ap.add_argument("--no-shift", action="store_true", help="trust the prior's rates as they are")
     args = ap.parse_args()
     ver = MlpVerifier.load()
     sc = scorer(ver)
@@ -192,6 +193,7 @@ def main() -> None:
                     min_labels=args.min_labels,
                     prior=prior,
                     serve_floor=ver.floor,
+                    shift=not args.no_shift,
                 ),
                 args.audit_rate,
                 sc,

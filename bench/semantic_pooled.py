@@ -135,13 +135,13 @@ def choose_verified(pool: Pool, prob: np.ndarray, floor: float, p_min: float) ->
 
 
 def restated(pool: Pool, queries: list[str], prob: np.ndarray) -> np.ndarray:
-    """prob with every candidate that restates its query at 1.0, as the serving verifiers score
-    it (cache.semantic.verifier.restated)."""
+    """prob with every scored candidate (prob >= 0) that restates its query at 1.0, as the
+    serving verifiers score it (cache.semantic.verifier.restated)."""
     out = np.array(prob, dtype=np.float32, copy=True)
     entries = {int(j): text_info(pool.entries[int(j)]) for j in np.unique(pool.cand)}
     for i, q in enumerate(queries):
         qi = text_info(q)
         for k, j in enumerate(pool.cand[i]):
-            if restates(qi, entries[int(j)]):
+            if out[i, k] >= 0 and restates(qi, entries[int(j)]):
                 out[i, k] = 1.0
     return out

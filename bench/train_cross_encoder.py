@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.semantic_data import PairSet, embedded_splits, model_path
-from bench.semantic_pooled import Pool, build_pool, label_roots
+from bench.semantic_pooled import Pool, build_pool, label_roots, restated
 from bench.train_verifier import choose_point
 from cache.semantic.cross_encoder import DEFAULT_ARTIFACT, CrossEncoder, save_artifact, update_meta
 
@@ -234,7 +234,7 @@ def main() -> None:
         ps = data[d]["calib"]
         va, vb = vecs[(d, "calib")]
         pool = build_pool(ps, va, vb)
-        calib[d] = (pool, pool_scores(ce, ps, pool, 0.5))
+        calib[d] = (pool, restated(pool, ps.b, pool_scores(ce, ps, pool, 0.5)))
     labelled = None
     if args.protocol == "labelled":  # questions joined through train and calib labels only
         roots = label_roots(data["qqp"]["train"], data["qqp"]["calib"])

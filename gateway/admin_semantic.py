@@ -57,6 +57,7 @@ def route_status(sr: SemanticRoute) -> dict[str, Any]:
     b = sr.budget
     if b is None:
         return out
+    out["scoring_floor"] = b.scorer.floor  # a budgeted route scores and labels from here
     bar = b.bar()
     g = b.grid
     out["budget"] = {

@@ -10,11 +10,13 @@ Evidence for a region = its live counts + the prior's pseudo-counts (cache.seman
 the development data's tables, mixed by what the live labels look like). A region is eligible
 when that evidence holds >= `min_labels` labels and its one-sided Wilson upper bound (confidence
 1 - delta) is <= max_error_rate, the live labels alone do not put its Wilson lower bound over the
-budget (wrong hits refute a region at once, whatever the prior says), and its cells left of the
-shipped score hold >= `open_labels` live labels of their own (the start is the shipped point or
-stricter). The eligible region with the most volume is served, ties to the stricter; with none,
-nothing is. Every unserved candidate is labelled by the miss that follows, which is how regions
-get proven. Pure arithmetic on small arrays, no I/O (Redis: cache.semantic.budget_store).
+budget (wrong hits refute a region at once, whatever the prior says), and each of its parts
+outside the shipped point (cells under its cosine floor; cells over it but left of its score)
+holds >= `open_labels` live labels of its own (the start is the shipped point or stricter).
+The prior's wrong counts are scaled up when the route's own labels are wrong more often than it
+says (`harder`). The eligible region with the most volume is served, ties to the stricter; with
+none, nothing is. Every unserved candidate is labelled by the miss that follows, which is how
+regions get proven. Pure arithmetic on small arrays, no I/O (Redis: cache.semantic.budget_store).
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ OPEN_LABELS = 10  # live labels a region needs outside the shipped point before 
 # floor: those misses tell it early what its traffic looks like (Prior.mixture), where labels
 # over the shipped floor only come once repeats arrive. It serves there only on evidence.
 LEARN_FLOOR = 0.88
+# Wrong labels on each side of the live/prior error ratio before any evidence: the ratio starts
+# at 1 and moves as the route's own labels over the shipped floor come in.
+SHIFT_SMOOTH = 5.0
 
 
 def wilson_upper(wrong: float, n: float, z: float) -> float:
@@ -114,6 +119,7 @@ class BudgetGrid:
         half_life: float | None = None,
         clock: Callable[[], float] = time.time,
         serve_floor: float | None = None,
+        shift: bool = True,
     ) -> None:
         """floor: the lowest cosine the route scores and labels; serve_floor: the shipped
         point's cosine (default: floor); p_min: the shipped point's score."""
@@ -129,6 +135,7 @@ class BudgetGrid:
             np.searchsorted(self.cos_edges, floor if serve_floor is None else serve_floor)
         )
         self.p_col = int(np.searchsorted(self.score_edges, p_min, side="left"))
+        self.shift = shift
         shape = (len(self.cos_edges), len(self.score_edges))
         self.labels = np.zeros(shape, np.float64)
         self.wrong = np.zeros(shape, np.float64)
@@ -194,34 +201,52 @@ class BudgetGrid:
             self._bar = self._choose()
         return self._bar
 
+    def harder(self, p0: np.ndarray, k0: np.ndarray) -> float:
+        """How much more often this route's labels over the shipped floor are wrong than the
+        prior's rates say for the same cells: (wrong + a) / (expected wrong + a), at least 1.
+        The prior comes from the development data; a user's traffic can be harder, and its
+        own labels, not the prior, must say so."""
+        fr = min(self.f_row, len(self.cos_edges) - 1)
+        n0, w0, n = p0[fr:], k0[fr:], self.labels[fr:]
+        base = float(w0.sum() / n0.sum()) if n0.sum() > 0 else 0.5
+        rate = (w0 + base) / (n0 + 1.0)
+        expected = float((n * rate).sum())
+        return max(1.0, (float(self.wrong[fr:].sum()) + SHIFT_SMOOTH) / (expected + SHIFT_SMOOTH))
+
     def _choose(self) -> Bar:
         """Every union of a verifier bar R(i, j) and a cosine-only bar R(i2, 0) above it (i2 >
         i, or none) is a candidate region, scored all at once on (i2, i, j) arrays. Eligible:
         prior and live labels >= min_labels, their upper bound <= budget, the live labels alone
-        not proving it over budget (lower bound), and its cells left of the shipped score
-        holding >= open_labels live labels of their own (the start is the shipped point or
-        stricter). The eligible region with the most traffic wins; ties to the stricter one."""
+        not proving it over budget (lower bound), and each part outside the shipped point
+        (under its floor; over it, left of its score) holding >= open_labels live labels of
+        its own (the start is the shipped point or stricter). The eligible region with the most
+        traffic wins; ties to the stricter one."""
         if self.prior is not None:
             p0, k0 = self.prior.pseudo(self.labels, self.wrong, self.prior_weight)
+            if self.shift:
+                k0 = np.minimum(p0, k0 * self.harder(p0, k0))
         else:
             p0 = k0 = np.zeros_like(self.labels)
         nc, ns = self.labels.shape
         pc, fr = min(self.p_col, ns - 1), min(self.f_row, nc - 1)
         # Traffic: live lookups, and before there are any the prior's labels stand in for them.
-        # The last layer counts cells: a region with more cells than its part inside the
-        # shipped point's region reaches outside it.
+        # The last layer counts cells: it tells which parts of a region are not empty.
         cells = np.ones_like(self.labels)
         counts = np.stack([self.labels, self.wrong, p0, k0, self.volume + p0, cells])
         a = counts[:, ::-1, ::-1].cumsum(1).cumsum(2)[:, ::-1, ::-1]  # [c, i, j]: over R(i, j)
-        # [c, i2, i, j]: over R(i, j) ∪ R(i2, 0), layer i2 = nc: no cosine-only part.
-        full = a[:, None, :, :] + a[:, :, 0][:, :, None, None] - a[:, :, None, :]
-        whole = np.concatenate([full, a[:, None]], 1)
-        # The same over that union's cells inside the shipped region R(fr, pc): R(i, j) ∩ it is
-        # R(max(i, fr), max(j, pc)).
-        rows = np.maximum(np.arange(nc), fr)
-        ins = a[:, rows][:, :, np.maximum(np.arange(ns), pc)]
-        part = ins[:, None, :, :] + a[:, rows, pc][:, :, None, None] - ins[:, :, None, :]
-        inside = np.concatenate([part, ins[:, None]], 1)
+
+        def union(b: np.ndarray, col0: int) -> np.ndarray:
+            """[c, i2, i, j] over R(i, j) ∪ R(i2, 0) (layer i2 = nc: no cosine-only part),
+            given b[c, i, j] over R(i, j) ∩ S and b[c, i, col0] over R(i, 0) ∩ S for a set S
+            of cells closed upward (then R(i2, j) ∩ S is b[c, i2, j] for i2 > i)."""
+            part = b[:, None, :, :] + b[:, :, col0][:, :, None, None] - b[:, :, None, :]
+            return np.concatenate([part, b[:, None]], 1)
+
+        rows = np.maximum(np.arange(nc), fr)  # R(i, j) ∩ {rows >= fr} = R(max(i, fr), j)
+        upper = a[:, rows]
+        whole = union(a, 0)
+        above = union(upper, 0)  # the part over the shipped floor
+        inside = union(upper[:, :, np.maximum(np.arange(ns), pc)], pc)  # ... and right of p_min
         n, k, n0, k0u, v, n_cells = whole
         tot_n, tot_k = n + n0, k + k0u
         ub = wilson(tot_k, tot_n, self.z, 1.0)
@@ -229,13 +254,18 @@ class BudgetGrid:
         i2 = np.arange(nc + 1)[:, None, None]
         i = np.arange(nc)[None, :, None]
         j = np.arange(ns)[None, None, :]
-        outside = n_cells > inside[5] + 0.5
+        # Each part outside the shipped point needs live labels of its own: the cells under its
+        # floor, and the cells over it left of its score.
+        below_ok = (n_cells - above[5] < 0.5) | (n - above[0] >= self.open_labels)
+        left_ok = (above[5] - inside[5] < 0.5) | (above[0] - inside[0] >= self.open_labels)
         ok = (
             ((i < i2) | (i2 == nc))  # the cosine-only part lies above the verifier bar
+            & ((j > 0) | (i2 == nc))  # with score >= 0 the cosine-only part adds nothing
             & (tot_n >= self.min_labels)
             & (ub <= self.max_error_rate)
             & (lb <= self.max_error_rate)
-            & (~outside | (n - inside[0] >= self.open_labels))
+            & below_ok
+            & left_ok
         )
         idx = np.flatnonzero(ok)
         if idx.size == 0:
@@ -245,8 +275,9 @@ class BudgetGrid:
             return Bar(1.01, 1.01, False, est, wilson_upper(total_k, total_n, self.z), 0)
         shape = ok.shape
         ii2, ii, jj = (np.broadcast_to(x, shape).ravel()[idx] for x in (i2, i, j))
-        # most volume, then the lowest bound, then the stricter bar (higher cells, no cos-only)
-        order = np.lexsort((-ii2, jj, ii + jj, -ub.ravel()[idx], v.ravel()[idx]))
+        # most volume, then the lowest bound, then the stricter bar (higher cells, a higher
+        # cosine-only part or none: i2 = nc)
+        order = np.lexsort((ii2, jj, ii + jj, -ub.ravel()[idx], v.ravel()[idx]))
         b = int(idx[order[-1]])
         c2, ci, cj = int(ii2[order[-1]]), int(ii[order[-1]]), int(jj[order[-1]])
         return Bar(

@@ -130,9 +130,11 @@ class SemanticSetup:
         prior_path: str | None,
     ) -> RouteBudget:
         assert p.max_error_rate is not None
-        # Labels from below the shipped floor (budget.LEARN_FLOOR), where scoring is cheap; a
-        # verifier too slow for the event loop keeps its own floor.
-        scorer = ver if ver.offload else with_floor(ver, min(LEARN_FLOOR, ver.floor))
+        # Labels from below the shipped floor (budget.LEARN_FLOOR), where scoring is cheap. A
+        # verifier too slow for the event loop keeps its own floor, and so does a route that
+        # pays a judge per label: there only misses it could serve are worth a call.
+        cheap = not ver.offload and p.answer_match != "judge"
+        scorer = with_floor(ver, min(LEARN_FLOOR, ver.floor)) if cheap else ver
         cos_edges, score_edges = grid_edges(scorer.floor, ver.p_min, ver.floor)
         prior = None
         if p.prior and isinstance(ver, MlpVerifier):
@@ -222,12 +224,19 @@ class SemanticSetup:
             # say which one each route serves.
             v = route.verifier
             bar = "" if v.name == "off" else f", score >= {v.p_min:g}"
+            learn = ""
+            if route.budget is not None:
+                learn = (
+                    f"; error budget {route.policy.max_error_rate:g}, labels from cosine "
+                    f"{route.budget.scorer.floor:g}"
+                )
             log.info(
-                "semantic route %s: verifier %s, cosine >= %g%s",
+                "semantic route %s: verifier %s, cosine >= %g%s%s",
                 name,
                 v.name,
                 v.floor,
                 bar,
+                learn,
             )
         await self._open_cross_encoder()
         self.stage.ready = True

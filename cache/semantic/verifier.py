@@ -293,7 +293,8 @@ class CrossEncoderVerifier:
 
 
 def with_floor(ver: Verifier, floor: float) -> Verifier:
-    """The same verifier scoring from another cosine floor; its serving point is unchanged."""
+    """The same verifier scoring from another cosine floor; its serving point is unchanged. A
+    shallow copy: it shares the loaded weights (read-only) with the original."""
     out = copy.copy(ver)
     out.floor = floor
     return out

@@ -215,3 +215,40 @@ def test_labels_below_the_shipped_floor_tell_the_traffic_but_serve_only_on_live_
     for _ in range(100):
         g.observe(0.90, 0.6)
     assert g.bar().serves(0.90, 0.6)
+
+
+def test_a_route_whose_labels_are_wrong_more_often_than_the_prior_says_discounts_the_prior() -> (
+    None
+):
+    # The prior (development data) puts the cell at 4 % on 1,000 labels; this route's own 200
+    # labels there are 9.5 % wrong: not enough to refute the region by themselves (their lower
+    # bound is under 8 %), but the user's traffic is plainly harder than the prior's, and the
+    # prior's rates are scaled by how much (19 wrong where it expected 8).
+    qn, qk = table({(0.985, 0.6): (1000, 40)})
+    prior = Prior(("q",), qn[None, None], qk[None, None])
+    grids = {
+        s: BudgetGrid(0.08, floor=0.88, p_min=0.495, prior=prior, shift=s) for s in (False, True)
+    }
+    for g in grids.values():
+        label_many(g, 0.985, 0.6, 200, wrong=19)
+    trusting, shifted = grids[False], grids[True]
+    assert trusting.bar().serves(0.985, 0.6)  # the prior's 1,000 labels outvote the route's
+    p0, k0 = prior.pseudo(shifted.labels, shifted.wrong, 1.0)
+    assert shifted.harder(p0, k0) == pytest.approx((19 + 5) / (8 + 5), rel=0.02)
+    assert not shifted.bar().open
+    # traffic as clean as the prior says leaves it alone
+    clean = BudgetGrid(0.08, floor=0.88, p_min=0.495, prior=prior)
+    label_many(clean, 0.985, 0.6, 200, wrong=8)
+    assert clean.harder(*prior.pseudo(clean.labels, clean.wrong, 1.0)) == pytest.approx(1.0)
+    assert clean.bar().serves(0.985, 0.6)
+
+
+def test_labels_left_of_the_shipped_score_do_not_open_cells_under_its_floor() -> None:
+    # Each part outside the shipped point needs its own live labels: ten clean labels over the
+    # floor (left of the shipped score) say nothing of the cells under the floor.
+    qn, qk = table({(0.985, 0.6): (2000, 20), (0.985, 0.45): (2000, 20), (0.90, 0.6): (2000, 20)})
+    prior = Prior(("q",), qn[None, None], qk[None, None])
+    g = BudgetGrid(0.10, floor=0.88, p_min=0.495, prior=prior, serve_floor=0.94)
+    label_many(g, 0.985, 0.45, OPEN_LABELS, wrong=0)
+    bar = g.bar()
+    assert bar.serves(0.985, 0.45) and not bar.serves(0.90, 0.6)
