@@ -83,5 +83,7 @@ def route_status(sr: SemanticRoute) -> dict[str, Any]:
         "confidence": sr.policy.error_confidence,
         # which development dataset the live labels look like (None: no prior in use)
         "prior": g.mixture() if g.prior is not None else None,
+        # its wrong counts scaled by how much more often this route's labels are wrong
+        "prior_scale": round(bar.prior_scale, 3),
     }
     return out

@@ -92,6 +92,7 @@ class Bar:
     labels: int  # live labels in the served region
     cos_only: float = 1.01
     prior_labels: float = 0.0  # the prior's pseudo-labels in the served region
+    prior_scale: float = 1.0  # how much the prior's wrong counts were scaled up (`harder`)
 
     def serves(self, cosine: float, score: float) -> bool:
         if not self.open or score < 0:
@@ -221,10 +222,12 @@ class BudgetGrid:
         (under its floor; over it, left of its score) holding >= open_labels live labels of
         its own (the start is the shipped point or stricter). The eligible region with the most
         traffic wins; ties to the stricter one."""
+        scale = 1.0
         if self.prior is not None:
             p0, k0 = self.prior.pseudo(self.labels, self.wrong, self.prior_weight)
             if self.shift:
-                k0 = np.minimum(p0, k0 * self.harder(p0, k0))
+                scale = self.harder(p0, k0)
+                k0 = np.minimum(p0, k0 * scale)
         else:
             p0 = k0 = np.zeros_like(self.labels)
         nc, ns = self.labels.shape
@@ -272,7 +275,8 @@ class BudgetGrid:
             total_n = float(self.labels.sum() + p0.sum())
             total_k = float(self.wrong.sum() + k0.sum())
             est = total_k / total_n if total_n else float("nan")
-            return Bar(1.01, 1.01, False, est, wilson_upper(total_k, total_n, self.z), 0)
+            bound = wilson_upper(total_k, total_n, self.z)
+            return Bar(1.01, 1.01, False, est, bound, 0, prior_scale=scale)
         shape = ok.shape
         ii2, ii, jj = (np.broadcast_to(x, shape).ravel()[idx] for x in (i2, i, j))
         # most volume, then the lowest bound, then the stricter bar (higher cells, a higher
@@ -289,6 +293,7 @@ class BudgetGrid:
             int(n.ravel()[b]),
             float(self.cos_edges[c2]) if c2 < nc else 1.01,
             float(n0.ravel()[b]),
+            scale,
         )
 
 

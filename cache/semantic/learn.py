@@ -76,6 +76,7 @@ class RouteBudget:
         m.bar.labels(r, "score").set(b.score)
         m.bar.labels(r, "cosine_only").set(b.cos_only)
         m.bar_open.labels(r).set(1 if b.open else 0)
+        m.prior_scale.labels(r).set(b.prior_scale)
         m.error_rate.labels(r, "estimate").set(b.estimate)
         m.error_rate.labels(r, "bound").set(b.bound)
         m.error_rate.labels(r, "budget").set(self.grid.max_error_rate)

@@ -80,6 +80,13 @@ class SemanticMetrics:
             ["route", "dim"],
             registry=registry,
         )
+        self.prior_scale = Gauge(
+            p + "prior_scale",
+            "How much more often the route's own labels are wrong than the shipped prior says"
+            " (its wrong counts are scaled by this; 1: as the prior says)",
+            ["route"],
+            registry=registry,
+        )
         self.bar_open = Gauge(
             p + "bar_open",
             "1 while a proven bar serves hits, 0 while learning",

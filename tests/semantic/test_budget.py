@@ -236,6 +236,7 @@ def test_a_route_whose_labels_are_wrong_more_often_than_the_prior_says_discounts
     p0, k0 = prior.pseudo(shifted.labels, shifted.wrong, 1.0)
     assert shifted.harder(p0, k0) == pytest.approx((19 + 5) / (8 + 5), rel=0.02)
     assert not shifted.bar().open
+    assert shifted.bar().prior_scale == pytest.approx(shifted.harder(p0, k0))
     # traffic as clean as the prior says leaves it alone
     clean = BudgetGrid(0.08, floor=0.88, p_min=0.495, prior=prior)
     label_many(clean, 0.985, 0.6, 200, wrong=8)

@@ -154,6 +154,9 @@ def test_the_shipped_prior_serves_before_any_label_and_only_with_it(
         assert h["x-cache"] == "semantic-hit" and state["bar"]["open"]
         assert set(state["prior"]) == {"qqp", "paws", "stsb"}
         assert state["bar"]["score"] >= admin_state(gw.url)["static_point"]["score"]
+        # no wrong label yet: the prior is taken as it is, and /metrics says so
+        assert state["prior_scale"] == 1.0
+        assert metric(gw.url, 'latentgate_semantic_prior_scale{route="chat"}') == 1.0
     else:
         assert h["x-cache"] == "miss" and not state["bar"]["open"]
         assert state["prior"] is None
