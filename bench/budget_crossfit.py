@@ -22,10 +22,10 @@ import os
 import numpy as np
 
 from bench.budget_prior import counts, replay, scorer
-from bench.semantic_budget_sim import RouteSim, run
+from bench.semantic_budget_sim import RouteSim, budget_routes, run
 from bench.semantic_data import MODEL_TAG, embed_cached, load_qqp, splits, st_encoder
 from bench.semantic_pooled import label_roots
-from cache.semantic.budget import BudgetGrid, grid_edges
+from cache.semantic.budget import grid_edges
 from cache.semantic.budget_prior import Prior
 from cache.semantic.verifier import MlpVerifier
 
@@ -87,23 +87,9 @@ def main() -> None:
         row = {}
         for d in parts:
             for h in (0, 1):
-                routes = [RouteSim("static", None)] + [
-                    RouteSim(
-                        f"budget {b}",
-                        BudgetGrid(
-                            b,
-                            sc.floor,
-                            ver.p_min,
-                            delta=delta,
-                            min_labels=min_labels,
-                            prior=priors[1 - h],
-                            serve_floor=ver.floor,
-                            shift=not args.no_shift,
-                        ),
-                        scorer=sc,
-                    )
-                    for b in BUDGETS
-                ]
+                routes = budget_routes(
+                    ver, BUDGETS, delta, min_labels, priors[1 - h], not args.no_shift
+                )
                 run(*parts[d][h], ver, routes)
                 row[(d, h)] = [second_half(r) for r in routes]
         results[(delta, min_labels)] = row

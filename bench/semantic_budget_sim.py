@@ -20,7 +20,7 @@ from bench.budget_prior import scorer
 from bench.semantic_data import MODEL_TAG, embed_cached, load_qqp, splits, st_encoder
 from bench.semantic_pooled import label_roots
 from cache.semantic.budget import BudgetGrid, grid_edges
-from cache.semantic.budget_prior import DEFAULT_PRIOR, load_prior
+from cache.semantic.budget_prior import DEFAULT_PRIOR, Prior, load_prior
 from cache.semantic.features import TextInfo, text_info
 from cache.semantic.learn import AUDIT_CAP, LEARNING_LABELS
 from cache.semantic.stage import TIGHTEN_STEP
@@ -135,6 +135,36 @@ def _budget(r, i, classes, info, v, top, cos, cands, cvecs, ver) -> int:  # type
     return -1
 
 
+def budget_routes(
+    ver: MlpVerifier,
+    budgets: tuple[float, ...],
+    delta: float,
+    min_labels: int,
+    prior: Prior | None,
+    shift: bool = True,
+) -> list[RouteSim]:
+    """The static point, then one budgeted route per budget, built as cache.semantic.setup
+    builds them (scoring from the learning floor, serving from the shipped point)."""
+    sc = scorer(ver)
+    return [RouteSim("static", None)] + [
+        RouteSim(
+            f"budget {b}",
+            BudgetGrid(
+                b,
+                sc.floor,
+                ver.p_min,
+                delta=delta,
+                min_labels=min_labels,
+                prior=prior,
+                serve_floor=ver.floor,
+                shift=shift,
+            ),
+            scorer=sc,
+        )
+        for b in budgets
+    ]
+
+
 def summary(r: RouteSim, half: int) -> str:
     log = np.asarray(r.log)
     second = log[half:]
@@ -182,24 +212,11 @@ def main() -> None:
         if name.split("-")[0] not in args.streams.split(","):
             continue
         vec = embed_cached(texts, enc, MODEL_TAG)
-        routes = [RouteSim("static", None)] + [
-            RouteSim(
-                f"budget {b}",
-                BudgetGrid(
-                    b,
-                    sc.floor,
-                    ver.p_min,
-                    delta=args.delta,
-                    min_labels=args.min_labels,
-                    prior=prior,
-                    serve_floor=ver.floor,
-                    shift=not args.no_shift,
-                ),
-                args.audit_rate,
-                sc,
-            )
-            for b in (0.02, 0.05, 0.10)
-        ]
+        routes = budget_routes(
+            ver, (0.02, 0.05, 0.10), args.delta, args.min_labels, prior, not args.no_shift
+        )
+        for r in routes:
+            r.audit_rate = args.audit_rate
         run(texts, classes, vec, ver, routes)
         print(f"{name}: {len(texts)} requests")
         for r in routes:

@@ -153,18 +153,18 @@ def _stem(t: str) -> str:
 _CLOSING = frozenset({"?", ".", "!"})
 
 
-def _words(t: TextInfo) -> tuple[str, ...]:
-    end = len(t.lower)
-    while end and t.lower[end - 1] in _CLOSING:
+def _words(lower: tuple[str, ...]) -> tuple[str, ...]:
+    end = len(lower)
+    while end and lower[end - 1] in _CLOSING:
         end -= 1
-    return t.lower[:end]
+    return lower[:end]
 
 
 def restates(a: TextInfo, b: TextInfo) -> bool:
     """The same words in the same order, case, spacing and a closing ?/./! aside: the same
     question asked again. A learned score must not overrule this: the MLP never saw such a
     pair labelled a duplicate (training pairs differ by construction) and scores ~0.006."""
-    return _words(a) == _words(b)
+    return a.words == b.words
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +184,7 @@ class TextInfo:
     seq: tuple[str, ...] = ()  # content stems in order
     qnext: str = ""  # the word after the question word ("how many" vs "how do")
     text: str = ""  # the text itself (the cross-encoder reads it whole)
+    words: tuple[str, ...] = ()  # `lower` without closing ?/./! (what `restates` compares)
 
 
 def text_info(text: str) -> TextInfo:
@@ -216,6 +217,7 @@ def text_info(text: str) -> TextInfo:
         seq=seq,
         qnext=qnext,
         text=text,
+        words=_words(lower),
     )
 
 
