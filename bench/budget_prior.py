@@ -23,10 +23,11 @@ import numpy as np
 
 from bench.semantic_data import MODEL_TAG, embed_cached, load_qqp, splits, st_encoder
 from bench.semantic_pooled import label_roots
-from cache.semantic.budget import LEARN_FLOOR, grid_edges
+from cache.semantic.budget import grid_edges
 from cache.semantic.budget_prior import DEFAULT_PRIOR, digest
 from cache.semantic.features import text_info
-from cache.semantic.verifier import DEFAULT_ARTIFACT, MlpVerifier, Verifier, with_floor
+from cache.semantic.setup import budget_scorer
+from cache.semantic.verifier import DEFAULT_ARTIFACT, MlpVerifier, Verifier
 
 TOP_K = 5
 
@@ -85,7 +86,7 @@ def calib_streams() -> list[tuple[str, list[str], list[str]]]:
 
 def scorer(ver: MlpVerifier) -> Verifier:
     """As cache.semantic.setup builds a budgeted route's: scoring from the learning floor."""
-    return with_floor(ver, min(LEARN_FLOOR, ver.floor))
+    return budget_scorer(ver)
 
 
 def records(ver: Verifier) -> dict[str, Records]:

@@ -68,6 +68,16 @@ class _Pending:
         return None
 
 
+def budget_scorer(ver: Verifier, answer_match: str = "exact") -> Verifier:
+    """What a budgeted route scores (and labels) candidates with: the verifier from
+    budget.LEARN_FLOOR, below the shipped floor, where scoring is cheap. A verifier too slow for
+    the event loop keeps its own floor, and so does a route that pays a judge per label: there
+    only misses it could serve are worth a call."""
+    if ver.offload or answer_match == "judge":
+        return ver
+    return with_floor(ver, min(LEARN_FLOOR, ver.floor))
+
+
 class SemanticSetup:
     def __init__(
         self,
@@ -130,11 +140,7 @@ class SemanticSetup:
         prior_path: str | None,
     ) -> RouteBudget:
         assert p.max_error_rate is not None
-        # Labels from below the shipped floor (budget.LEARN_FLOOR), where scoring is cheap. A
-        # verifier too slow for the event loop keeps its own floor, and so does a route that
-        # pays a judge per label: there only misses it could serve are worth a call.
-        cheap = not ver.offload and p.answer_match != "judge"
-        scorer = with_floor(ver, min(LEARN_FLOOR, ver.floor)) if cheap else ver
+        scorer = budget_scorer(ver, p.answer_match)
         cos_edges, score_edges = grid_edges(scorer.floor, ver.p_min, ver.floor)
         prior = None
         if p.prior and isinstance(ver, MlpVerifier):
