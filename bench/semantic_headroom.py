@@ -10,6 +10,11 @@
    the candidate stands among its neighbours (cosine, the margin to the best other candidate,
    its rank), fitted out of fold on calib QQP + PAWS. Reported as the best labelled QQP precision
    at a recall floor, with and without the PAWS false-hit goal.
+3. Ranking inside the shipped floor: among top-1 candidates over the shipped cosine floor, how
+   well cosine, the MLP (restatements at 1.0), and logistic stacks of them with and without
+   token alignment (BERTScore-like max-sim over MiniLM's contextual token vectors, which a
+   cached entry would have to store) tell right hits from wrong: AUC and precision at fixed hit
+   counts, out of fold on calib QQP.
 
 The eval parts and the test splits are not read.
 """
@@ -160,6 +165,83 @@ def main() -> None:
         {d: [logit[d], *context_columns(pools[d].cand_cos)] for d in pools}, truth
     )
     best_points("MLP + neighbour context", pools, stacked, labelled)
+    print()
+    inside_floor(pools["qqp"], queries, logit["qqp"], truth["qqp"], verifier.floor)
+
+
+def token_vectors(texts: list[str]) -> list[np.ndarray]:
+    """MiniLM's contextual token vectors per text (CLS and SEP dropped), unit length."""
+    from sentence_transformers import SentenceTransformer
+
+    from bench.semantic_data import model_path
+
+    model = SentenceTransformer(model_path(), device="cpu")
+    out = model.encode(texts, batch_size=128, output_value="token_embeddings")
+    vecs = []
+    for t in out:
+        v = np.asarray(t)[1:-1] if len(t) > 2 else np.asarray(t)
+        vecs.append(v / np.linalg.norm(v, axis=1, keepdims=True))
+    return vecs
+
+
+def alignment_columns(q: list[np.ndarray], e: list[np.ndarray]) -> np.ndarray:
+    """Per pair: mean and min over each side's tokens of its best match on the other side."""
+    rows = []
+    for a, b in zip(q, e, strict=True):
+        s = a @ b.T
+        ra, rb = s.max(axis=1), s.max(axis=0)
+        rows.append([ra.mean(), rb.mean(), ra.min(), rb.min()])
+    return np.asarray(rows, np.float64)
+
+
+def auc(score: np.ndarray, y: np.ndarray) -> float:
+    """Mann-Whitney AUC (ties averaged)."""
+    order = np.argsort(score, kind="stable")
+    ranks = np.empty(len(score))
+    ranks[order] = np.arange(1, len(score) + 1)
+    for v in np.unique(score):
+        tie = score == v
+        ranks[tie] = ranks[tie].mean()
+    pos = y == 1
+    n1, n0 = int(pos.sum()), int((~pos).sum())
+    return float((ranks[pos].sum() - n1 * (n1 + 1) / 2) / max(n1 * n0, 1))
+
+
+def inside_floor(
+    pool: Pool, queries: list[str], logit: np.ndarray, truth: np.ndarray, floor: float
+) -> None:
+    keep = np.flatnonzero(pool.cand_cos[:, 0] >= floor)
+    y = truth[keep, 0]
+    cos = pool.cand_cos[keep, 0].astype(np.float64)
+    mlp = logit[keep, 0]
+    ent = [pool.entries[int(pool.cand[i, 0])] for i in keep]
+    align = alignment_columns(token_vectors([queries[i] for i in keep]), token_vectors(ent))
+    fold = np.arange(len(keep)) % FOLDS
+
+    def stack(x: np.ndarray) -> np.ndarray:
+        x = (x - x.mean(axis=0)) / (x.std(axis=0) + 1e-9)
+        out = np.zeros(len(x))
+        for f in range(FOLDS):
+            w = fit_logistic(x[fold != f], y[fold != f])
+            out[fold == f] = x[fold == f] @ w[:-1]
+        return out
+
+    rankers = {
+        "cosine": cos,
+        "MLP (restated 1.0)": mlp,
+        "stack: cosine + MLP": stack(np.column_stack([cos, mlp])),
+        "stack: + token alignment": stack(np.column_stack([cos, mlp, align])),
+    }
+    n_dup = int((pool.label == 1).sum())
+    sizes = [n for n in (150, 250, 400, 600) if n <= len(keep)]
+    print(
+        f"top-1 candidates at cosine >= {floor} on QQP calib: {len(keep)}, "
+        f"{int(y.sum())} right (labelled protocol); precision at the top n (recall)"
+    )
+    for name, sc in rankers.items():
+        top = np.argsort(-sc, kind="stable")
+        cells = [f"n={n}: {y[top[:n]].mean():.3f} ({y[top[:n]].sum() / n_dup:.3f})" for n in sizes]
+        print(f"  {name:26s} AUC {auc(sc, y):.3f}  " + "  ".join(cells))
 
 
 if __name__ == "__main__":
