@@ -66,8 +66,11 @@ def route_status(sr: SemanticRoute) -> dict[str, Any]:
             "cosine": bar.cosine,
             "score": bar.score,
             "cosine_only": bar.cos_only,
+            "closed_reason": bar.reason or None,
         },
-        "served_region": {
+        # While closed nothing is served: the figures are the shipped point's region, the one
+        # the route starts from, and `closed_reason` says which of them keeps it shut.
+        "served_region" if bar.open else "shipped_region": {
             "labels": bar.labels,
             "prior_labels": round(bar.prior_labels, 1),
             "error_estimate": None if math.isnan(bar.estimate) else bar.estimate,

@@ -93,6 +93,9 @@ class Bar:
     cos_only: float = 1.01
     prior_labels: float = 0.0  # the prior's pseudo-labels in the served region
     prior_scale: float = 1.0  # how much the prior's wrong counts were scaled up (`harder`)
+    # Why a closed bar is closed (empty when open). A closed bar's estimate and bound are the
+    # shipped point's region, the one the route starts from: what stands between it and serving.
+    reason: str = ""
 
     def serves(self, cosine: float, score: float) -> bool:
         if not self.open or score < 0:
@@ -100,7 +103,12 @@ class Bar:
         return (cosine >= self.cosine and score >= self.score) or cosine >= self.cos_only
 
 
-CLOSED = Bar(1.01, 1.01, False, float("nan"), 1.0, 0)
+# Why a bar is closed, said of the shipped point's region:
+REASON_LABELS = "too_few_labels"  # prior and live labels under min_labels
+REASON_BOUND = "bound_over_budget"  # its upper confidence bound is over the budget
+REASON_REFUTED = "refuted"  # the live labels alone put its lower bound over the budget
+REASONS = (REASON_LABELS, REASON_BOUND, REASON_REFUTED)
+CLOSED = Bar(1.01, 1.01, False, float("nan"), 1.0, 0, reason=REASON_LABELS)
 
 
 class BudgetGrid:
@@ -272,11 +280,25 @@ class BudgetGrid:
         )
         idx = np.flatnonzero(ok)
         if idx.size == 0:
-            total_n = float(self.labels.sum() + p0.sum())
-            total_k = float(self.wrong.sum() + k0.sum())
-            est = total_k / total_n if total_n else float("nan")
-            bound = wilson_upper(total_k, total_n, self.z)
-            return Bar(1.01, 1.01, False, est, bound, 0, prior_scale=scale)
+            start = (nc, fr, pc)  # the shipped point's region, no cosine-only part
+            sn, sk = float(tot_n[start]), float(tot_k[start])
+            if lb[start] > self.max_error_rate:
+                reason = REASON_REFUTED
+            elif sn < self.min_labels:
+                reason = REASON_LABELS
+            else:  # the shipped region needs no live labels of its own: its bound fails
+                reason = REASON_BOUND
+            return Bar(
+                1.01,
+                1.01,
+                False,
+                sk / sn if sn else float("nan"),
+                float(ub[start]),
+                int(n[start]),
+                prior_labels=float(n0[start]),
+                prior_scale=scale,
+                reason=reason,
+            )
         shape = ok.shape
         ii2, ii, jj = (np.broadcast_to(x, shape).ravel()[idx] for x in (i2, i, j))
         # most volume, then the lowest bound, then the stricter bar (higher cells, a higher

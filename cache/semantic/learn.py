@@ -19,7 +19,7 @@ from typing import Literal
 
 from cache.codec import CacheEntry
 from cache.semantic.answers import Matcher, answer_text
-from cache.semantic.budget import Bar, BudgetGrid
+from cache.semantic.budget import REASONS, Bar, BudgetGrid
 from cache.semantic.metrics import SemanticMetrics
 from cache.semantic.stage import Candidate, SemanticHit, SemanticStage
 from cache.semantic.verifier import Verifier
@@ -56,6 +56,7 @@ class RouteBudget:
         self._tasks: set[asyncio.Task[None]] = set()
         # Called with (cosine, score, wrong, volume) deltas: the shared store's hook.
         self.on_count: Callable[[float, float, int, int, int], None] | None = None
+        self._logged: tuple[bool, float, float, float, str] | None = None  # the bar last logged
         self.publish()
 
     # -- the bar ---------------------------------------------------------------------------
@@ -80,6 +81,12 @@ class RouteBudget:
         m.error_rate.labels(r, "estimate").set(b.estimate)
         m.error_rate.labels(r, "bound").set(b.bound)
         m.error_rate.labels(r, "budget").set(self.grid.max_error_rate)
+        for reason in REASONS:
+            m.closed_reason.labels(r, reason).set(1 if b.reason == reason else 0)
+        shape = (b.open, b.cosine, b.score, b.cos_only, b.reason)
+        if shape != self._logged:
+            self._logged = shape
+            log.info("semantic budget on route %s: %s", r, describe(b, self.grid.max_error_rate))
 
     # -- audits ----------------------------------------------------------------------------
 
@@ -200,3 +207,19 @@ class RouteBudget:
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def describe(b: Bar, budget: float) -> str:
+    """One line for the log when a route's bar opens, moves or closes."""
+    figures = (
+        f"error estimate {b.estimate:.3f}, bound {b.bound:.3f} (budget {budget:.3f}) over "
+        f"{b.labels} live and {b.prior_labels:.0f} prior labels"
+    )
+    if b.prior_scale > 1.0:
+        figures += f", prior's wrong counts x{b.prior_scale:.2f}"
+    if not b.open:
+        return f"closed ({b.reason}); the shipped point's region: {figures}"
+    bar = f"serving cosine >= {b.cosine:.2f} and score >= {b.score:.2f}"
+    if b.cos_only <= 1.0:
+        bar += f", or cosine >= {b.cos_only:.2f}"
+    return f"{bar}; {figures}"

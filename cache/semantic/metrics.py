@@ -93,3 +93,10 @@ class SemanticMetrics:
             ["route"],
             registry=registry,
         )
+        self.closed_reason = Gauge(
+            p + "bar_closed_reason",
+            "1 for why a closed bar is closed (too_few_labels, bound_over_budget, refuted),"
+            " said of the shipped point's region; all 0 while the bar serves",
+            ["route", "reason"],
+            registry=registry,
+        )

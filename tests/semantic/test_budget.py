@@ -253,3 +253,20 @@ def test_labels_left_of_the_shipped_score_do_not_open_cells_under_its_floor() ->
     label_many(g, 0.985, 0.45, OPEN_LABELS, wrong=0)
     bar = g.bar()
     assert bar.serves(0.985, 0.45) and not bar.serves(0.90, 0.6)
+
+
+def test_a_closed_bar_says_why_of_the_shipped_point_region() -> None:
+    g = BudgetGrid(0.10, floor=0.88, p_min=0.495, min_labels=100)
+    assert g.bar().reason == "too_few_labels" and math.isnan(g.bar().estimate)
+    # left of the shipped score: outside the region the route starts from, whatever its error
+    label_many(g, 0.905, 0.3, 200, wrong=80)
+    bar = g.bar()
+    assert not bar.open and bar.reason == "too_few_labels" and bar.labels == 0
+    label_many(g, 0.985, 0.6, 120, wrong=12)  # 10 %: the bound is over a 0.10 budget
+    bar = g.bar()
+    assert not bar.open and bar.reason == "bound_over_budget"
+    assert bar.labels == 120 and bar.estimate == pytest.approx(0.10) and bar.bound > 0.10
+    label_many(g, 0.985, 0.6, 100, wrong=60)  # the live labels alone prove it over budget
+    assert g.bar().reason == "refuted"
+    label_many(g, 0.99, 0.9, 5000, wrong=0)
+    assert g.bar().open and g.bar().reason == ""

@@ -4,6 +4,7 @@ hit closes it and demotes the entry, and the counts are shared and kept through 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import urllib.request
 import uuid
@@ -89,7 +90,9 @@ def test_labels_from_misses_open_the_bar_and_a_wrong_audit_closes_it(
     class_upstream: ServerThread,
     answers: dict[str, str],
     start_gateway: Callable[..., ServerThread],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="latentgate.semantic.budget")
     gw = start_gateway(semantic_config(class_upstream.url, **BUDGET))
     state = admin_state(gw.url)
     assert state["max_error_rate"] == 0.5 and not state["budget"]["bar"]["open"]
@@ -120,6 +123,14 @@ def test_labels_from_misses_open_the_bar_and_a_wrong_audit_closes_it(
     assert state["audits"] == 1 and state["semantic_hits"] == 10  # 10 % of hits
     assert not state["bar"]["open"]  # 1 wrong in 4: the bound is over the budget: closed
     assert metric(gw.url, 'latentgate_semantic_error_rate{route="chat",stat="bound"}') > 0.5
+    # ... and says so, of the shipped point's region it would start from
+    assert state["bar"]["closed_reason"] == "bound_over_budget" and "served_region" not in state
+    assert state["shipped_region"]["labels"] == 4 and state["shipped_region"]["error_bound"] > 0.5
+    reason = 'latentgate_semantic_bar_closed_reason{reason="bound_over_budget",route="chat"}'
+    assert metric(gw.url, reason) == 1
+    said = [r.getMessage() for r in caplog.records if r.name == "latentgate.semantic.budget"]
+    assert any("serving cosine >= " in m for m in said), said
+    assert "closed (bound_over_budget)" in said[-1], said
     # that tenant's paraphrase now goes upstream (and gets the upstream's new answer)
     text, h = ask(client_for(gw.url, "sk-t12"), PARA, temperature=0)
     assert h["x-cache"] == "miss" and text == "Contact support."
