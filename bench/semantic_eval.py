@@ -48,6 +48,7 @@ from bench.semantic_pooled import (
 )
 from bench.train_cross_encoder import pool_scores
 from bench.train_verifier import pool_probs
+from cache.semantic.cross_encoder import DEFAULT_ARTIFACT as DEFAULT_CE
 from cache.semantic.cross_encoder import CrossEncoder
 from cache.semantic.features import text_info
 from cache.semantic.index import VectorIndex
@@ -79,6 +80,29 @@ class Reporter:
         g = score_labelled(self.pool, chosen, self.queries, self.roots)
         self.out[name] = {**s.__dict__, "labelled": g.__dict__}
         print(row(name, s) + f"  | P {g.precision:.3f} R {g.recall:.3f} FH {g.false_hit:.3f}")
+
+
+FINE_COSINES = tuple(round(float(x), 4) for x in np.arange(0.85, 0.9991, 0.0025))
+
+
+def against_cosine(
+    pool: Pool, queries: list[str], roots: dict[str, str], point: object
+) -> dict[str, float | bool]:
+    """Is the point dominated by cosine alone (labelled protocol)? Cosine's best precision
+    among thresholds (a 0.0025 sweep) whose recall is at least the point's."""
+    lab = point["labelled"]  # type: ignore[index]
+    best, at = float("nan"), float("nan")
+    for c in FINE_COSINES:
+        g = score_labelled(pool, choose_cosine(pool, c), queries, roots)
+        if g.hits and g.recall >= lab["recall"] and not g.precision <= best:
+            best, at = g.precision, c
+    dominated = bool(best > lab["precision"])
+    print(
+        f"  {'cosine at that recall':<34} precision {best:.3f} (cosine>={at:g}): the point is "
+        + ("DOMINATED by cosine" if dominated else "not dominated by cosine")
+        + f" ({lab['precision'] - best:+.3f}, labelled protocol)"
+    )
+    return {"cosine_precision": best, "cosine_threshold": at, "dominated": dominated}
 
 
 def candidate_probs(ver: Verifier, ps: PairSet, pool: Pool, vb: np.ndarray) -> np.ndarray:
@@ -118,10 +142,9 @@ def pooled(
             print(f"  ({vname}: scored the candidates in {took:.0f} s)")
             for p in P_MINS:
                 report(f"{vname} p>={p}", choose_verified(pool, prob, ver.floor, p))
-            report(
-                f"{vname} CHOSEN (floor {ver.floor}, p>={ver.p_min:g})",
-                choose_verified(pool, prob, ver.floor, ver.p_min),
-            )
+            name = f"{vname} CHOSEN (floor {ver.floor}, p>={ver.p_min:g})"
+            report(name, choose_verified(pool, prob, ver.floor, ver.p_min))
+            res[f"{vname} against cosine"] = against_cosine(pool, ps.b, roots, res[name])
         if gpt_limit and not (dev and d == "stsb"):
             g = gptcache_peer(ps, pool, gpt_limit)
             if g and "scores" in g:
@@ -288,8 +311,9 @@ def main() -> None:
     ap.add_argument("--ce-artifact", type=Path, default=None, help="cross-encoder .npz")
     ap.add_argument(
         "--verifiers",
-        default="features,cross-encoder",
-        help="verifiers to score side by side; latency and streams use the last",
+        default=None,
+        help="verifiers to score side by side (features, cross-encoder); latency and streams use"
+        " the last. Default: features, and the cross-encoder when its artifact is there",
     )
     ap.add_argument(
         "--pairs",
@@ -307,11 +331,20 @@ def main() -> None:
     parts = set(args.parts.split(","))
     enc = st_encoder()
     verifiers: dict[str, Verifier] = {}
-    for name in args.verifiers.split(","):
+    ce_path = args.ce_artifact or DEFAULT_CE
+    names = args.verifiers or ("features,cross-encoder" if ce_path.exists() else "features")
+    for name in names.split(","):
         if name == "features":
             verifiers[name] = MlpVerifier.load(args.artifact or DEFAULT_FEATURES)
+        elif name != "cross-encoder":
+            raise SystemExit(f"unknown verifier {name!r}: features or cross-encoder")
+        elif not ce_path.exists():
+            raise SystemExit(
+                f"no cross-encoder artifact at {ce_path}: train one with "
+                "`python -m bench.train_cross_encoder`, or leave out --verifiers"
+            )
         else:
-            ce = CrossEncoder.load(args.ce_artifact)
+            ce = CrossEncoder.load(ce_path)
             cv = CrossEncoderVerifier(ce.artifact, None, None)
             cv.attach(ce)
             verifiers[name] = cv
