@@ -54,13 +54,15 @@ class Stream:
         return {t: class_answer(c) for t, c in self.classes.items()}
 
 
-def pair_streams(part: str) -> list[Stream]:
+def pair_streams(part: str, dev_roots: bool = False) -> list[Stream]:
+    """Classes from the streamed pairs' own labels (as a held-out stream has them); dev_roots:
+    QQP's from every labelled edge of the 40,000 dev pairs, which joins more questions."""
     data = splits()
-    qroots = label_roots(load_qqp())
+    qroots = label_roots(load_qqp()) if dev_roots else None
     out = []
     for d in ("qqp", "paws", "stsb"):
         ps = data[d][part]
-        roots = qroots if d == "qqp" else label_roots(ps)
+        roots = qroots if d == "qqp" and qroots is not None else label_roots(ps)
         texts = ps.a + ps.b
         out.append(
             Stream(f"{d} {part}", ps.a, ps.b, {t: roots.get(t.lower(), t.lower()) for t in texts})
@@ -229,10 +231,16 @@ def main() -> None:
     ap.add_argument("--part", default="eval", help="eval (the report) or calib (tuning)")
     ap.add_argument("--streams", default="qqp,paws,stsb,banking77,clinc150")
     ap.add_argument("--intent-limit", type=int, default=2000)
+    ap.add_argument(
+        "--roots",
+        choices=("part", "dev"),
+        default="part",
+        help="answer classes from the streamed pairs' own labels, or QQP's whole dev graph",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     want = set(args.streams.split(","))
-    streams = [s for s in pair_streams(args.part) if s.name.split()[0] in want]
+    streams = [s for s in pair_streams(args.part, args.roots == "dev") if s.name.split()[0] in want]
     streams += [s for s in intent_streams(args.intent_limit) if s.name in want]
     res = {s.name: run_stream(s) for s in streams}
     if args.json:

@@ -118,13 +118,15 @@ def pooled(
     verifiers: dict[str, Verifier],
     gpt_limit: int,
     dev: bool = True,
+    dev_roots: bool = False,
 ) -> dict[str, object]:
     """dev: the sets are the development eval parts (qqp, paws, stsb), else pair files."""
     results: dict[str, object] = {}
     for d, ps in sets.items():
-        # Ground truth for the labelled protocol: the set's own duplicate edges; for the QQP
-        # eval part, every labelled edge of the 40,000 development pairs.
-        roots = label_roots(load_qqp()) if dev and d == "qqp" else label_roots(ps)
+        # Ground truth for the labelled protocol: the set's own duplicate edges, as for a
+        # held-out file; with --roots dev, the QQP eval part joins through every labelled edge
+        # of the 40,000 development pairs.
+        roots = label_roots(load_qqp()) if dev_roots and d == "qqp" else label_roots(ps)
         va, vb = embed_cached(ps.a, enc, MODEL_TAG), embed_cached(ps.b, enc, MODEL_TAG)
         pool = build_pool(ps, va, vb)
         print(
@@ -323,6 +325,13 @@ def main() -> None:
         help="a labelled pair file to score instead of the development eval parts (repeatable)",
     )
     ap.add_argument(
+        "--roots",
+        choices=("part", "dev"),
+        default="part",
+        help="labels joining a hit to its question: each set's own, or (dev eval parts only)"
+        " every edge of the 40,000 QQP dev pairs",
+    )
+    ap.add_argument(
         "--parts",
         default="pooled,latency,search100k,streams",
         help="comma-separated subset of pooled,latency,search100k,streams",
@@ -362,7 +371,14 @@ def main() -> None:
             }
         else:
             sets = {d: parts_["eval"] for d, parts_ in splits().items()}
-        res["pooled"] = pooled(sets, enc, verifiers, args.gptcache_pairs, dev=not args.pairs)
+        res["pooled"] = pooled(
+            sets,
+            enc,
+            verifiers,
+            args.gptcache_pairs,
+            dev=not args.pairs,
+            dev_roots=args.roots == "dev" and not args.pairs,
+        )
     data = splits() if parts - {"pooled"} else {}
     if "latency" in parts:
         res["latency_ms"] = latency(data, one_query_encoder(enc), ver, enc, args.latency_queries)

@@ -7,6 +7,8 @@ is chosen on the calib parts only: among (floor, score) pairs that pass PAWS and
 >= MIN_RECALL, the one whose precision most exceeds cosine's precision at the same recall (its
 margin). Then the eval parts are scored, never used to choose. `--write` stores the chosen point
 in the artifact's meta (cache/semantic/verifier.npz), which is what routes serve by default.
+The labelled protocol joins a hit to its question through the part's own labels by default, as
+`bench.semantic_eval --pairs` scores held-out files; `--roots dev` uses every QQP dev edge.
 """
 
 from __future__ import annotations
@@ -118,13 +120,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--write", action="store_true", help="store the point in verifier.npz")
     ap.add_argument("--min-recall", type=float, default=MIN_RECALL)
+    ap.add_argument(
+        "--roots",
+        choices=("part", "dev"),
+        default="part",
+        help="which labels join a hit to its question: the part's own (what `bench.semantic_eval"
+        " --pairs` and held-out scoring use), or every edge of the 40,000 QQP dev pairs",
+    )
     args = ap.parse_args()
     ver = MlpVerifier.load()
     data = splits()
     enc = st_encoder()
-    qroots = label_roots(load_qqp())
+    qroots = label_roots(load_qqp()) if args.roots == "dev" else None
+    print(f"labelled protocol: {args.roots} labels join hits to questions")
     parts = {
-        (d, s): Part(d, data[d][s], ver, enc, qroots if d == "qqp" else label_roots(data[d][s]))
+        (d, s): Part(
+            d,
+            data[d][s],
+            ver,
+            enc,
+            qroots if d == "qqp" and qroots is not None else label_roots(data[d][s]),
+        )
         for d in ("qqp", "paws")
         for s in ("calib", "eval")
     }
