@@ -48,8 +48,14 @@ def upstream_headers(
     out: list[tuple[str, str]] = []
     prior_for: str | None = None
     named: frozenset[str] = frozenset()  # headers the client's Connection header names
+    decoded = False
     for k, v in raw:
         lk = k.lower()
+        if lk == "content-encoding":
+            # aiohttp's server decodes the request body (gzip, deflate, br); what goes upstream
+            # is the decoded body, so its coding's label (and its length) must not.
+            decoded = decoded or v.strip().lower() not in ("", "identity")
+            continue
         if lk in drop:
             if lk == "connection":
                 named |= _connection_tokens(v)
@@ -60,6 +66,8 @@ def upstream_headers(
         if lk in _OURS:
             continue  # ours describe the hop we terminate
         out.append((k, v))
+    if decoded and keep_length:
+        named |= {"content-length"}  # a streamed decoded body goes chunked
     if named:
         out = [(k, v) for k, v in out if k.lower() not in named]
         if "x-forwarded-for" in named:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from cache import ALIAS_MAX_BODY, AliasKey, CacheFlow, Flows, Hit
 from gateway import responses
@@ -57,7 +58,10 @@ def answer(
     flow = flows.get(route.name)
     if flow is None:
         return None
-    body = content.read_nowait()
+    try:
+        body = content.read_nowait()
+    except RequestPayloadError:
+        return None  # a body that does not decode: the long way says so to the client
     headers = request.headers
     if (
         len(body) > ALIAS_MAX_BODY

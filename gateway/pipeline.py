@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextvars import ContextVar
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
+from multidict import CIMultiDictProxy
 
 from backends import (
     Backend,
@@ -242,7 +244,7 @@ class Pipeline:
         alias: AliasKey | None,
     ) -> web.StreamResponse:
         headers = request.headers
-        directives = request_directives(headers.get("Cache-Control"), headers.get("Pragma"))
+        directives = request_directives(field(headers, "Cache-Control"), field(headers, "Pragma"))
         stage = self.backends[route.backend].timing_stage
         # sampled and no-store calls never touch the cache: no key, no alias
         passed = await flow.bypass(
@@ -302,14 +304,16 @@ class Pipeline:
 
     async def _read_body(self, request: web.Request) -> bytes:
         content = request.content
-        if content.is_eof():
-            # The whole body came with the headers (the usual small POST): nothing to wait for,
-            # so it is taken as it lies in the buffer (no read loop, no copy through a bytearray).
-            body = content.read_nowait()
-            if len(body) > self.limits.max_body_bytes:
-                raise PayloadTooLarge(f"request body exceeds {self.limits.max_body_bytes} bytes")
-            return body
         try:
+            if content.is_eof():
+                # The whole body came with the headers (the usual small POST): nothing to wait
+                # for, so it is taken as it lies in the buffer (no read loop, no bytearray copy).
+                body = content.read_nowait()
+                if len(body) > self.limits.max_body_bytes:
+                    raise PayloadTooLarge(
+                        f"request body exceeds {self.limits.max_body_bytes} bytes"
+                    )
+                return body
             async with asyncio.timeout(self.limits.body_read_timeout_s):
                 return await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -318,11 +322,36 @@ class Pipeline:
             ) from None
         except TimeoutError:
             raise RequestTimeout("the request body did not arrive in time") from None
+        except RequestPayloadError as exc:
+            raise undecodable(request) from exc
 
     async def _stream_body(self, request: web.Request) -> AsyncIterator[bytes]:
         seen = 0
-        async for chunk in request.content.iter_any():
-            seen += len(chunk)
-            if seen > self.limits.max_body_bytes:
-                raise PayloadTooLarge(f"request body exceeds {self.limits.max_body_bytes} bytes")
-            yield chunk
+        try:
+            async for chunk in request.content.iter_any():
+                seen += len(chunk)
+                if seen > self.limits.max_body_bytes:
+                    raise PayloadTooLarge(
+                        f"request body exceeds {self.limits.max_body_bytes} bytes"
+                    )
+                yield chunk
+        except RequestPayloadError as exc:
+            raise undecodable(request) from exc
+
+
+def field(headers: CIMultiDictProxy[str], name: str) -> str | None:
+    """A field's lines combined into one list (RFC 9110 5.3): `Cache-Control: max-age=600`
+    then `Cache-Control: no-store` is one request that must not be stored."""
+    values = headers.getall(name, [])
+    return ", ".join(values) if values else None
+
+
+def undecodable(request: web.Request) -> BadRequest:
+    """aiohttp decodes gzip/deflate request bodies as they arrive; one that does not decode is
+    the client's error, said as such (not a 500 with the connection dropped)."""
+    coding = request.headers.get("Content-Encoding", "")
+    return BadRequest(
+        f"the request body does not decode as its Content-Encoding ({coding or 'none'}) says"
+        if coding
+        else "the request body could not be read"
+    )

@@ -36,13 +36,23 @@ def key_headers(headers: Mapping[str, str] | None) -> dict[str, Any]:
     if headers is None:
         return {}
     out: dict[str, Any] = {}
-    version = headers.get("anthropic-version")
+    version = _lines(headers, "anthropic-version")
     if version is not None:
         out["anthropic-version"] = version.strip()
-    beta = headers.get("anthropic-beta")
+    beta = _lines(headers, "anthropic-beta")
     if beta is not None:
         out["anthropic-beta"] = _beta_set(beta)
     return out
+
+
+def _lines(headers: Mapping[str, str], name: str) -> str | None:
+    """Every line of a header, combined (RFC 9110 5.3): the upstream gets them all, so the key
+    must too (a second `anthropic-beta` line is another request)."""
+    getall = getattr(headers, "getall", None)
+    if getall is None:
+        return headers.get(name)
+    values = getall(name, [])
+    return ", ".join(values) if values else None
 
 
 class AnthropicAdapter:

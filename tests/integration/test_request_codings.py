@@ -1,0 +1,117 @@
+"""Request bodies sent with a Content-Encoding, and directives split over repeated header lines.
+
+aiohttp's server decodes gzip/deflate request bodies before the gateway reads them: the upstream
+must get the decoded body without the coding's label, and a body that does not decode is the
+client's error (a JSON 4xx), not a 500 with the connection closed."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from collections.abc import Callable
+
+import aiohttp
+import pytest
+
+from tests.conftest import base_config
+from tests.integration.cache.conftest import anthropic_route, cache_config
+from tests.support.servers import ServerThread
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "two plus two"}], "temperature": 0}
+
+
+async def _send(
+    url: str, data: bytes, headers: list[tuple[str, str]], path: str = "/v1/chat/completions"
+) -> tuple[int, aiohttp.typedefs.LooseHeaders, bytes]:
+    h = [("Authorization", "Bearer sk-alice"), ("Content-Type", "application/json"), *headers]
+    async with (
+        aiohttp.ClientSession(auto_decompress=False) as s,
+        s.post(url + path, data=data, headers=h, skip_auto_headers=["Accept-Encoding"]) as r,
+    ):
+        return r.status, r.headers, await r.read()
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate"])
+async def test_a_compressed_body_reaches_the_upstream_decoded_and_unlabelled(
+    gateway: ServerThread, coding: str
+) -> None:
+    plain = json.dumps({"hello": "world" * 50}).encode()
+    packed = gzip.compress(plain) if coding == "gzip" else zlib.compress(plain)
+    status, _, body = await _send(
+        gateway.url, packed, [("Content-Encoding", coding)], path="/any/echo"
+    )
+    assert status == 200
+    echo = json.loads(body)
+    got = {k.lower(): v for k, v in echo["headers"]}
+    assert "content-encoding" not in got
+    assert echo["body_len"] == len(plain) and int(got["content-length"]) == len(plain)
+
+
+async def test_a_compressed_chat_request_is_answered_and_cached(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    gw = start_gateway(cache_config(upstream.url))
+    packed = gzip.compress(json.dumps(CHAT).encode())
+    first = await _send(gw.url, packed, [("Content-Encoding", "gzip")])
+    again = await _send(gw.url, json.dumps(CHAT).encode(), [])
+    assert first[0] == 200 and again[0] == 200
+    assert first[1]["X-Cache"] == "miss" and again[1]["X-Cache"] == "hit"
+    assert again[2] == first[2]
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate"])
+async def test_a_body_that_does_not_decode_is_a_json_400(
+    gateway: ServerThread, coding: str
+) -> None:
+    for path in ("/v1/chat/completions", "/any/echo"):
+        status, headers, body = await _send(
+            gateway.url, b'{"model": "m"}', [("Content-Encoding", coding)], path=path
+        )
+        assert status == 400, body
+        assert headers["Content-Type"].startswith("application/json")
+        assert "content-encoding" in json.loads(body)["error"]["message"].lower()
+    # the gateway is still there for the next request
+    status, _, _ = await _send(gateway.url, json.dumps(CHAT).encode(), [])
+    assert status == 200
+
+
+async def test_no_store_on_a_second_cache_control_line_is_honoured(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    gw = start_gateway(cache_config(upstream.url))
+    body = json.dumps(CHAT).encode()
+    split = [("Cache-Control", "max-age=600"), ("Cache-Control", "no-store")]
+    status, headers, _ = await _send(gw.url, body, split)
+    assert status == 200 and headers["X-Cache"] != "hit"
+    status, headers, _ = await _send(gw.url, body, [])
+    assert headers["X-Cache"] == "miss"  # nothing was stored by the no-store request
+    # and no-cache on a second line still revalidates a stored entry
+    status, headers, _ = await _send(
+        gw.url, body, [("Cache-Control", "max-stale"), ("Cache-Control", "no-cache")]
+    )
+    assert headers["X-Cache"] != "hit"
+
+
+async def test_a_second_anthropic_beta_line_is_another_request(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    cfg = base_config(upstream.url)
+    cfg["routes"].insert(0, anthropic_route())
+    gw = start_gateway(cfg)
+    body = json.dumps(
+        {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "p"}]}
+    ).encode()
+    ant = [("x-api-key", "sk-ant-alice"), ("anthropic-version", "2023-06-01")]
+
+    async def send(*beta: str) -> str:
+        _, headers, _ = await _send(
+            gw.url, body, ant + [("anthropic-beta", b) for b in beta], path="/v1/messages"
+        )
+        return str(headers["X-Cache"])
+
+    assert await send("a") == "miss"
+    assert await send("a") == "hit"
+    assert await send("a", "b") == "miss"  # the upstream saw beta a and b: not a's answer
+    assert await send("a, b") == "hit"  # the same set on one line
+    assert await send("b", "a") == "hit"
