@@ -13,7 +13,7 @@ from cache.codec import CacheEntry
 from cache.errors import CacheError, CodecError, TierError, TierTimeout
 from cache.flow import CacheFlow, Flows
 from cache.keys import CacheKey, KeyBuilder, Selector, canonical, tenant_of
-from cache.policy import RequestDirectives, request_directives
+from cache.policy import NotCached, RequestDirectives, request_directives
 from cache.recording import Recording
 from cache.semantic.off import NoSemantic
 from cache.semantic.route import SemanticRoute
@@ -42,6 +42,7 @@ __all__ = [
     "Hit",
     "KeyBuilder",
     "NoSemantic",
+    "NotCached",
     "Recording",
     "RequestDirectives",
     "RouteCache",

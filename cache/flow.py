@@ -26,7 +26,7 @@ from cache.asks import Answers, Ask, Clock, Fresh, Hit, Result, kept_headers
 from cache.cache import Claim, RouteCache
 from cache.codec import CacheEntry
 from cache.keys import CacheKey
-from cache.policy import RequestDirectives, response_shareable, storable_ttl
+from cache.policy import NotCached, RequestDirectives, response_shareable, storable_ttl
 from cache.recording import Recording
 from cache.semantic import flow_hooks  # issue 14: error budget, semantic single flight
 from cache.semantic.off import NoSemantic
@@ -97,6 +97,10 @@ class CacheFlow:
     ) -> Fresh | None:
         """A call the cache must not touch goes straight to the backend; None for any other.
         Neither case needs the key, so the gateway can ask before building one."""
+        if directives.only_if_cached and not (
+            directives.lookup and (call.deterministic or not self.rc.policy.only_deterministic)
+        ):
+            raise NotCached("only-if-cached: this request is never answered from the cache")
         if self.rc.policy.only_deterministic and not call.deterministic:
             # A sampled call's answer is one draw: replaying it would change what the client
             # gets. Not looked up, not stored, not coalesced (each caller gets its own draw).
@@ -136,6 +140,8 @@ class CacheFlow:
             hit, vector = await self._semantic(ask, t, compute)
             if hit is not None:
                 return hit
+            if d.only_if_cached:
+                raise NotCached("only-if-cached: no stored answer for this request")
             # issue 14: a paraphrase of a miss in flight waits for that answer
             sr = self.semantic
             if vector is not None and d.store and isinstance(sr, SemanticRoute):
@@ -176,7 +182,9 @@ class CacheFlow:
             assert isinstance(sr, SemanticRoute)
             res = await sr.search(ask.call, ask.key.tenant_h, payload, vector)
             hit, ask.semantic_candidate = res.hit, res.candidate
-            if hit is not None and sr.should_audit(ask.call, hit):
+            # an only-if-cached client asked that nothing go upstream for it: no audit either
+            audit = hit is not None and not ask.directives.only_if_cached
+            if audit and hit is not None and sr.should_audit(ask.call, hit):
                 fetch = flow_hooks.audit_fetch(compute, ask.answers, ask.kind)
                 sr.audit(ask.call, hit, found[hit.exact_key], fetch)
         except Exception:  # the cache boundary: a semantic failure is a miss, never an error

@@ -34,6 +34,9 @@ class RequestDirectives:
     lookup: bool = True
     store: bool = True
     max_age: float | None = None
+    # only-if-cached (RFC 9111 5.2.1.7): answer from the cache or not at all (504), never
+    # going upstream for it.
+    only_if_cached: bool = False
 
     def acceptable(self, age: float) -> bool:
         return self.max_age is None or age <= self.max_age
@@ -43,7 +46,8 @@ DEFAULT = RequestDirectives()
 
 
 def request_directives(cache_control: str | None, pragma: str | None = None) -> RequestDirectives:
-    """no-cache: skip the lookup but store; no-store: skip both; max-age=N: bound the hit's age."""
+    """no-cache: skip the lookup but store; no-store: skip both; max-age=N: bound the hit's age;
+    only-if-cached: a hit or nothing."""
     if not cache_control and not pragma:
         return DEFAULT
     d = _directives(cache_control)
@@ -56,7 +60,16 @@ def request_directives(cache_control: str | None, pragma: str | None = None) -> 
             max_age = max(0.0, float(raw))
         except ValueError:
             max_age = 0.0  # an unreadable bound is the strictest one
-    return RequestDirectives(lookup=not (no_cache or no_store), store=not no_store, max_age=max_age)
+    return RequestDirectives(
+        lookup=not (no_cache or no_store),
+        store=not no_store,
+        max_age=max_age,
+        only_if_cached="only-if-cached" in d,
+    )
+
+
+class NotCached(Exception):
+    """only-if-cached and the cache has no answer it may serve: the client gets a 504."""
 
 
 def response_storable(status: int, headers: Iterable[tuple[str, str]]) -> bool:

@@ -63,6 +63,13 @@ class GatewayTimeout(GatewayError):
     error_type = "upstream_timeout"
 
 
+class NotInCache(GatewayError):
+    """Cache-Control: only-if-cached, and nothing stored to answer with (RFC 9111 5.2.1.7)."""
+
+    status = 504
+    error_type = "not_cached"
+
+
 # The Messages API's error types by status (https://docs.anthropic.com/en/api/errors).
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",

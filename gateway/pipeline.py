@@ -35,6 +35,7 @@ from cache import (
     CacheFlow,
     Flows,
     Hit,
+    NotCached,
     request_directives,
 )
 from gateway import hit_lane, responses
@@ -46,6 +47,7 @@ from gateway.errors import (
     GatewayTimeout,
     MethodNotAllowed,
     NotFound,
+    NotInCache,
     PayloadTooLarge,
     RequestTimeout,
     ServiceUnavailable,
@@ -247,9 +249,12 @@ class Pipeline:
         directives = request_directives(field(headers, "Cache-Control"), field(headers, "Pragma"))
         stage = self.backends[route.backend].timing_stage
         # sampled and no-store calls never touch the cache: no key, no alias
-        passed = await flow.bypass(
-            call, directives, timing, stage, lambda: self._send(route, upstream_request())
-        )
+        try:
+            passed = await flow.bypass(
+                call, directives, timing, stage, lambda: self._send(route, upstream_request())
+            )
+        except NotCached as exc:
+            raise NotInCache(str(exc)) from None
         if passed is not None:
             return await responses.fresh(request, passed, timing, self._count_cut)
         framing = framing_of(call)
@@ -272,6 +277,8 @@ class Pipeline:
             result = await flow.run(ask, lambda: self._send(route, upstream_request()))
         except UpstreamError as exc:  # the leader's stream broke: its waiters get a 502 too
             raise BadGateway(f"upstream {route.backend} failed: {exc}") from None
+        except NotCached as exc:
+            raise NotInCache(str(exc)) from None
         if isinstance(result, Hit):
             return responses.cached(request, result, framing, timing)
         return await responses.fresh(request, result, timing, self._count_cut)

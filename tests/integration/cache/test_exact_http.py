@@ -191,3 +191,22 @@ async def test_redis_tier_shared_by_two_gateways_and_purged(
     await _admin(b.url, "POST", "/admin/cache/purge", {"model": "m"})
     _, h, _ = await _post(b.url)
     assert h["X-Cache"] == "miss"
+
+
+async def test_only_if_cached_answers_from_the_cache_or_504_without_going_upstream(
+    upstream: ServerThread, gw: ServerThread
+) -> None:
+    only = {"Cache-Control": "only-if-cached"}
+    status, headers, body = await _post(gw.url, headers=only)
+    assert status == 504 and headers["Content-Type"].startswith("application/json")
+    assert json.loads(body)["error"]["type"] == "not_cached"
+    assert await _upstream_calls(upstream) == 0
+    # a sampled call is never answered from the cache: the same 504, still nothing upstream
+    sampled = {**CHAT, "temperature": 0.7}
+    assert (await _post(gw.url, body=sampled, headers=only))[0] == 504
+    assert (await _post(gw.url, headers={"Cache-Control": "only-if-cached, no-cache"}))[0] == 504
+    assert await _upstream_calls(upstream) == 0
+    stored = await _post(gw.url)
+    status, headers, body = await _post(gw.url, headers=only)
+    assert status == 200 and headers["X-Cache"] == "hit" and body == stored[2]
+    assert await _upstream_calls(upstream) == 1
