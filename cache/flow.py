@@ -108,7 +108,11 @@ class CacheFlow:
             t = time.perf_counter()
             up = await compute()
             clock.add(compute_stage, t)
-            return Fresh(up, "bypass", reason="sampled")
+            # a protocol may say why else a call is not determined by its request (a v2
+            # sequence: "stateful")
+            extra = getattr(call, "extra", None)
+            reason = extra.get("bypass_reason", "sampled") if isinstance(extra, dict) else "sampled"
+            return Fresh(up, "bypass", reason=reason)
         if directives.lookup or directives.store:
             return None
         t = time.perf_counter()

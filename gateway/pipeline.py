@@ -280,7 +280,8 @@ class Pipeline:
         except NotCached as exc:
             raise NotInCache(str(exc)) from None
         if isinstance(result, Hit):
-            return responses.cached(request, result, framing, timing)
+            rid = (call.extra.get("request_id"),) if call.protocol == "v2" else None
+            return responses.cached(request, result, framing, timing, rid)
         return await responses.fresh(request, result, timing, self._count_cut)
 
     def _count_cut(self) -> None:

@@ -21,6 +21,7 @@ from cache import Fresh, Hit, Recording
 from gateway.errors import GatewayError, error_body
 from gateway.headers import downstream_headers
 from gateway.hit_response import HitResponse, header_block, prefer
+from gateway.protocols.v2 import reply_with_id
 from gateway.render import Framing, rendered
 from gateway.timing import Timing
 
@@ -32,12 +33,23 @@ _BLOCK = "hit-header-block"  # the entry memo's key for its serialised headers, 
 
 
 def cached(
-    request: web.BaseRequest, hit: Hit, framing: Framing, timing: Timing
+    request: web.BaseRequest,
+    hit: Hit,
+    framing: Framing,
+    timing: Timing,
+    request_id: tuple[str | None] | None = None,
 ) -> web.StreamResponse:
-    """A cache entry in the request's framing (the flow only returns hits that render)."""
+    """A cache entry in the request's framing (the flow only returns hits that render).
+    request_id: a v2 call's own id, (None,) when it sent none, to echo in place of the one
+    stored with the entry; None for other protocols."""
     out = rendered(hit.entry, framing)
     assert out is not None, "the flow serves only entries this framing renders"
     body, base = out
+    shared = True  # the entry's own bytes: its header block is memoised per framing
+    if request_id is not None:
+        fixed = reply_with_id(body, list(base), request_id[0])
+        if fixed is not None:
+            (body, base), shared = fixed, False
     extra = [
         ("X-Cache", hit.x_cache),
         ("Age", str(int(hit.entry.age()))),
@@ -48,7 +60,7 @@ def cached(
         extra.append(("X-Cache-Score", f"{hit.semantic.score:.4f}"))
         extra.append(("X-Cache-Entry", hit.semantic.exact_key))
     status = hit.entry.status
-    if status in _REASONS and prefer(request):
+    if status in _REASONS and shared and prefer(request):
         memo = hit.entry.memo
         block = memo.get((_BLOCK, framing))
         if block is None:

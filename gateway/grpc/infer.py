@@ -18,11 +18,13 @@ import grpc
 from multidict import CIMultiDict
 
 from backends import UpstreamRequest, UpstreamResponse
-from cache import Ask, CacheEntry, Hit, request_directives
+from cache import Ask, CacheEntry, Hit, NotCached, request_directives
 from gateway.grpc import codec
 from gateway.grpc.calls import Context, Reply, grpc_route, metadata_of, parse, speaks_grpc
+from gateway.grpc.codec import params_of
 from gateway.grpc.proto import pb2
 from gateway.grpc.status import RpcError, from_response
+from gateway.protocols.v2 import in_sequence
 
 if TYPE_CHECKING:
     from gateway.grpc.service import InferenceService
@@ -88,8 +90,11 @@ class InferFlow:
         headers = CIMultiDict(metadata)
         ask = Ask(
             key=flow.key(msg.model_name, codec.key_fields(msg, tensors), headers),
-            directives=request_directives(headers.get("cache-control"), headers.get("pragma")),
-            call=_Call(msg.model_name),
+            directives=request_directives(
+                ", ".join(headers.getall("cache-control", [])) or None,
+                ", ".join(headers.getall("pragma", [])) or None,
+            ),
+            call=_Call(msg.model_name, deterministic=not in_sequence(params_of(msg.parameters))),
             kind=KIND,
             answers=_ANSWERS,
             clock=_CLOCK,
@@ -98,7 +103,10 @@ class InferFlow:
         async def compute() -> UpstreamResponse:
             return UpstreamResponse(200, "OK", [], body=await fetch())
 
-        result = await flow.run(ask, compute)
+        try:
+            result = await flow.run(ask, compute)
+        except NotCached as exc:  # only-if-cached: HTTP's 504, which gRPC spells UNAVAILABLE
+            raise RpcError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
         if isinstance(result, Hit):
             assert result.entry.body is not None
             reply = codec.with_id(result.entry.body, msg.id)

@@ -169,11 +169,59 @@ class V2Adapter:
             "outputs": doc.get("outputs"),
             "parameters": doc.get("parameters"),
         }
-        call = Call("v2", m.group("name"), key_fields, deterministic=True, kind="infer")
+        top = doc.get("parameters")
+        seq = in_sequence(top if isinstance(top, dict) else {})
+        call = Call("v2", m.group("name"), key_fields, deterministic=not seq, kind="infer")
+        if seq:
+            call.extra["bypass_reason"] = "stateful"
         call.extra["version"] = m.group("version")
+        rid = doc.get("id")
+        call.extra["request_id"] = rid if isinstance(rid, str) else None
         call.extra["texts"] = texts
         if self._semantic_field is not None:
             call.semantic_text = texts.get(self._semantic_field)
             call.context = {k: v for k, v in key_fields.items() if k != "inputs"}
             call.context["inputs"] = [x for x in key_inputs if x["name"] != self._semantic_field]
         return call
+
+
+SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
+
+
+def in_sequence(params: Mapping[str, Any]) -> bool:
+    """A request of a stateful (sequence) model: its answer depends on the requests before it
+    in the sequence, so replaying a stored one would skip a step of the model's state. Triton
+    reads sequence_id 0 (or "") as no sequence."""
+    return any(params.get(k) not in (None, 0, "", False) for k in SEQUENCE_PARAMETERS)
+
+
+def reply_with_id(
+    body: bytes, headers: list[tuple[str, str]], request_id: str | None
+) -> tuple[bytes, list[tuple[str, str]]] | None:
+    """A stored v2 reply carries the id of the request that filled the entry; the id is not part
+    of the key, so a hit must echo this request's id (or none, as the server does for a request
+    without one). None when the stored reply already says what it should (or is not JSON)."""
+    length: int | None = None
+    for k, v in headers:
+        if k.lower() == "inference-header-content-length":
+            with contextlib.suppress(ValueError):
+                length = int(v)
+    head = body if length is None else body[:length]
+    try:
+        doc = json.loads(head)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("id") == request_id:
+        return None
+    if request_id is None:
+        doc.pop("id", None)
+    else:
+        doc = {"id": request_id, **{k: v for k, v in doc.items() if k != "id"}}
+    new_head = json.dumps(doc, separators=(",", ":")).encode()
+    if length is None:
+        return new_head, headers
+    fixed = [
+        (k, str(len(new_head)) if k.lower() == "inference-header-content-length" else v)
+        for k, v in headers
+    ]
+    return new_head + body[length:], fixed

@@ -6,6 +6,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -192,3 +193,28 @@ def test_a_message_over_the_body_limit_is_resource_exhausted(
     assert "4096" in err.value.message()
     calls = grpc_upstream.model.calls["ModelInfer"]
     assert calls == 0  # refused at the gateway
+
+
+def test_a_sequence_model_is_never_answered_from_the_cache_over_grpc(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """gRPC calls to an HTTP v2 replica: a stateful model's steps each reach it, none replayed."""
+    gw = start_gateway(grpc_config([upstream.url]))
+    c = client(gw)
+    got = []
+    try:
+        for _ in range(2):
+            for step in range(4):
+                inp = grpcclient.InferInput("INPUT0", [1], "FP32")
+                inp.set_data_from_numpy(np.ones(1, np.float32))
+                res = c.infer(
+                    "accumulate",
+                    [inp],
+                    sequence_id=7,
+                    sequence_start=step == 0,
+                    sequence_end=step == 3,
+                )
+                got.append(float(res.as_numpy("OUTPUT0")[0]))
+    finally:
+        c.close()
+    assert got == [1, 2, 3, 4, 1, 2, 3, 4]

@@ -28,7 +28,7 @@ from aiohttp import web
 
 from tests.support.upstream_anthropic import message_for, stream_events, write_stream
 from tests.support.upstream_base import FAULTS, NAME, STATS, common, extra_headers, stats
-from tests.support.upstream_v2 import v2_infer, v2_model, v2_server
+from tests.support.upstream_v2 import SEQUENCES, v2_infer, v2_model, v2_server
 
 
 def _answer(text: str, app_name: str) -> str:
@@ -257,6 +257,7 @@ def build_upstream(
     app[NAME] = name
     app[FAULTS] = {"delay": delay, "fail_status": fail_status}
     app[STATS] = _fresh_stats()
+    app[SEQUENCES] = {}
     r = app.router
     r.add_get("/_test/stats", test_stats)
     r.add_post("/_test/reset", test_reset)

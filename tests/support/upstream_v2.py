@@ -52,11 +52,40 @@ async def v2_infer(request: web.Request) -> web.StreamResponse:
         stats(request.app)["in_flight"] -= 1
 
 
+SEQUENCES = web.AppKey("v2_sequences", dict)
+
+
+def _accumulate(request: web.Request, doc: dict[str, Any], binary: bytes) -> web.Response:
+    """A stateful (sequence) model, as Triton's sequence batcher runs them: OUTPUT0 is the
+    running sum of INPUT0 over the requests of one sequence_id since its sequence_start."""
+    params = doc.get("parameters") or {}
+    sums = request.app[SEQUENCES]
+    sid = params.get("sequence_id", 0)
+    if params.get("sequence_start"):
+        sums[sid] = 0.0
+    inp = doc["inputs"][0]
+    size = (inp.get("parameters") or {}).get("binary_data_size")
+    values = np.frombuffer(binary[:size], np.float32) if size is not None else inp["data"]
+    sums[sid] = sums.get(sid, 0.0) + float(np.sum(values))
+    body: dict[str, Any] = {
+        "model_name": "accumulate",
+        "model_version": "1",
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [1], "data": [sums[sid]]}],
+    }
+    if "id" in doc:
+        body["id"] = doc["id"]
+    if params.get("sequence_end"):
+        sums.pop(sid, None)
+    return web.json_response(body, headers=extra_headers(request))
+
+
 async def _v2_answer(request: web.Request) -> web.Response:
     raw = await request.read()
     hlen = request.headers.get("Inference-Header-Content-Length")
     header, binary = (raw[: int(hlen)], raw[int(hlen) :]) if hlen else (raw, b"")
     doc = json.loads(header)
+    if request.match_info["name"] == "accumulate":
+        return _accumulate(request, doc, binary)
     arrays: list[tuple[dict[str, Any], Any]] = []
     off = 0
     for inp in doc["inputs"]:

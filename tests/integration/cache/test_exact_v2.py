@@ -47,3 +47,56 @@ async def _stats(url: str) -> dict[str, object]:
 
     async with aiohttp.ClientSession() as s, s.get(url + "/_test/stats") as r:
         return dict(await r.json())
+
+
+def _client(url: str) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(url=url.removeprefix("http://"))
+
+
+def test_a_sequence_model_is_never_answered_from_the_cache(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """Steps of a stateful model's sequence are requests the model must see, each one: a replay
+    of an identical earlier step would skip it and every later answer would be wrong."""
+    gw = start_gateway(cache_config(upstream.url))
+    client = _client(gw.url)
+    try:
+        got = []
+        for _ in range(2):
+            for step in range(4):
+                inp = httpclient.InferInput("INPUT0", [1], "FP32")
+                inp.set_data_from_numpy(np.ones(1, np.float32), binary_data=False)
+                res = client.infer(
+                    "accumulate",
+                    [inp],
+                    sequence_id=42,
+                    sequence_start=step == 0,
+                    sequence_end=step == 3,
+                )
+                got.append(float(res.as_numpy("OUTPUT0")[0]))
+    finally:
+        client.close()
+    assert got == [1, 2, 3, 4, 1, 2, 3, 4]
+    assert upstream.call(_stats(upstream.url))["requests"]["/v2/models/accumulate/infer"] == 8
+
+
+def test_a_hit_echoes_its_own_request_id(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    gw = start_gateway(cache_config(upstream.url))
+    arr = np.arange(4, dtype=np.float32)
+    client = _client(gw.url)
+    try:
+        ids = []
+        for rid, binary_out in (("first", False), ("second", False), ("third", True), ("", True)):
+            inp = httpclient.InferInput("INPUT0", [4], "FP32")
+            inp.set_data_from_numpy(arr, binary_data=True)
+            out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary_out)
+            res = client.infer("double", [inp], outputs=[out], request_id=rid)
+            np.testing.assert_allclose(res.as_numpy("OUTPUT0"), arr * 2)
+            ids.append(res.get_response().get("id"))
+    finally:
+        client.close()
+    # one upstream call per output form; the rest were hits, each with its caller's id
+    assert ids == ["first", "second", "third", None]
+    assert upstream.call(_stats(upstream.url))["requests"]["/v2/models/double/infer"] == 2
