@@ -110,6 +110,7 @@ def events_to_body(events: list[bytes], kind: str) -> bytes | None:
                     },
                 )
                 delta = ch.get("delta") or {}
+                c["logprobs"] = _merge_logprobs(c["logprobs"], ch.get("logprobs"))
                 msg = c["message"]
                 if delta.get("role"):
                     msg["role"] = delta["role"]
@@ -124,12 +125,15 @@ def events_to_body(events: list[bytes], kind: str) -> bytes | None:
                     i, {"index": i, "text": "", "logprobs": None, "finish_reason": None}
                 )
                 c["text"] += ch.get("text") or ""
+                c["logprobs"] = _merge_logprobs(c["logprobs"], ch.get("logprobs"))
             if ch.get("finish_reason") is not None:
                 c["finish_reason"] = ch["finish_reason"]
     for c in choices.values():
         tools = c.pop("_tools", None)
         if tools:
             c["message"]["tool_calls"] = tools
+            if c["message"]["content"] == "":  # only the opening "" delta: a plain answer's null
+                c["message"]["content"] = None
     out: dict[str, Any] = {
         "id": first.get("id"),
         "object": "chat.completion" if kind == "chat" else "text_completion",
@@ -142,6 +146,21 @@ def events_to_body(events: list[bytes], kind: str) -> bytes | None:
     if usage is not None:
         out["usage"] = usage
     return json.dumps(out).encode()
+
+
+def _merge_logprobs(acc: dict[str, Any] | None, new: Any) -> dict[str, Any] | None:
+    """Stream chunks carry the logprobs of their own tokens: the whole answer's are the lists
+    joined in order (chat: content, refusal; completions: tokens, token_logprobs,
+    top_logprobs, text_offset)."""
+    if not isinstance(new, dict):
+        return acc
+    out = dict(acc or {})
+    for k, v in new.items():
+        if isinstance(v, list):
+            out[k] = [*(out.get(k) or []), *v]
+        else:
+            out.setdefault(k, v)
+    return out
 
 
 def _event(doc: dict[str, Any]) -> bytes:
@@ -187,6 +206,8 @@ def body_to_events(body: bytes, kind: str, include_usage: bool = False) -> list[
                 delta["refusal"] = msg["refusal"]
             if msg.get("tool_calls"):
                 delta["tool_calls"] = [{"index": n, **tc} for n, tc in enumerate(msg["tool_calls"])]
+            # the answer's logprobs ride on the chunk with its tokens (the last one without)
+            logprobs = ch.get("logprobs")
             if delta:
                 events.append(
                     _event(
@@ -196,7 +217,7 @@ def body_to_events(body: bytes, kind: str, include_usage: bool = False) -> list[
                                 {
                                     "index": i,
                                     "delta": delta,
-                                    "logprobs": None,
+                                    "logprobs": logprobs,
                                     "finish_reason": None,
                                 }
                             ],
@@ -211,7 +232,7 @@ def body_to_events(body: bytes, kind: str, include_usage: bool = False) -> list[
                             {
                                 "index": i,
                                 "delta": {},
-                                "logprobs": None,
+                                "logprobs": None if delta else logprobs,
                                 "finish_reason": ch.get("finish_reason"),
                             }
                         ],
@@ -227,7 +248,7 @@ def body_to_events(body: bytes, kind: str, include_usage: bool = False) -> list[
                             {
                                 "index": i,
                                 "text": ch.get("text", ""),
-                                "logprobs": None,
+                                "logprobs": ch.get("logprobs"),
                                 "finish_reason": ch.get("finish_reason"),
                             }
                         ],

@@ -59,6 +59,15 @@ async def _sse(request: web.Request, chunks: list[dict[str, Any]]) -> web.Stream
     return resp
 
 
+def _token_logprobs(text: str) -> list[dict[str, Any]]:
+    """One entry per word, as OpenAI's `logprobs.content` (a word stands in for a token)."""
+    out = []
+    for i, w in enumerate(text.split(" ")):
+        piece = w if i == 0 else " " + w
+        out.append({"token": piece, "logprob": -0.5 * (i + 1), "bytes": list(piece.encode())})
+    return out
+
+
 async def chat(request: web.Request) -> web.StreamResponse:
     try:
         if (early := await common(request)) is not None:
@@ -87,15 +96,20 @@ async def chat(request: web.Request) -> web.StreamResponse:
             ]
             for i, w in enumerate(words):
                 piece = w if i == 0 else " " + w
+                choice: dict[str, Any] = {
+                    "index": 0,
+                    "delta": {"content": piece},
+                    "finish_reason": None,
+                }
+                if body.get("logprobs"):
+                    choice["logprobs"] = {"content": _token_logprobs(text)[i : i + 1]}
                 chunks.append(
                     {
                         "id": rid,
                         "object": "chat.completion.chunk",
                         "created": 1700000000,
                         "model": model,
-                        "choices": [
-                            {"index": 0, "delta": {"content": piece}, "finish_reason": None}
-                        ],
+                        "choices": [choice],
                     }
                 )
             chunks.append(
@@ -122,6 +136,11 @@ async def chat(request: web.Request) -> web.StreamResponse:
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": text},
+                    "logprobs": (
+                        {"content": _token_logprobs(text), "refusal": None}
+                        if body.get("logprobs")
+                        else None
+                    ),
                     "finish_reason": "stop",
                 }
             ],

@@ -6,6 +6,7 @@ chat.completion when the client did not ask for a stream, and the other way roun
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import aiohttp
@@ -13,6 +14,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from gateway.protocols.openai_sse import body_to_events, events_to_body
 from tests.integration.cache.conftest import cache_config
 from tests.support.servers import ServerThread
 
@@ -150,3 +152,97 @@ def test_completions_endpoint_both_framings(upstream: ServerThread, gw: ServerTh
         == first.choices[0].text
         == "echo(up): say hi"
     )
+
+
+def _token_list(logprobs: object) -> list[tuple[str, float]]:
+    content = getattr(logprobs, "content", None) or []
+    return [(t.token, t.logprob) for t in content]
+
+
+@pytest.mark.parametrize("first", ["stream", "plain"])
+def test_logprobs_survive_a_hit_in_the_other_framing(
+    upstream: ServerThread, gw: ServerThread, first: str
+) -> None:
+    """A stored stream served as one body (and the other way round) keeps the answer's token
+    logprobs: what the upstream itself returns in that framing."""
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": f"logprobs {first}"}]
+    direct = _client(upstream.url).chat.completions.create(
+        model="m", messages=msgs, temperature=0, logprobs=True
+    )
+    want = _token_list(direct.choices[0].logprobs)
+    assert len(want) > 2
+
+    def plain() -> list[tuple[str, float]]:
+        r = _client(gw.url).chat.completions.create(
+            model="m", messages=msgs, temperature=0, logprobs=True
+        )
+        return _token_list(r.choices[0].logprobs)
+
+    def stream() -> list[tuple[str, float]]:
+        out: list[tuple[str, float]] = []
+        for c in _client(gw.url).chat.completions.create(
+            model="m",
+            messages=msgs,
+            temperature=0,
+            logprobs=True,
+            stream=True,
+            stream_options={"include_usage": True},
+        ):
+            if c.choices:
+                out += _token_list(c.choices[0].logprobs)
+        return out
+
+    calls = (stream, plain) if first == "stream" else (plain, stream)
+    assert [f() for f in calls] == [want, want]
+
+    async def count() -> int:
+        async with aiohttp.ClientSession() as s, s.get(upstream.url + "/_test/stats") as r:
+            return int((await r.json())["requests"]["/v1/chat/completions"])
+
+    assert upstream.call(count()) == 2  # the direct call and the gateway's one miss
+
+
+def test_a_streamed_tool_call_keeps_a_null_content_when_served_as_one_body() -> None:
+    events = [
+        b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":'
+        b'[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}',
+        b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":'
+        b'[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"t1","type":"function",'
+        b'"function":{"name":"f","arguments":"{}"}}]},"finish_reason":null}]}',
+        b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":'
+        b'[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}',
+        b"data: [DONE]",
+    ]
+    body = events_to_body(events, "chat")
+    assert body is not None
+    msg = json.loads(body)["choices"][0]["message"]
+    assert msg["content"] is None and msg["tool_calls"][0]["function"]["name"] == "f"
+
+
+def test_completions_logprobs_round_trip_between_stream_and_body() -> None:
+    lp = {"tokens": ["a", " b"], "token_logprobs": [-0.1, -0.2], "text_offset": [0, 1]}
+    body = json.dumps(
+        {
+            "id": "x",
+            "object": "text_completion",
+            "created": 1,
+            "model": "m",
+            "choices": [{"index": 0, "text": "a b", "logprobs": lp, "finish_reason": "stop"}],
+        }
+    ).encode()
+    events = body_to_events(body, "completions")
+    assert events is not None
+    back = events_to_body(events, "completions")
+    assert back is not None and json.loads(back)["choices"][0]["logprobs"] == lp
+    # and a stream that carried them chunk by chunk joins them in order
+    chunks = [
+        b'data: {"id":"x","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
+        b'"text":"a","logprobs":{"tokens":["a"],"token_logprobs":[-0.1],"text_offset":[0]},'
+        b'"finish_reason":null}]}',
+        b'data: {"id":"x","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
+        b'"text":" b","logprobs":{"tokens":[" b"],"token_logprobs":[-0.2],"text_offset":[1]},'
+        b'"finish_reason":"stop"}]}',
+        b"data: [DONE]",
+    ]
+    joined = events_to_body(chunks, "completions")
+    assert joined is not None and json.loads(joined)["choices"][0]["logprobs"] == lp
