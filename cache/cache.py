@@ -242,6 +242,25 @@ class RouteCache:
             return None
         return found[0]
 
+    async def payload(
+        self, key_value: str, directives: RequestDirectives
+    ) -> tuple[CacheEntry | None, bool]:
+        """(entry, gone) for a semantic index entry's payload: gone only when the store says
+        the key is absent, never when it could not answer or the entry is too old for this
+        request (those are a miss for this request, not a stale index entry to drop)."""
+        try:
+            found = await self.tiers.lookup(key_value, checked=True)
+        except TierError:
+            return None, False
+        except Exception:  # the cache boundary: a broken tier is a miss
+            log.exception("cache payload lookup failed on route %s", self.route)
+            return None, False
+        if found is None:
+            return None, True
+        if not directives.acceptable(found[0].age()):
+            return None, False
+        return found[0], False
+
     async def claim(self, key: CacheKey) -> Claim:
         """Cross-process single flight through Redis, best effort.
 

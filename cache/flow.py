@@ -172,10 +172,15 @@ class CacheFlow:
             return None, None
         found: dict[str, CacheEntry] = {}
 
-        async def payload(exact_key: str) -> bool:
-            entry = await self.rc.peek(exact_key, ask.directives)
-            if entry is None or not ask.answers.serves(entry):
-                return False
+        async def payload(exact_key: str) -> bool | None:
+            """True: served; False: gone from the store (the index entry is stale); None: not
+            for this request (too old for its max-age, a framing it cannot take, a store that
+            did not answer), which must not cost other clients the entry."""
+            entry, gone = await self.rc.payload(exact_key, ask.directives)
+            if entry is None:
+                return False if gone else None
+            if not ask.answers.serves(entry):
+                return None
             found[exact_key] = entry
             return True
 

@@ -29,10 +29,8 @@ def register(app: web.Application, semantic: SemanticSetup) -> None:
             raise BadRequest("the body must be a JSON object") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("entry"), str):
             raise BadRequest("'entry' (the X-Cache-Entry header of the wrong hit) is required")
-        score = doc.get("score", 0.0)
-        if not isinstance(score, int | float) or isinstance(score, bool):
-            raise BadRequest("'score' must be a number (the X-Cache-Score header)")
-        if not await semantic.stage.report_wrong(doc["entry"], float(score)):
+        score = reported_score(doc.get("score"))
+        if not await semantic.stage.report_wrong(doc["entry"], score):
             raise NotFound("no semantic entry with that key")
         return web.Response(
             status=200, body=b'{"tightened": true}', content_type="application/json"
@@ -44,6 +42,23 @@ def register(app: web.Application, semantic: SemanticSetup) -> None:
 
     app.router.add_post("/admin/cache/semantic/wrong-hit", guarded(wrong_hit))
     app.router.add_get("/admin/semantic", guarded(status))
+
+
+def reported_score(raw: object) -> float:
+    """The wrong hit's X-Cache-Score, as a number or as the header's text. Without one the
+    entry stops answering paraphrases altogether (its bar goes over 1.0): a bar raised to
+    just over 0 would leave every hit it served still served."""
+    if raw is None:
+        return 1.0
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        raise BadRequest("'score' must be the X-Cache-Score header: a number in [0, 1]")
+    try:
+        score = float(raw)
+    except ValueError:
+        raise BadRequest("'score' must be the X-Cache-Score header: a number in [0, 1]") from None
+    if not 0.0 <= score <= 1.0:  # also NaN
+        raise BadRequest(f"'score' must be in [0, 1], not {raw!r}")
+    return score
 
 
 def route_status(sr: SemanticRoute) -> dict[str, Any]:

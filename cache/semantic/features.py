@@ -153,17 +153,21 @@ def _stem(t: str) -> str:
 _CLOSING = frozenset({"?", ".", "!"})
 
 
-def _words(lower: tuple[str, ...]) -> tuple[str, ...]:
-    end = len(lower)
-    while end and lower[end - 1] in _CLOSING:
+def _words(tokens: tuple[str, ...]) -> tuple[str, ...]:
+    end = len(tokens)
+    while end and tokens[end - 1] in _CLOSING:
         end -= 1
-    return lower[:end]
+    # Case is kept: "Secret123" / "secret123", "CO" / "Co" (carbon monoxide, cobalt) are other
+    # questions, and the uncased embedder cannot tell them apart. Only the first word's case is
+    # a matter of style ("how do I" / "How do I").
+    return (tokens[0].lower(), *tokens[1:end]) if end else ()
 
 
 def restates(a: TextInfo, b: TextInfo) -> bool:
-    """The same words in the same order, case, spacing and a closing ?/./! aside: the same
-    question asked again. A learned score must not overrule this: the MLP never saw such a
-    pair labelled a duplicate (training pairs differ by construction) and scores ~0.006."""
+    """The same words in the same order, spacing, the first letter's case and a closing ?/./!
+    aside: the same question asked again. A learned score must not overrule this: the MLP never
+    saw such a pair labelled a duplicate (training pairs differ by construction) and scores
+    ~0.006."""
     return a.words == b.words
 
 
@@ -184,7 +188,7 @@ class TextInfo:
     seq: tuple[str, ...] = ()  # content stems in order
     qnext: str = ""  # the word after the question word ("how many" vs "how do")
     text: str = ""  # the text itself (the cross-encoder reads it whole)
-    words: tuple[str, ...] = ()  # `lower` without closing ?/./! (what `restates` compares)
+    words: tuple[str, ...] = ()  # `tokens`, first one lower-cased, without closing ?/./!
 
 
 def text_info(text: str) -> TextInfo:
@@ -217,7 +221,7 @@ def text_info(text: str) -> TextInfo:
         seq=seq,
         qnext=qnext,
         text=text,
-        words=_words(lower),
+        words=_words(tokens),
     )
 
 

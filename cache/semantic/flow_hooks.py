@@ -91,7 +91,8 @@ async def join_flight(
     own_key: str = "",
 ) -> tuple[CacheEntry, SemanticHit] | None:
     """An in-flight miss this lookup would serve: wait on its exact flight for the answer.
-    None (compute as usual) when there is none, it failed, was private or took too long."""
+    None (compute as usual) when there is none, it failed, answered an error, was private or
+    took too long."""
     try:
         joined = await sr.join(call, tenant, vector)
         if joined is None or joined.flight.key == own_key:
@@ -102,6 +103,9 @@ async def join_flight(
     except Exception:  # the leader's failure is its own; this request computes
         log.debug("semantic single flight: the leader failed", exc_info=True)
         return None
-    if shared is None:
+    if shared is None or not 200 <= shared.status < 300:
+        # An error is the leader's own (a 429 names its caller's quota, a 400 its request): an
+        # identical request may share it, a paraphrase goes upstream itself. Only a stored
+        # answer is a semantic hit.
         return None
     return shared, SemanticHit(joined.flight.key, joined.similarity, joined.score)

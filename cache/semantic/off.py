@@ -27,7 +27,7 @@ class NoSemantic:
         self,
         call: CallLike,
         tenant: str,
-        payload_exists: Callable[[str], Awaitable[bool]] | None = None,
+        payload_exists: Callable[[str], Awaitable[bool | None]] | None = None,
         vector: np.ndarray | None = None,
     ) -> SemanticHit | None:
         return None

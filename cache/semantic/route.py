@@ -81,7 +81,7 @@ class SemanticRoute:
         self,
         call: CallLike,
         tenant: str,
-        payload_exists: Callable[[str], Awaitable[bool]] | None = None,
+        payload_exists: Callable[[str], Awaitable[bool | None]] | None = None,
         vector: np.ndarray | None = None,
     ) -> SemanticHit | None:
         if not self.applies(call):
@@ -120,7 +120,7 @@ class SemanticRoute:
         self,
         call: CallLike,
         tenant: str,
-        payload_exists: Callable[[str], Awaitable[bool]] | None = None,
+        payload_exists: Callable[[str], Awaitable[bool | None]] | None = None,
         vector: np.ndarray | None = None,
     ) -> Search:
         """`lookup` plus, on a route with an error budget, the best candidate it did not serve

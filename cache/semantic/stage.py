@@ -150,7 +150,7 @@ class SemanticStage:
         namespace: str,
         text: str,
         verifier: Verifier,
-        payload_exists: Callable[[str], Awaitable[bool]] | None = None,
+        payload_exists: Callable[[str], Awaitable[bool | None]] | None = None,
         vector: np.ndarray | None = None,
     ) -> SemanticHit | None:
         vec = await self.embed(text) if vector is None else vector
@@ -182,10 +182,14 @@ class SemanticStage:
             self.metrics.lookups.labels("miss").inc()
             return None
         chosen = cands[decision.index]
-        if payload_exists is not None and not await payload_exists(chosen.exact_key):
+        found = True if payload_exists is None else await payload_exists(chosen.exact_key)
+        if found is False:
             # The payload expired or was evicted from the exact store: this vector is stale.
             await self.remove_key(chosen.exact_key)
             self.metrics.lookups.labels("stale").inc()
+            return None
+        if found is None:  # there, but not for this request (its max-age, its framing)
+            self.metrics.lookups.labels("miss").inc()
             return None
         self.metrics.lookups.labels("hit").inc()
         return SemanticHit(chosen.exact_key, float(cos[decision.index]), decision.score)
@@ -196,7 +200,7 @@ class SemanticStage:
         text: str,
         verifier: Verifier,
         bar: Bar,
-        payload_exists: Callable[[str], Awaitable[bool]] | None = None,
+        payload_exists: Callable[[str], Awaitable[bool | None]] | None = None,
         vector: np.ndarray | None = None,
         observe: Callable[[float, float], None] | None = None,
     ) -> Search:
@@ -227,9 +231,12 @@ class SemanticStage:
             c, p = float(cos[i]), float(score[i])
             if p < 0 or not bar.serves(c, p) or p < cands[i].bar:
                 continue
-            if payload_exists is not None and not await payload_exists(cands[i].exact_key):
+            found = True if payload_exists is None else await payload_exists(cands[i].exact_key)
+            if found is False:
                 await self.remove_key(cands[i].exact_key)
                 self.metrics.lookups.labels("stale").inc()
+                continue
+            if found is None:  # there, but not for this request: kept for everyone else
                 continue
             self.metrics.lookups.labels("hit").inc()
             return Search(SemanticHit(cands[i].exact_key, c, p), None)

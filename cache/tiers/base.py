@@ -1,6 +1,7 @@
 """The Tier contract every store implements: get, put, delete, purge, stats, aclose.
 
-A tier answers None for anything it cannot serve (absent, expired, undecodable, unreachable);
+A tier answers None for anything it cannot serve (absent, expired, undecodable, unreachable;
+`get_checked` tells unreachable apart by raising);
 only the memory tier is allowed to be synchronous underneath.
 """
 
@@ -16,6 +17,11 @@ class Tier(Protocol):
     name: str
 
     async def get(self, key: str) -> CacheEntry | None: ...
+
+    async def get_checked(self, key: str) -> CacheEntry | None:
+        """As `get`, but a store that cannot answer raises TierError: None means absent (what a
+        caller that would act on an absence, like dropping an index entry, must know)."""
+        ...
 
     async def put(self, key: str, entry: CacheEntry) -> None: ...
 

@@ -27,8 +27,9 @@ class LayeredTier:
     def get_l1(self, key: str) -> CacheEntry | None:
         return self.l1.get_now(key) if self.l1 is not None else None
 
-    async def lookup(self, key: str) -> tuple[CacheEntry, str] | None:
-        """The entry and the tier that had it, or None."""
+    async def lookup(self, key: str, checked: bool = False) -> tuple[CacheEntry, str] | None:
+        """The entry and the tier that had it, or None. checked: an L2 that cannot answer raises
+        TierError instead of answering None (absent)."""
         if self.l1 is not None:
             t0 = time.perf_counter()
             entry = self.l1.get_now(key)
@@ -38,7 +39,7 @@ class LayeredTier:
         if not self.has_l2:
             return None
         t0 = time.perf_counter()
-        entry = await self.l2.get(key)
+        entry = await (self.l2.get_checked(key) if checked else self.l2.get(key))
         self._metrics.observe_latency(self.l2.name, time.perf_counter() - t0)
         if entry is None:
             return None

@@ -65,6 +65,9 @@ class MemoryTier:
     async def get(self, key: str) -> CacheEntry | None:
         return self.get_now(key)
 
+    async def get_checked(self, key: str) -> CacheEntry | None:
+        return await self.get(key)  # memory always answers
+
     async def put(self, key: str, entry: CacheEntry) -> None:
         self.put_now(key, entry)
 

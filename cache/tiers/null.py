@@ -12,6 +12,9 @@ class NullTier:
     async def get(self, key: str) -> CacheEntry | None:
         return None
 
+    async def get_checked(self, key: str) -> CacheEntry | None:
+        return None
+
     async def put(self, key: str, entry: CacheEntry) -> None:
         return None
 

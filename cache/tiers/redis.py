@@ -121,12 +121,15 @@ class RedisTier:
         self.breaker.failure()
 
     async def get(self, key: str) -> CacheEntry | None:
-        if not self.breaker.allow():
-            return None
         try:
-            data = await self._batched_get(key)
+            return await self.get_checked(key)
         except TierError:
             return None
+
+    async def get_checked(self, key: str) -> CacheEntry | None:
+        if not self.breaker.allow():
+            raise TierError("redis is marked down (breaker open)")
+        data = await self._batched_get(key)
         if data is None:
             return None
         try:

@@ -231,3 +231,57 @@ def test_check_config_names_a_missing_cross_encoder(upstream: ServerThread, tmp_
     assert out.returncode == 1
     assert "verifier 'cross-encoder' needs its artifact" in out.stderr
     assert "bench.train_cross_encoder" in out.stderr
+
+
+def test_a_paraphrase_that_may_not_take_the_entry_leaves_it_for_everyone_else(
+    gw: ServerThread,
+) -> None:
+    """A lookup the entry cannot answer for this request (its max-age, its framing) is a miss
+    for that request only: the index entry stays, for every client and sidecar."""
+    c = client_for(gw.url)
+    first, h1 = ask(c, "How do I reset my password?", temperature=0)
+    assert h1["x-cache"] == "miss"
+    time.sleep(1.1)  # the entry is a second old: too old for max-age=0
+    strict = c.with_options(
+        default_headers={"Cache-Control": "max-age=0, only-if-cached"}
+    ).chat.completions.with_raw_response
+    with pytest.raises(openai.APIStatusError) as err:
+        strict.create(
+            model="m",
+            messages=[{"role": "user", "content": "How can I reset my password?"}],
+            temperature=0,
+        )
+    assert err.value.status_code == 504
+    # that 504 was this request's alone: the paraphrase without the directives is still a hit
+    text, h2 = ask(c, "How can I reset my password?", temperature=0)
+    assert h2["x-cache"] == "semantic-hit" and text == first
+
+
+def test_a_wrong_hit_report_without_a_score_stops_that_entry_answering_paraphrases(
+    gw: ServerThread,
+) -> None:
+    c = client_for(gw.url)
+    ask(c, "How do I reset my password?", temperature=0)
+    _, h = ask(c, "How can I reset my password?", temperature=0)
+    assert h["x-cache"] == "semantic-hit"
+    for bad in (float("nan"), 1.5, -0.1, "high", True, [0.5]):
+        body = {"entry": h["x-cache-entry"], "score": bad}
+        status = admin_post(gw.url, "/admin/cache/semantic/wrong-hit", body)[0]
+        assert status == 400, (bad, status)
+    assert ask(c, "How can I reset my password?", temperature=0)[1]["x-cache"] == "semantic-hit"
+    assert (
+        admin_post(gw.url, "/admin/cache/semantic/wrong-hit", {"entry": h["x-cache-entry"]})[0]
+        == 200
+    )
+    assert ask(c, "How can I reset my password?", temperature=0)[1]["x-cache"] == "miss"
+    # the exact request still hits: only paraphrases were wrong
+    assert ask(c, "How do I reset my password?", temperature=0)[1]["x-cache"] == "hit"
+
+
+def test_a_wrong_hit_score_may_come_as_the_header_text(gw: ServerThread) -> None:
+    c = client_for(gw.url)
+    ask(c, "How do I reset my password?", temperature=0)
+    _, h = ask(c, "How can I reset my password?", temperature=0)
+    body = {"entry": h["x-cache-entry"], "score": h["x-cache-score"]}  # a string
+    assert admin_post(gw.url, "/admin/cache/semantic/wrong-hit", body)[0] == 200
+    assert ask(c, "How can I reset my password?", temperature=0)[1]["x-cache"] == "miss"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -78,3 +79,38 @@ def test_another_tenants_paraphrase_does_not_wait_for_the_miss_in_flight(
     leader.join()
     assert headers["x-cache"] == "miss" and "can I reset" in text
     assert upstream_calls(slow_upstream) == 2
+
+
+def _post(url: str, question: str) -> tuple[int, dict[str, str]]:
+    body = {"model": "m", "temperature": 0, "messages": [{"role": "user", "content": question}]}
+    req = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": "Bearer sk-one"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, dict(r.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers)
+
+
+def test_a_paraphrase_does_not_get_the_leaders_error(
+    start_gateway: Callable[..., ServerThread],
+) -> None:
+    """The leader's 429 names its own quota: an identical request may share it, a paraphrase
+    asks the upstream itself and is never told the error is a semantic hit."""
+    failing = ServerThread(lambda: build_upstream(delay=1.5, fail_status=429)).start()
+    try:
+        gw = start_gateway(semantic_config(failing.url))
+        got: dict[str, Any] = {}
+        leader = threading.Thread(target=lambda: got.update(first=_post(gw.url, Q)))
+        leader.start()
+        wait_for(lambda: admin_state(gw.url)["pending_flights"] == 1, "the leader in flight")
+        status, headers = _post(gw.url, PARA)
+        leader.join()
+        assert got["first"][0] == 429 and status == 429
+        assert headers.get("X-Cache") != "semantic-hit" and "X-Cache-Entry" not in headers
+        assert upstream_calls(failing) == 2
+    finally:
+        failing.stop()

@@ -109,3 +109,25 @@ def test_a_restatement_is_words_in_order_not_a_bag_of_them() -> None:
         text_info("Flights from Paris to Rome?"), text_info("Flights to Paris from Rome?")
     )
     assert not restates(text_info("What is 5-3?"), text_info("What is 5+3?"))
+    # the first word's case is style, not another question
+    assert restates(text_info("How can I earn money?"), text_info("how can I earn money"))
+
+
+@pytest.mark.parametrize(
+    ("cached", "asked"),
+    [
+        ("Is the password Secret123 valid?", "Is the password secret123 valid?"),
+        ("What is CO in chemistry?", "What is Co in chemistry?"),
+        ("Translate 'Apple' to French", "Translate 'apple' to French"),
+    ],
+)
+def test_case_inside_a_question_is_another_question(
+    verifier: MlpVerifier, embedder: Embedder, cached: str, asked: str
+) -> None:
+    """The embedder is uncased (cosine 1.0 here): only the verifier can refuse these, so case
+    past the first word is not a restatement."""
+    v = embedder.embed_sync([asked, cached])
+    cos = np.asarray([float(v[0] @ v[1])], dtype=np.float32)
+    q, c = text_info(asked), text_info(cached)
+    assert not restates(q, c)
+    assert verifier.choose(q, v[0], [c], v[1:], cos).index < 0

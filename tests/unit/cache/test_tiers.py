@@ -9,6 +9,7 @@ import time
 import pytest
 
 from cache.codec import CacheEntry
+from cache.errors import TierError
 from cache.keys import KeyBuilder, Selector
 from cache.metrics import CacheMetrics
 from cache.tenant import TenantHasher, tenant_of
@@ -215,3 +216,32 @@ async def test_a_client_library_fault_is_an_outage_not_an_exception(
         tier.client.set, tier.client.exists = real_set, real_exists  # type: ignore[method-assign]
     assert await tier.acquire_lease("k.after", 1000) is not None  # and it recovers
     await tier.aclose()
+
+
+async def test_an_unreachable_redis_is_not_an_absent_key_when_checked(
+    metrics: CacheMetrics,
+) -> None:
+    """`get` answers None either way; `get_checked` raises, so that the semantic index does not
+    drop an entry (for every sidecar) because Redis did not answer one peek."""
+    dead = RedisServer().start()
+    url = dead.url
+    dead.stop()
+    l2 = RedisTier(redis_settings(url, breaker={"failures": 2, "open_s": 30}), metrics)
+    layered = LayeredTier(MemoryTier(1 << 20, metrics), l2, metrics)
+    for _ in range(3):  # before and after the breaker opens
+        assert await layered.lookup("a.b.c.1") is None
+        with pytest.raises(TierError):
+            await layered.lookup("a.b.c.1", checked=True)
+    await l2.aclose()
+
+
+async def test_an_absent_key_is_none_when_checked(
+    redis_server: RedisServer, metrics: CacheMetrics
+) -> None:
+    l2 = RedisTier(redis_settings(redis_server.url), metrics)
+    layered = LayeredTier(MemoryTier(1 << 20, metrics), l2, metrics)
+    assert await layered.lookup("a.b.c.absent", checked=True) is None
+    await l2.put("a.b.c.2", _entry())
+    found = await layered.lookup("a.b.c.2", checked=True)
+    assert found is not None and found[1] == "redis"
+    await l2.aclose()
