@@ -108,6 +108,14 @@ async def upstream(
         if semantic_skip:
             headers.append(("X-Cache-Semantic-Skip", semantic_skip))
     headers.append(("Server-Timing", timing.header()))
+    if request.method == "HEAD":
+        # No body, but the size the GET would have: the upstream's Content-Length stands.
+        length = up.header("Content-Length")
+        if length is not None and length.isdigit():
+            headers.append(("Content-Length", length))
+        if up.stream is not None:
+            await up.stream.aclose()  # type: ignore[attr-defined]  # hands the connection back
+        return web.Response(status=up.status, reason=up.reason, headers=headers)
     if up.body is not None or up.stream is None:
         return web.Response(status=up.status, reason=up.reason, headers=headers, body=up.body)
     resp = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)

@@ -219,3 +219,18 @@ async def test_unix_socket_listener_and_upstream(start_gateway, tmp_sock_dir: st
             assert r.status == 200
     finally:
         up.stop()
+
+
+async def test_head_keeps_the_upstreams_content_length(
+    upstream: ServerThread, gateway: ServerThread
+) -> None:
+    async with aiohttp.ClientSession() as s:
+        async with s.head(upstream.url + "/v1/models") as r:
+            size = r.headers["Content-Length"]  # what the upstream's GET would send
+        async with s.head(gateway.url + "/v1/models") as r:
+            assert r.status == 200
+            assert r.headers.get("Content-Length") == size and int(size) > 0
+            assert await r.read() == b""
+        # and the connection is still good for the next request
+        async with s.get(gateway.url + "/v1/models") as r:
+            assert r.status == 200
