@@ -262,7 +262,11 @@ class Pipeline:
             key = await asyncio.to_thread(flow.key, call.model, call.key_fields, headers)
         else:
             key = flow.key(call.model, call.key_fields, headers)
-        if alias is not None:  # (None: the fast path never looks, e.g. routes picked by model)
+        # A v2 answer echoes its request's id, which the key leaves out: these bytes may take
+        # the alias lane (which serves the entry as stored) only once the entry is known to
+        # carry this request's id (below).
+        v2 = call.protocol == "v2"
+        if alias is not None and not v2:  # (None: the fast path never looks, e.g. by model)
             flow.aliases.remember(alias, key, framing)
         ask = Ask(
             key=key,
@@ -280,8 +284,12 @@ class Pipeline:
         except NotCached as exc:
             raise NotInCache(str(exc)) from None
         if isinstance(result, Hit):
-            rid = (call.extra.get("request_id"),) if call.protocol == "v2" else None
+            rid = (call.extra.get("request_id"),) if v2 else None
+            if rid is not None and alias is not None and responses.echoes(result, framing, rid):
+                flow.aliases.remember(alias, key, framing)
             return responses.cached(request, result, framing, timing, rid)
+        if v2 and alias is not None and result.x_cache == "miss":
+            flow.aliases.remember(alias, key, framing)  # what it stores carries this id
         return await responses.fresh(request, result, timing, self._count_cut)
 
     def _count_cut(self) -> None:

@@ -71,6 +71,13 @@ def cached(
     return web.Response(status=status, headers=[*base, *extra], body=body)
 
 
+def echoes(hit: Hit, framing: Framing, request_id: tuple[str | None]) -> bool:
+    """Does the entry, as stored, already carry this v2 request's id (so that the same request
+    bytes may be answered from it by alias, unparsed)?"""
+    out = rendered(hit.entry, framing)
+    return out is not None and reply_with_id(out[0], list(out[1]), request_id[0]) is None
+
+
 async def fresh(
     request: web.Request, answer: Fresh, timing: Timing, on_cut: Callable[[], None]
 ) -> web.StreamResponse:

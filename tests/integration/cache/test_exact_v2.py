@@ -88,7 +88,13 @@ def test_a_hit_echoes_its_own_request_id(
     client = _client(gw.url)
     try:
         ids = []
-        for rid, binary_out in (("first", False), ("second", False), ("third", True), ("", True)):
+        for rid, binary_out in (
+            ("first", False),
+            ("second", False),
+            ("second", False),  # the same bytes again: the alias lane must echo it too
+            ("third", True),
+            ("", True),
+        ):
             inp = httpclient.InferInput("INPUT0", [4], "FP32")
             inp.set_data_from_numpy(arr, binary_data=True)
             out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary_out)
@@ -98,5 +104,5 @@ def test_a_hit_echoes_its_own_request_id(
     finally:
         client.close()
     # one upstream call per output form; the rest were hits, each with its caller's id
-    assert ids == ["first", "second", "third", None]
+    assert ids == ["first", "second", "second", "third", None]
     assert upstream.call(_stats(upstream.url))["requests"]["/v2/models/double/infer"] == 2
