@@ -218,3 +218,18 @@ def test_a_sequence_model_is_never_answered_from_the_cache_over_grpc(
     finally:
         c.close()
     assert got == [1, 2, 3, 4, 1, 2, 3, 4]
+
+
+def test_only_if_cached_metadata_is_a_hit_or_unavailable_without_going_upstream(
+    grpc_upstream: GrpcUpstreamThread, grpc_gateway: ServerThread
+) -> None:
+    via = client(grpc_gateway)
+    only = {"cache-control": "only-if-cached"}
+    with pytest.raises(InferenceServerException) as err:
+        _infer(via, headers=only)
+    assert "UNAVAILABLE" in str(err.value.status()) and "only-if-cached" in str(err.value)
+    assert grpc_upstream.model.calls["ModelInfer"] == 0
+    stored = _infer(via)
+    again = _infer(via, headers=only)
+    np.testing.assert_array_equal(again.as_numpy("OUTPUT0"), stored.as_numpy("OUTPUT0"))
+    assert grpc_upstream.model.calls["ModelInfer"] == 1
