@@ -162,7 +162,9 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     reload.register(app, config_path, build_router, make_backends, swap_policies)
     if semantic is not None:
         admin_semantic.register(app, semantic)
-    model_route = app.router.add_route("*", CATCH_ALL, unless_draining(state, pipeline.handle))
+    model_route = app.router.add_route(
+        "*", CATCH_ALL, listener_roles.admin_stays_here(unless_draining(state, pipeline.handle))
+    )
     assert model_route.resource is not None
     app[CATCH_ALL_RESOURCE] = model_route.resource
     return app

@@ -9,6 +9,7 @@ import json
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from aiohttp.web_urldispatcher import PlainResource
 
 PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 
@@ -35,16 +36,51 @@ class ListenerRoles:
 ROLES: web.AppKey[ListenerRoles] = web.AppKey("latentgate_listener_roles", ListenerRoles)
 
 
+def _error(
+    status: int, kind: str, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.Response(
+        status=status,
+        body=json.dumps(body).encode(),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
 def _not_found(path: str) -> web.Response:
-    body = {
-        "error": {
-            "message": f"no route for {path} on this listener",
-            "type": "not_found",
-            "param": None,
-            "code": 404,
-        }
-    }
-    return web.Response(status=404, body=json.dumps(body).encode(), content_type="application/json")
+    return _error(404, "not_found", f"no route for {path} on this listener")
+
+
+def is_admin_path(path: str) -> bool:
+    return path == "/admin" or path.startswith("/admin/")
+
+
+def admin_stays_here(handler: Handler) -> Handler:
+    """The catch-all model route's handler, with /admin/* kept out of it: an admin path or
+    method the admin API does not have would otherwise be forwarded upstream, with whatever
+    credentials it carried (the admin token). Here it is a JSON 404, or 405 with `Allow`."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        path = request.path
+        if not is_admin_path(path):
+            return await handler(request)
+        allowed = sorted(
+            route.method
+            for resource in request.app.router.resources()
+            if isinstance(resource, PlainResource) and resource.canonical == path
+            for route in resource
+        )
+        if allowed:
+            return _error(
+                405,
+                "method_not_allowed",
+                f"{request.method} is not allowed on {path}",
+                {"Allow": ", ".join(allowed)},
+            )
+        return _error(404, "not_found", f"no admin endpoint {path}")
+
+    return handle
 
 
 @web.middleware
@@ -53,8 +89,7 @@ async def split_admin(request: web.Request, handler: Handler) -> web.StreamRespo
     if path in PROBES:
         return await handler(request)
     on_admin = request.app[ROLES].on_admin(request)
-    is_admin_path = path == "/admin" or path.startswith("/admin/")
-    if is_admin_path != on_admin:
+    if is_admin_path(path) != on_admin:
         return _not_found(path)
     return await handler(request)
 

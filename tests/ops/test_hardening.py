@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import time
+import urllib.request
 from collections.abc import Callable
 
 from gateway.config import parse_settings
@@ -129,11 +130,11 @@ def test_admin_api_on_its_own_listener(
     for probe in ("/healthz", "/readyz", "/metrics"):
         assert http("GET", gw.url + probe)[0] == 200
 
-    def over_socket(path: str) -> bytes:
+    def over_socket(path: str, method: str = "GET") -> bytes:
         with socket.socket(socket.AF_UNIX) as s:
             s.connect(sock)
             s.sendall(
-                f"GET {path} HTTP/1.1\r\nHost: admin\r\nAuthorization: Bearer {ADMIN_TOKEN}"
+                f"{method} {path} HTTP/1.1\r\nHost: admin\r\nAuthorization: Bearer {ADMIN_TOKEN}"
                 "\r\nConnection: close\r\n\r\n".encode()
             )
             return _recv_all(s, 10)
@@ -143,6 +144,29 @@ def test_admin_api_on_its_own_listener(
     assert ADMIN_TOKEN.encode() not in config  # masked in the effective config
     assert over_socket("/healthz").startswith(b"HTTP/1.1 200")
     assert over_socket("/v1/models").startswith(b"HTTP/1.1 404")  # no model traffic on admin
+    # an admin path or method the API does not have is answered here, never forwarded upstream
+    # (the upstream would get the admin token)
+    wrong_method = over_socket("/admin/reload", "GET")
+    assert wrong_method.startswith(b"HTTP/1.1 405") and b"Allow: POST" in wrong_method
+    assert b'"method_not_allowed"' in wrong_method
+    assert over_socket("/admin/anything", "DELETE").startswith(b"HTTP/1.1 404")
+    assert over_socket("/admin/semantic").startswith(b"HTTP/1.1 404")  # no semantic stage here
+    with urllib.request.urlopen(upstream.url + "/_test/stats", timeout=5) as r:
+        seen = json.loads(r.read())["requests"]
+    assert not [p for p in seen if p.startswith("/admin")], seen
+
+
+def test_admin_paths_without_an_admin_listener_never_reach_the_upstream(
+    upstream: ServerThread, gateway_process: Callable[..., GatewayProcess]
+) -> None:
+    gw = gateway_process(base_config(upstream.url, admin={"token": ADMIN_TOKEN}))
+    assert http("GET", gw.url + "/admin/reload", headers=AUTH)[0] == 405
+    assert http("POST", gw.url + "/admin/nope", headers=AUTH)[0] == 404
+    assert http("GET", gw.url + "/admin", headers=AUTH)[0] == 404
+    assert http("GET", gw.url + "/admin/config", headers=AUTH)[0] == 200
+    with urllib.request.urlopen(upstream.url + "/_test/stats", timeout=5) as r:
+        seen = json.loads(r.read())["requests"]
+    assert not [p for p in seen if p.startswith("/admin")], seen
 
 
 def test_default_config_puts_admin_on_loopback_away_from_the_main_port() -> None:
