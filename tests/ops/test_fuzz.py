@@ -105,6 +105,8 @@ def client() -> Iterator[Client]:
     for route in cfg["routes"]:  # hostile input through the exact-cache stage too
         if route["name"] in ("chat", "completions", "embeddings"):
             route["cache"] = {"exact": {"enabled": True, "tiers": ["memory"]}}
+        if route["name"] == "chat":  # ... and the semantic one (and its admin endpoints)
+            route["cache"]["semantic"] = {"enabled": True}
     settings_ = Settings.model_validate(cfg)
     gw = ServerThread(lambda: build_app(settings_)).start()
     c = Client(gw.port)
