@@ -36,6 +36,16 @@ class UpstreamProtocolError(UpstreamError):
     pass
 
 
+class RequestBodyError(Exception):
+    """The client's request body failed while it was being forwarded (over the size limit, cut
+    off, undecodable): the request's fault, not the replica's, so it is neither retried nor
+    counted against the replica. `answer` is the error the client gets."""
+
+    def __init__(self, answer: Exception) -> None:
+        super().__init__(str(answer))
+        self.answer = answer
+
+
 class Overloaded(BackendError):
     def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
         super().__init__(message)

@@ -24,6 +24,7 @@ from backends import (
     EngineError,
     ModelNotFound,
     Overloaded,
+    RequestBodyError,
     UpstreamError,
     UpstreamRequest,
     UpstreamResponse,
@@ -312,6 +313,8 @@ class Pipeline:
             ) from None
         except BadInput as exc:
             raise BadRequest(str(exc)) from None
+        except RequestBodyError as exc:
+            raise exc.answer from None
         except ModelNotFound as exc:
             raise NotFound(str(exc)) from None
         except EngineError as exc:
@@ -342,17 +345,19 @@ class Pipeline:
             raise undecodable(request) from exc
 
     async def _stream_body(self, request: web.Request) -> AsyncIterator[bytes]:
+        """The client's body as the transport forwards it. Its failures are the request's, not
+        the replica's (RequestBodyError: a 413/400 for the client, no mark on the replica)."""
         seen = 0
         try:
             async for chunk in request.content.iter_any():
                 seen += len(chunk)
                 if seen > self.limits.max_body_bytes:
-                    raise PayloadTooLarge(
-                        f"request body exceeds {self.limits.max_body_bytes} bytes"
+                    raise RequestBodyError(
+                        PayloadTooLarge(f"request body exceeds {self.limits.max_body_bytes} bytes")
                     )
                 yield chunk
         except RequestPayloadError as exc:
-            raise undecodable(request) from exc
+            raise RequestBodyError(undecodable(request)) from exc
 
 
 def field(headers: CIMultiDictProxy[str], name: str) -> str | None:

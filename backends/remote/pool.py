@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from backends.base import UpstreamRequest, UpstreamResponse
-from backends.errors import BackendError, UpstreamTimeout
+from backends.errors import BackendError, RequestBodyError, UpstreamTimeout
 from backends.remote.balancer import build_balancer
 from backends.remote.breaker import Breaker
 from backends.remote.health import HealthChecker, OutlierDetector
@@ -309,6 +309,9 @@ class Pool:
             r.outstanding -= 1
             self.detector.on_result(r, True, time.monotonic() - start)
             raise UpstreamTimeout(f"{r.url} sent no response in time", r.url) from exc
+        except RequestBodyError:  # the client's body failed: says nothing of the replica
+            r.outstanding -= 1
+            raise
         except BackendError:
             r.outstanding -= 1
             self.detector.on_result(r, True, None)

@@ -8,6 +8,7 @@ import os
 
 import aiohttp
 import msgpack
+import pytest
 
 from tests.conftest import base_config
 from tests.support.servers import ServerThread, free_port
@@ -233,4 +234,40 @@ async def test_head_keeps_the_upstreams_content_length(
             assert await r.read() == b""
         # and the connection is still good for the next request
         async with s.get(gateway.url + "/v1/models") as r:
+            assert r.status == 200
+
+
+@pytest.mark.parametrize("client", ["lean", "aiohttp"])
+async def test_an_oversize_streamed_upload_is_413_and_no_mark_on_the_replica(
+    upstream: ServerThread, start_gateway, client: str
+) -> None:
+    """A passthrough body is streamed upstream as it arrives; one that outgrows the limit is
+    the client's error (413), not the replica's: a client must not get healthy replicas
+    ejected by sending too much."""
+    cfg = base_config(upstream.url, limits={"max_body_bytes": 1000})
+    cfg["backends"]["upstream"]["outlier"] = {"consecutive_errors": 3, "base_ejection_s": 30}
+    cfg["backends"]["upstream"]["pool"] = {"http_client": client}
+    gw = start_gateway(cfg)
+    chunk = b"x" * 700
+    for _ in range(6):
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        writer.write(
+            b"POST /any/upload HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + b"%x\r\n%s\r\n" % (len(chunk), chunk) * 3
+            + b"0\r\n\r\n"
+        )
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 413"), head[:80]
+    async with aiohttp.ClientSession() as s:
+        async with s.get(gw.url + "/metrics") as r:
+            text = await r.text()
+        assert "latentgate_upstream_ejections_total{" not in text
+        assert not [
+            line
+            for line in text.splitlines()
+            if line.startswith("latentgate_upstream_errors_total{") and not line.endswith(" 0.0")
+        ]
+        async with s.get(gw.url + "/any/after") as r:
             assert r.status == 200

@@ -7,7 +7,7 @@ aiohttp's exceptions are mapped to the BackendError tree at this boundary (`map_
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
@@ -16,6 +16,7 @@ from yarl import URL
 
 from backends.base import UpstreamRequest, UpstreamResponse
 from backends.errors import (
+    RequestBodyError,
     UpstreamConnectError,
     UpstreamError,
     UpstreamProtocolError,
@@ -52,6 +53,19 @@ def read_whole(length: int | None, content_type: str) -> bool:
 
 # What the hot path catches; `translate` turns each into the BackendError tree.
 _MAPPED = (aiohttp.ClientError, TimeoutError)
+
+
+async def _watched(
+    body: AsyncIterator[bytes], failed: list[RequestBodyError]
+) -> AsyncIterator[bytes]:
+    """The request body, noting a failure of the client's side (aiohttp's writer turns it into
+    a connection error of its own)."""
+    try:
+        async for chunk in body:
+            yield chunk
+    except RequestBodyError as exc:
+        failed.append(exc)
+        raise
 
 
 def translate(exc: BaseException, replica: str, phase: str) -> UpstreamError:
@@ -153,17 +167,25 @@ class Http1Transport:
                 sock_connect=connect_s if connect_s is not None else self._timeouts.connect,
                 sock_read=self._timeouts.read,
             )
+        body = request.body
+        failed: list[RequestBodyError] = []
+        if body is not None and not isinstance(body, bytes):
+            body = _watched(body, failed)
         try:
             resp = await self._session.request(
                 request.method,
                 # The client's path and query go upstream byte for byte: no re-quoting.
                 URL(self._base + request.path_qs, encoded=True),
                 headers=headers,
-                data=request.body,
+                data=body,
                 allow_redirects=False,
                 timeout=timeout if timeout is not None else aiohttp.helpers.sentinel,
             )
+        except RequestBodyError:
+            raise
         except _MAPPED as exc:
+            if failed:  # aiohttp wraps what the body raised: it was the client's, say so
+                raise failed[0] from exc
             raise translate(exc, self.url, "request") from exc
         out_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in resp.raw_headers]
         out = UpstreamResponse(resp.status, resp.reason or "", out_headers, replica=self.url)

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from backends.base import UpstreamRequest, UpstreamResponse
 from backends.errors import (
+    RequestBodyError,
     UpstreamConnectError,
     UpstreamError,
     UpstreamProtocolError,
@@ -190,6 +191,10 @@ class LeanHttp1Transport:
             else:
                 out.stream = _Stream(self, conn, req)
             return out
+        except RequestBodyError:  # the client's body failed: not this replica's doing
+            conn.close()
+            self._release(conn)
+            raise
         except Exception as exc:
             conn.close()
             self._release(conn)
