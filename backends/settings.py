@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -164,6 +165,16 @@ class RemoteBackendSettings(_Frozen):
             for prefix in ("unix:", "grpc+unix:"):
                 if url.startswith(prefix) and len(url) <= len(prefix):
                     raise ValueError(f"replica {url!r} names no socket path")
+            if url.startswith(("http://", "https://", "grpc://")):
+                try:
+                    parts = urlsplit(url)
+                    port = parts.port  # raises on a port out of range or not a number
+                except ValueError as exc:
+                    raise ValueError(f"replica {url!r}: {exc}") from None
+                if not parts.hostname:
+                    raise ValueError(f"replica {url!r} names no host")
+                if port is None and url.startswith("grpc://"):
+                    raise ValueError(f"replica {url!r} names no port")
         if len({wire_of(u) for u in value}) > 1:
             raise ValueError("a pool's replicas all speak HTTP or all speak gRPC, not both")
         return value

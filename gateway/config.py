@@ -42,6 +42,9 @@ class ListenerSettings(_Frozen):
         tcp = self.host is not None or self.port is not None
         if tcp == (self.unix is not None):
             raise ValueError("a listener has either host/port or unix, not both and not neither")
+        if tcp and self.port is None:
+            # without one it would bind wherever the OS says, where no client or probe looks
+            raise ValueError("a TCP listener needs a port (0 for any free one)")
         return self
 
 
@@ -346,4 +349,9 @@ def load_settings(path: str | Path, environ: Mapping[str, str] | None = None) ->
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(str(p), [ConfigIssue("", None, f"cannot read: {exc.strerror}")]) from None
+    except UnicodeDecodeError as exc:
+        line = p.read_bytes()[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            str(p), [ConfigIssue("", line, f"not UTF-8 text (byte {exc.object[exc.start]:#04x})")]
+        ) from None
     return parse_settings(text, str(p), environ)

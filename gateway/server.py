@@ -11,6 +11,8 @@ import signal
 import socket
 import sys
 
+from aiohttp import web
+
 from cache import share_generated_secret
 from gateway import access_log
 from gateway.app import build_app
@@ -59,15 +61,19 @@ async def serve(
         max_field_size=limits.max_header_bytes,
         shutdown_timeout=limits.shutdown_grace_s,
     )
-    await runner.setup()
+    try:
+        await runner.setup()  # (starts a gRPC listener, when there is one)
+    except OSError as exc:
+        await runner.cleanup()
+        raise CannotListen(str(exc)) from exc
     _tune_gc()
     sites = make_sites(runner, settings.listeners, unix_socks or {}, reuse_port)
     for site in sites:
-        await site.start()
+        await _start(site, runner)
         log.info("listening on %s (pid %d)", site.name, os.getpid())
     if settings.admin.listener is not None:
         for site in make_sites(runner, [settings.admin.listener], unix_socks or {}, reuse_port):
-            await site.start()
+            await _start(site, runner)
             app[ROLES].add_admin_site(site)
             sites.append(site)
             log.info("admin API listening on %s (pid %d)", site.name, os.getpid())
@@ -107,6 +113,19 @@ async def serve(
     log.info("stopped")
 
 
+class CannotListen(Exception):
+    """A listener could not bind (its port taken, its socket path not writable): said in one
+    line, and the process exits 2, instead of a traceback."""
+
+
+async def _start(site: web.BaseSite, runner: web.BaseRunner) -> None:
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise CannotListen(f"cannot listen on {site.name}: {exc.strerror or exc}") from exc
+
+
 def _tune_gc() -> None:
     """Start-up objects (modules, settings, the app) never die: freeze them out of every scan.
     Requests leave almost no cyclic garbage, so young collections can run 20x less often."""
@@ -121,8 +140,12 @@ def run(settings: Settings, workers: int = 1, config_path: str | None = None) ->
     # neither read its siblings' entries in Redis nor purge them.
     share_generated_secret(settings.cache.tenant_secret, os.environ)
     if workers <= 1:
-        with asyncio.Runner(loop_factory=_new_loop) as runner:
-            runner.run(serve(settings, config_path=config_path))
+        try:
+            with asyncio.Runner(loop_factory=_new_loop) as runner:
+                runner.run(serve(settings, config_path=config_path))
+        except CannotListen as exc:
+            log.error("%s", exc)
+            return 2
         return 0
     # Unix sockets cannot be shared with SO_REUSEPORT: bind once here, workers inherit the fd.
     every = [*settings.listeners, settings.admin.listener]
@@ -137,6 +160,9 @@ def run(settings: Settings, workers: int = 1, config_path: str | None = None) ->
                     runner.run(
                         serve(settings, unix_socks, reuse_port=True, config_path=config_path)
                     )
+            except CannotListen as exc:
+                log.error("%s", exc)
+                code = 2
             except BaseException:
                 log.exception("worker failed")
                 code = 1
@@ -152,9 +178,14 @@ def run(settings: Settings, workers: int = 1, config_path: str | None = None) ->
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, forward)  # each worker reloads its own copy
-    worst = 0
-    for child in children:
-        _, status = os.waitpid(child, 0)
-        worst = max(worst, os.waitstatus_to_exitcode(status) if status else 0)
+    failed = 0
+    for ended in range(1, len(children) + 1):  # as they end: a death is said when it happens
+        pid, status = os.wait()
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            failed += 1
+            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+            log.error("worker %d ended (%s); %d still serving", pid, how, len(children) - ended)
     sys.stdout.flush()
-    return 1 if worst else 0
+    # non-zero when any worker did not end cleanly: a supervisor's Restart=on-failure acts
+    return 1 if failed else 0

@@ -52,7 +52,10 @@ class GrpcListeners:
         server.add_generic_rpc_handlers((self.service.handler(),))
         for lst in self.listeners:
             address = address_of(lst)
-            port = server.add_insecure_port(address)
+            try:
+                port = server.add_insecure_port(address)
+            except RuntimeError as exc:  # grpcio says "Failed to bind" this way too
+                raise OSError(f"gRPC listener {lst.name!r} could not bind {address}") from exc
             if lst.unix is None and port == 0:
                 raise OSError(f"gRPC listener {lst.name!r} could not bind {address}")
             self.ports[lst.name] = port

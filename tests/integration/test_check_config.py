@@ -146,7 +146,9 @@ routes:
     proc = _check(config)
     assert proc.returncode == 1
     lines = proc.stderr.splitlines()
-    assert lines[0].endswith("2 error(s)")
+    # (the third: the listener is left without a port, which it needs)
+    assert lines[0].endswith("3 error(s)")
+    assert "listeners.0 (line 2): a TCP listener needs a port" in proc.stderr
     # A port left empty by an unset variable is an error too, not a silent "no port".
     assert lines[1].strip().startswith("listeners.0.port (line 4): environment variable NOPE_PORT")
     assert (
@@ -158,3 +160,22 @@ routes:
     )
     assert "${NOPE_UP:-default}" in lines[2]
     assert "valid string" not in proc.stderr  # the cause, not pydantic's symptom
+
+
+def test_a_config_that_would_fail_at_start_fails_the_check(tmp_path: Path) -> None:
+    """What `serve` would crash on (a replica port out of range, a listener without a port, a
+    file that is not UTF-8) is a one-line error here, with its line, never a traceback."""
+    config = tmp_path / "bad.yaml"
+    config.write_bytes(
+        b"listeners:\n  - {name: main, host: 127.0.0.1}\nbackends:\n"
+        b'  up: {kind: remote, replicas: ["http://127.0.0.1:99999"]}\n'
+        b"routes:\n  - {name: all, match: {prefix: /}, backend: up}\n"
+    )
+    proc = _check(config)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "listeners.0 (line 2): a TCP listener needs a port" in proc.stderr
+    assert "replica 'http://127.0.0.1:99999': Port out of range" in proc.stderr
+    config.write_bytes(config.read_bytes().replace(b"99999", b"9999") + b"# caf\xe9\n")
+    proc = _check(config)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "(line 7): not UTF-8 text" in proc.stderr

@@ -1,0 +1,61 @@
+"""The server process as an operator's supervisor sees it: start-up failures in one line with a
+distinct exit code, and a worker's death said aloud and reflected in the exit code."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import base_config
+from tests.support.servers import ROOT, GatewayProcess, ServerThread
+
+
+def test_a_taken_port_is_one_line_and_exit_code_2(upstream: ServerThread, tmp_path: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        cfg = base_config(upstream.url)
+        cfg["listeners"] = [{"name": "main", "host": "127.0.0.1", "port": port}]
+        path = tmp_path / "lg.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        proc = subprocess.run(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+            check=False,
+        )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"cannot listen on http://127.0.0.1:{port}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def _children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(x) for x in text.split()]
+
+
+def test_a_killed_worker_is_logged_and_the_exit_code_says_so(
+    upstream: ServerThread, gateway_process: Callable[..., GatewayProcess]
+) -> None:
+    gw = gateway_process(base_config(upstream.url), workers=2)
+    assert gw.proc is not None
+    workers = _children(gw.proc.pid)
+    assert len(workers) == 2
+    os.kill(workers[0], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    said = f"worker {workers[0]} ended (killed by signal 9); 1 still serving"
+    while said not in gw.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert said in gw.log()
+    assert gw.stop() == 1  # the survivor drained cleanly; one worker did not
