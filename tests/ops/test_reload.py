@@ -285,3 +285,15 @@ def test_reload_swaps_a_routes_cache_policy(
     gw.write(cfg)
     assert gw.reload()[0] == 200
     assert x_cache() == "none"  # off again: the stored entry is no longer served
+
+
+def test_a_reload_of_a_file_that_is_not_utf8_is_a_422_and_the_old_config_serves(
+    upstream: ServerThread, in_process: Callable[..., InProcess]
+) -> None:
+    cfg = base_config(upstream.url, admin={"token": ADMIN_TOKEN})
+    gw = in_process(cfg)
+    Path(gw.path).write_bytes(yaml.safe_dump(cfg).encode() + b"# caf\xe9\n")
+    status, body = gw.reload()
+    assert status == 422, body
+    assert "not UTF-8" in json.dumps(body)
+    assert http("GET", gw.server.url + "/v1/models")[0] == 200
