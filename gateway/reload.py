@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -230,6 +231,9 @@ RELOADER: web.AppKey[Reloader] = web.AppKey("latentgate_reloader", Reloader)
 
 async def admin_reload(request: web.Request) -> web.Response:
     result = await request.app[RELOADER].reload()
+    tell = request.app[STATE].tell_workers
+    if result.ok and tell is not None:
+        tell(signal.SIGHUP)  # the other workers reload the same file (as on a SIGHUP)
     status = result.status
     body: Mapping[str, Any] = result.as_json()
     if not result.ok:

@@ -13,7 +13,7 @@ import sys
 
 from aiohttp import web
 
-from cache import share_generated_secret
+from cache import Cache, share_generated_secret
 from gateway import access_log
 from gateway.app import build_app
 from gateway.config import Settings
@@ -82,6 +82,11 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, app[RELOADER].schedule, "SIGHUP")
+    if reuse_port:  # one of --workers N: admin calls reach the siblings through the parent
+        parent = os.getppid()
+        state.tell_workers = lambda sig: os.kill(parent, sig)
+        if state.cache is not None:
+            loop.add_signal_handler(signal.SIGUSR1, _drop_memory, state.cache)
     await stop.wait()
     log.info(
         "draining: /readyz says 503 and new requests get 503 (listeners stay open); waiting up "
@@ -111,6 +116,13 @@ async def serve(
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(lst.unix)
     log.info("stopped")
+
+
+def _drop_memory(cache: Cache) -> None:
+    """A purge another worker took: this worker's memory tier goes whole (Redis, if any, was
+    purged by that worker; the semantic index drops entries whose payload is gone)."""
+    n = cache.memory.clear()
+    log.info("purge in another worker: dropped %d entries from this worker's memory tier", n)
 
 
 class CannotListen(Exception):
@@ -178,6 +190,7 @@ def run(settings: Settings, workers: int = 1, config_path: str | None = None) ->
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, forward)  # each worker reloads its own copy
+    signal.signal(signal.SIGUSR1, forward)  # a purge one worker took: the others drop memory
     failed = 0
     for ended in range(1, len(children) + 1):  # as they end: a death is said when it happens
         pid, status = os.wait()

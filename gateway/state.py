@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -23,6 +23,9 @@ class AppState:
     draining: bool = False
     cache: Cache | None = None
     semantic: SemanticSetup | None = None  # loads in the background; None when no route uses it
+    # With --workers N: signals every worker (through the parent, which forwards it), so that an
+    # admin call one worker took reaches the others. None in a single process.
+    tell_workers: Callable[[int], None] | None = None
 
 
 STATE: web.AppKey[AppState] = web.AppKey("latentgate_state", AppState)

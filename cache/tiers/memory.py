@@ -80,6 +80,13 @@ class MemoryTier:
             self.delete_now(k)
         return len(gone)
 
+    def clear(self) -> int:
+        """Drop every entry; how many there were."""
+        n = len(self._data)
+        self._data.clear()
+        self.bytes = 0
+        return n
+
     async def stats(self) -> dict[str, object]:
         return {"entries": len(self._data), "bytes": self.bytes, "max_bytes": self.max_bytes}
 

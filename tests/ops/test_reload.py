@@ -297,3 +297,61 @@ def test_a_reload_of_a_file_that_is_not_utf8_is_a_422_and_the_old_config_serves(
     assert status == 422, body
     assert "not UTF-8" in json.dumps(body)
     assert http("GET", gw.server.url + "/v1/models")[0] == 200
+
+
+def test_an_admin_reload_reaches_every_worker(
+    upstream: ServerThread,
+    second_upstream: ServerThread,
+    gateway_process: Callable[..., GatewayProcess],
+) -> None:
+    """POST /admin/reload lands in one worker; the others reload too (through the parent)."""
+    gw = gateway_process(
+        _two_backend_config(upstream.url, second_upstream.url, "upstream"), workers=2
+    )
+    cfg = yaml.safe_load(Path(gw.config_path).read_text())
+    for route in cfg["routes"]:
+        if route["name"] == "chat":
+            route["backend"] = "second"
+    Path(gw.config_path).write_text(yaml.safe_dump(cfg))
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    assert http("POST", gw.url + "/admin/reload", headers=auth)[0] == 200
+    time.sleep(1.0)
+    assert {_chat_upstream(gw.url) for _ in range(30)} == {"second"}
+    assert gw.stop() == 0
+
+
+def test_a_purge_reaches_every_workers_memory(
+    upstream: ServerThread, gateway_process: Callable[..., GatewayProcess]
+) -> None:
+    cfg = base_config(upstream.url, admin={"token": ADMIN_TOKEN})
+    for route in cfg["routes"]:
+        if route["name"] == "chat":
+            route["cache"] = {"exact": {"enabled": True, "tiers": ["memory"]}}
+    gw = gateway_process(cfg, workers=2)
+
+    def upstream_calls() -> int:
+        status, doc = http_json("GET", upstream.url + "/_test/stats")
+        assert status == 200
+        return int(doc["requests"].get("/v1/chat/completions", 0))
+
+    def ask_many() -> set[str]:
+        # a new connection each: SO_REUSEPORT spreads them over both workers
+        return {
+            http(
+                "POST",
+                gw.url + "/v1/chat/completions",
+                json.dumps(CHAT).encode(),
+                {"Content-Type": "application/json", "Connection": "close"},
+            )[1].get("X-Cache", "")
+            for _ in range(24)
+        }
+
+    ask_many()
+    assert upstream_calls() == 2  # one miss in each worker's memory
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    status, doc = http_json("POST", gw.url + "/admin/cache/purge", {"all": True}, auth)
+    assert status == 200 and doc["purged"]["other_workers"] == "memory tier dropped"
+    time.sleep(0.5)
+    ask_many()
+    assert upstream_calls() == 4  # both workers missed again: nothing stale survived the purge
+    assert gw.stop() == 0
