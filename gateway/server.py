@@ -85,8 +85,8 @@ async def serve(
     if reuse_port:  # one of --workers N: admin calls reach the siblings through the parent
         parent = os.getppid()
         state.tell_workers = lambda sig: os.kill(parent, sig)
-        if state.cache is not None:
-            loop.add_signal_handler(signal.SIGUSR1, _drop_memory, state.cache)
+        # (always handled: SIGUSR1's default action would end the worker)
+        loop.add_signal_handler(signal.SIGUSR1, _drop_memory, state.cache)
     await stop.wait()
     log.info(
         "draining: /readyz says 503 and new requests get 503 (listeners stay open); waiting up "
@@ -118,9 +118,11 @@ async def serve(
     log.info("stopped")
 
 
-def _drop_memory(cache: Cache) -> None:
+def _drop_memory(cache: Cache | None) -> None:
     """A purge another worker took: this worker's memory tier goes whole (Redis, if any, was
     purged by that worker; the semantic index drops entries whose payload is gone)."""
+    if cache is None:
+        return
     n = cache.memory.clear()
     log.info("purge in another worker: dropped %d entries from this worker's memory tier", n)
 
