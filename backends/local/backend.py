@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
+
 from backends.base import UpstreamRequest, UpstreamResponse
 from backends.errors import BadInput, EngineError, ModelNotFound
 from backends.local.artifacts import BUILTIN_PREFIX, builtin_dir, resolve
@@ -235,7 +237,7 @@ class LocalBackend:
             result = await self.tensors.arun(self.tensors.check(req.inputs))
             specs = {s.name: s.datatype for s in self.tensors.outputs}
             outputs = {k: (specs.get(k, "FP32"), v) for k, v in result.items()}
-        rows = max((len(v[1]) for v in outputs.values()), default=0)
+        rows = max((len(v[1]) if np.ndim(v[1]) else 1 for v in outputs.values()), default=0)
         payload, headers = await _maybe_thread(
             rows > _INLINE_ROWS, encode_infer, self.model_name, req, outputs
         )

@@ -44,7 +44,13 @@ class TensorModel:
 
             # Decode on the host, resize and normalise on the device the engine reads from.
             self._gpu = GpuPreprocessor() if cuda_available() else None
-        self._batcher: Batcher[Feeds, Feeds] = Batcher(
+        # Requests share an engine run only when the graph takes any number of rows on dimension
+        # 0 of every input and gives one row per input row on every output: a fixed batch size
+        # (e.g. [1, 3]) or an output without that dimension (a scalar) runs each request alone.
+        self.joinable = all(s.shape and s.shape[0] == -1 for s in engine.inputs) and all(
+            s.shape and s.shape[0] == -1 for s in engine.outputs
+        )
+        self._batcher: Batcher[Feeds, Feeds | Exception] = Batcher(
             name, self._run_batch, batching, metrics=metrics
         )
         self.ready = False
@@ -71,6 +77,12 @@ class TensorModel:
                     f"input '{spec.name}' has shape {shape}; the model takes {list(spec.shape)} "
                     "(-1: any size)"
                 )
+            rows = {s.name: inputs[s.name][1][0] for s in self.inputs if inputs[s.name][1]}
+            if len(set(rows.values())) > 1 and self.joinable:
+                raise BadInput(
+                    f"model {self.name}'s inputs must agree on dimension 0 (rows): got "
+                    + ", ".join(f"{k} {v}" for k, v in rows.items())
+                )
             if self.image is not None and self._gpu is not None:
                 feeds[spec.name] = self._gpu.images_to_nchw(value, self.image)
             elif self.image is not None:
@@ -83,7 +95,10 @@ class TensorModel:
         return self.engine.run(feeds)
 
     async def arun(self, feeds: Feeds) -> Feeds:
-        return (await self._batcher.submit([feeds]))[0]
+        out = (await self._batcher.submit([feeds]))[0]
+        if isinstance(out, Exception):
+            raise out  # this request's own failure (its batch mates were answered)
+        return out
 
     def warmup(self) -> None:
         feeds = {}
@@ -93,23 +108,41 @@ class TensorModel:
         self.engine.run(feeds)
         self.ready = True
 
-    def _run_batch(self, batch: list[Feeds]) -> list[Feeds]:
-        """Requests whose non-batch shapes agree share one engine run; the rest run alone."""
-        out: list[Feeds] = [{} for _ in batch]
+    def _run_batch(self, batch: list[Feeds]) -> list[Feeds | Exception]:
+        """Requests whose non-batch shapes agree share one engine run; the rest run alone. A
+        shared run that fails is run again request by request: one request's failure is its
+        own, never its batch mates'."""
+        out: list[Feeds | Exception] = [{} for _ in batch]
         groups: dict[tuple[Any, ...], list[int]] = {}
         for i, feeds in enumerate(batch):
-            key = tuple((k, v.shape[1:]) for k, v in sorted(feeds.items()))
+            key: tuple[Any, ...] = (
+                tuple((k, v.shape[1:]) for k, v in sorted(feeds.items())) if self.joinable else (i,)
+            )
             groups.setdefault(key, []).append(i)
         for idx in groups.values():
+            if len(idx) == 1:
+                out[idx[0]] = self._alone(batch[idx[0]])
+                continue
             names = batch[idx[0]].keys()
             joined = {n: _concat([batch[i][n] for i in idx]) for n in names}
-            result = self.engine.run(joined)
+            try:
+                result = self.engine.run(joined)
+            except Exception:
+                for i in idx:
+                    out[i] = self._alone(batch[i])
+                continue
             start = 0
             for i in idx:
                 n = len(next(iter(batch[i].values())))
                 out[i] = {k: v[start : start + n] for k, v in result.items()}
                 start += n
         return out
+
+    def _alone(self, feeds: Feeds) -> Feeds | Exception:
+        try:
+            return self.engine.run(feeds)
+        except Exception as exc:
+            return exc
 
     async def aclose(self) -> None:
         await self._batcher.aclose()
