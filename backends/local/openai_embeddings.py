@@ -50,6 +50,10 @@ def parse_embeddings(body: bytes) -> EmbeddingsRequest:
     for i, t in enumerate(texts):
         if not t:
             raise BadInput(f"input[{i}] is an empty string")
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError:  # JSON lets "\ud800" through; no text has a lone surrogate
+            raise BadInput(f"input[{i}] is not valid Unicode (a lone surrogate)") from None
     fmt = doc.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise BadInput("'encoding_format' must be 'float' or 'base64'")

@@ -73,7 +73,12 @@ def decode_infer(body: bytes, header_length: str | None) -> InferRequest:
             if datatype == "BYTES":
                 if not all(isinstance(v, str) for v in flat):
                     raise BadInput(f"input '{name}': BYTES data must be strings")
-                value = [v.encode() for v in flat]
+                try:
+                    value = [v.encode() for v in flat]
+                except UnicodeEncodeError:  # JSON lets "\ud800" through
+                    raise BadInput(
+                        f"input '{name}': a string is not valid Unicode (a lone surrogate)"
+                    ) from None
             else:
                 try:
                     value = np.asarray(flat, NUMERIC[datatype])
@@ -88,6 +93,8 @@ def decode_infer(body: bytes, header_length: str | None) -> InferRequest:
             raise BadInput(f"input '{name}': shape {shape} needs {count} elements, got {n_elems}")
         inputs[name] = (datatype, shape, value)
     params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise BadInput("'parameters' must be an object")
     binary_default = bool(params.get("binary_data_output", False))
     outs = doc.get("outputs")
     requested: list[str] | None = None
@@ -98,7 +105,10 @@ def decode_infer(body: bytes, header_length: str | None) -> InferRequest:
             if not isinstance(o, dict) or not isinstance(o.get("name"), str):
                 raise BadInput("each of 'outputs' must be an object with a string 'name'")
             requested.append(o["name"])
-            if (o.get("parameters") or {}).get("binary_data", binary_default):
+            o_params = o.get("parameters") or {}
+            if not isinstance(o_params, dict):
+                raise BadInput(f"output '{o['name']}': 'parameters' must be an object")
+            if o_params.get("binary_data", binary_default):
                 bin_outs.add(o["name"])
     rid = doc.get("id")
     return InferRequest(rid if isinstance(rid, str) else None, inputs, bin_outs, requested,

@@ -53,7 +53,12 @@ def tensor_from_json(
         elems = []
         for v in flat:
             if isinstance(v, str):
-                elems.append(v.encode())
+                try:
+                    elems.append(v.encode())
+                except UnicodeEncodeError:  # JSON lets "\ud800" through
+                    raise BadRequest(
+                        f"input '{name}': a string is not valid Unicode (a lone surrogate)"
+                    ) from None
             elif isinstance(v, bytes):
                 elems.append(v)
             else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Iterator
 
@@ -143,3 +144,38 @@ def test_grpc_listener_serves_minilm_and_refuses_a_dead_grpc_upstream(
         client.infer("resnet", [inp])
     assert err.value.status() == "StatusCode.UNAVAILABLE"
     assert "grpc-upstream" in err.value.message()
+
+
+def test_text_that_is_not_valid_unicode_and_malformed_parameters_are_a_400(
+    default_gateway: ServerThread,
+) -> None:
+    """JSON lets a lone surrogate ("\\ud800") through; no text has one. And v2 `parameters`
+    must be objects. Each is the client's error in its API's format, never a 500."""
+    import urllib.error
+    import urllib.request
+
+    def post(path: str, raw: bytes) -> tuple[int, dict[str, object]]:
+        req = urllib.request.Request(
+            default_gateway.url + path, data=raw, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    status, doc = post("/v1/embeddings", b'{"model": "all-MiniLM-L6-v2", "input": "\\ud800abc"}')
+    assert status == 400 and "lone surrogate" in json.dumps(doc)
+    v2 = "/v2/models/all-MiniLM-L6-v2/infer"
+
+    def text(value: str) -> dict[str, object]:
+        return {"name": "text", "datatype": "BYTES", "shape": [1], "data": [value]}
+
+    raw = json.dumps({"inputs": [text("MARK")]}).replace("MARK", "\\ud800")
+    status, doc = post(v2, raw.encode())
+    assert status == 400 and "lone surrogate" in json.dumps(doc)
+    status, doc = post(v2, json.dumps({"inputs": [text("hi")], "parameters": "x"}).encode())
+    assert status == 400 and "parameters" in json.dumps(doc)
+    outputs = [{"name": "embedding", "parameters": 5}]
+    status, doc = post(v2, json.dumps({"inputs": [text("hi")], "outputs": outputs}).encode())
+    assert status == 400 and "parameters" in json.dumps(doc)
