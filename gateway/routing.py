@@ -34,6 +34,7 @@ class Route:
     methods: frozenset[str] | None
     model: str | None
     upstream: RoutePolicy = _DEFAULT_UPSTREAM
+    max_items: int = 2048  # route.limits.max_items: rows per request (gRPC checks it here)
 
     @classmethod
     def from_settings(cls, s: RouteSettings, adapter: Adapter) -> Route:
@@ -48,6 +49,7 @@ class Route:
             methods=frozenset(m.upper() for m in s.match.methods) if s.match.methods else None,
             model=s.match.model,
             upstream=_upstream_policy(s),
+            max_items=s.limits.max_items,
         )
 
     def matches(self, method: str, path: str) -> Match:

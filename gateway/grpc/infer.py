@@ -75,6 +75,13 @@ class InferFlow:
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "model_name is required")
         route = grpc_route(rt, "ModelInfer", msg.model_name)
         tensors = codec.input_tensors(msg)
+        for t in tensors:  # the route's rows-per-request limit, as over HTTP (a 413 there)
+            if t.shape and t.shape[0] > route.max_items:
+                raise RpcError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"input '{t.name}' has {t.shape[0]} items; this route takes at most "
+                    f"{route.max_items} per request",
+                )
         metadata = metadata_of(ctx)
         raw = speaks_grpc(rt.backends[route.backend])
 

@@ -179,3 +179,25 @@ def test_text_that_is_not_valid_unicode_and_malformed_parameters_are_a_400(
     outputs = [{"name": "embedding", "parameters": 5}]
     status, doc = post(v2, json.dumps({"inputs": [text("hi")], "outputs": outputs}).encode())
     assert status == 400 and "parameters" in json.dumps(doc)
+
+
+def test_grpc_applies_the_routes_rows_per_request_limit(default_gateway: ServerThread) -> None:
+    """Over HTTP 2,049 texts are a 413; over gRPC the same request is RESOURCE_EXHAUSTED, not
+    2,049 embeddings computed past the limit."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from gateway.grpc import GRPC
+
+    assert default_gateway.app is not None
+    port = default_gateway.app[GRPC].ports["grpc"]
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    inp = grpcclient.InferInput("text", [2049], "BYTES")
+    inp.set_data_from_numpy(np.asarray(["hi"] * 2049, dtype=object))
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("all-MiniLM-L6-v2", [inp])
+    assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+    assert "at most 2048" in err.value.message()
+    ok = grpcclient.InferInput("text", [2], "BYTES")
+    ok.set_data_from_numpy(np.asarray(["hi", "there"], dtype=object))
+    assert client.infer("all-MiniLM-L6-v2", [ok]).as_numpy("embedding").shape == (2, 384)
