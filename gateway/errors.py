@@ -63,6 +63,14 @@ class GatewayTimeout(GatewayError):
     error_type = "upstream_timeout"
 
 
+class ClientClosed(GatewayError):
+    """The client hung up before its answer (nginx's 499): the access log says so; nobody reads
+    the body."""
+
+    status = 499
+    error_type = "client_closed_request"
+
+
 class NotInCache(GatewayError):
     """Cache-Control: only-if-cached, and nothing stored to answer with (RFC 9111 5.2.1.7)."""
 

@@ -11,8 +11,9 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextvars import ContextVar
+from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
@@ -44,6 +45,7 @@ from gateway.config import LimitSettings
 from gateway.errors import (
     BadGateway,
     BadRequest,
+    ClientClosed,
     GatewayError,
     GatewayTimeout,
     MethodNotAllowed,
@@ -68,6 +70,7 @@ log = logging.getLogger("latentgate.pipeline")
 _STREAM_BODY_OVER = 1 << 20
 # Bodies larger than this are parsed (and keyed) in a worker thread.
 _PARSE_INLINE = 256 << 10
+_CLIENT_CHECK_S = 0.05  # how often local engine work looks whether its client is still there
 
 
 class Pipeline:
@@ -231,7 +234,7 @@ class Pipeline:
             return await self._cached(
                 request, route, flow, call, body, timing, upstream_request, alias
             )
-        upstream = await self._send(route, upstream_request())
+        upstream = await self._send(route, upstream_request(), request)
         timing.add(self.backends[route.backend].timing_stage, t)
         return await responses.upstream(request, upstream, timing, self._count_cut)
 
@@ -252,7 +255,11 @@ class Pipeline:
         # sampled and no-store calls never touch the cache: no key, no alias
         try:
             passed = await flow.bypass(
-                call, directives, timing, stage, lambda: self._send(route, upstream_request())
+                call,
+                directives,
+                timing,
+                stage,
+                lambda: self._send(route, upstream_request(), request),
             )
         except NotCached as exc:
             raise NotInCache(str(exc)) from None
@@ -279,7 +286,7 @@ class Pipeline:
             compute_stage=stage,
         )
         try:
-            result = await flow.run(ask, lambda: self._send(route, upstream_request()))
+            result = await flow.run(ask, lambda: self._send(route, upstream_request(), request))
         except UpstreamError as exc:  # the leader's stream broke: its waiters get a 502 too
             raise BadGateway(f"upstream {route.backend} failed: {exc}") from None
         except NotCached as exc:
@@ -296,10 +303,14 @@ class Pipeline:
     def _count_cut(self) -> None:
         self.metrics.upstream_errors.labels("-", "stream_cut").inc()
 
-    async def _send(self, route: Route, req: UpstreamRequest) -> UpstreamResponse:
+    async def _send(
+        self, route: Route, req: UpstreamRequest, client: web.Request | None = None
+    ) -> UpstreamResponse:
         backend = self.backends[route.backend]
         self.tracing.inject(req)
         try:
+            if client is not None and getattr(backend, "computes_here", False):
+                return await _unless_client_left(backend.send(req), client)
             return await backend.send(req)
         except UpstreamTimeout as exc:
             self.metrics.upstream_errors.labels(route.backend, "timeout").inc()
@@ -358,6 +369,28 @@ class Pipeline:
                 yield chunk
         except RequestPayloadError as exc:
             raise RequestBodyError(undecodable(request)) from exc
+
+
+async def _unless_client_left(
+    work: Coroutine[Any, Any, UpstreamResponse], client: web.Request
+) -> UpstreamResponse:
+    """Local engine work for a client that may hang up: aiohttp does not cancel a handler when
+    its client goes, and queued engine work (thousands of texts) would run to the end and stall
+    everyone behind it. The work is cancelled when the connection closes (the batcher drops
+    cancelled items before they run; a cache flight's waiters take over as for any leader)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_CLIENT_CHECK_S)
+            if done:
+                return task.result()
+            transport = client.transport
+            if transport is None or transport.is_closing():
+                task.cancel()
+                raise ClientClosed("the client closed the connection before the answer")
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
 
 
 def field(headers: CIMultiDictProxy[str], name: str) -> str | None:

@@ -62,6 +62,7 @@ def _json(doc: Any, status: int = 200) -> UpstreamResponse:
 
 class LocalBackend:
     timing_stage = "engine"
+    computes_here = True  # its work is this machine's CPU: dropped when the client hangs up
 
     def __init__(
         self,

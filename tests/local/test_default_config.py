@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import Iterator
@@ -201,3 +203,42 @@ def test_grpc_applies_the_routes_rows_per_request_limit(default_gateway: ServerT
     ok = grpcclient.InferInput("text", [2], "BYTES")
     ok.set_data_from_numpy(np.asarray(["hi", "there"], dtype=object))
     assert client.infer("all-MiniLM-L6-v2", [ok]).as_numpy("embedding").shape == (2, 384)
+
+
+def _items_embedded(url: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("latentgate_batch_size_sum{")
+    )
+
+
+async def test_work_for_a_client_that_hung_up_is_dropped(default_gateway: ServerThread) -> None:
+    """Three clients send 2,048 texts each and give up at once: the engine must not embed
+    their 6,144 texts (minutes on a CPU) before answering the next client."""
+    import aiohttp
+
+    url = default_gateway.url
+    before = _items_embedded(url)
+    timeout = aiohttp.ClientTimeout(total=0.3)
+    async with aiohttp.ClientSession(timeout=timeout) as s:
+
+        async def abandon(k: int) -> None:
+            texts = [f"abandoned request {k} text number {i}" for i in range(2048)]
+            body = {"model": "all-MiniLM-L6-v2", "input": texts}
+            with contextlib.suppress(TimeoutError):
+                async with s.post(url + "/v1/embeddings", json=body) as r:
+                    await r.read()
+
+        await asyncio.gather(*(abandon(k) for k in range(3)))
+    async with aiohttp.ClientSession() as s:
+        body = {"model": "all-MiniLM-L6-v2", "input": "the client after them"}
+        async with s.post(url + "/v1/embeddings", json=body) as r:
+            assert r.status == 200
+    done = _items_embedded(url) - before
+    # what was already in a running batch is finished; the rest of the queue is not
+    assert done < 2048, done
