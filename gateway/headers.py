@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from multidict import CIMultiDict, CIMultiDictProxy
+
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -97,3 +99,10 @@ def downstream_headers(raw: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     if named:
         out = [(k, v) for k, v in out if k.lower() not in named]
     return out
+
+
+def field(headers: CIMultiDict[str] | CIMultiDictProxy[str], name: str) -> str | None:
+    """A field's lines combined into one list (RFC 9110 5.3): `Cache-Control: max-age=600`
+    then `Cache-Control: no-store` is one request that must not be stored."""
+    values = headers.getall(name, [])
+    return ", ".join(values) if values else None

@@ -17,7 +17,6 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
-from multidict import CIMultiDictProxy
 
 from backends import (
     Backend,
@@ -55,7 +54,7 @@ from gateway.errors import (
     RequestTimeout,
     ServiceUnavailable,
 )
-from gateway.headers import upstream_headers
+from gateway.headers import field, upstream_headers
 from gateway.metrics import Metrics
 from gateway.protocols.base import Call
 from gateway.render import framing_of
@@ -292,10 +291,14 @@ class Pipeline:
         except NotCached as exc:
             raise NotInCache(str(exc)) from None
         if isinstance(result, Hit):
-            rid = (call.extra.get("request_id"),) if v2 else None
-            if rid is not None and alias is not None and responses.echoes(result, framing, rid):
+            own = (
+                responses.with_request_id(result, framing, call.extra.get("request_id"))
+                if v2
+                else None
+            )
+            if v2 and own is None and alias is not None:  # the entry already says this id
                 flow.aliases.remember(alias, key, framing)
-            return responses.cached(request, result, framing, timing, rid)
+            return responses.cached(request, result, framing, timing, own)
         if v2 and alias is not None and result.x_cache == "miss":
             flow.aliases.remember(alias, key, framing)  # what it stores carries this id
         return await responses.fresh(request, result, timing, self._count_cut)
@@ -391,13 +394,6 @@ async def _unless_client_left(
     except asyncio.CancelledError:
         task.cancel()
         raise
-
-
-def field(headers: CIMultiDictProxy[str], name: str) -> str | None:
-    """A field's lines combined into one list (RFC 9110 5.3): `Cache-Control: max-age=600`
-    then `Cache-Control: no-store` is one request that must not be stored."""
-    values = headers.getall(name, [])
-    return ", ".join(values) if values else None
 
 
 def undecodable(request: web.Request) -> BadRequest:

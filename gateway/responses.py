@@ -32,24 +32,30 @@ _REASONS = {s.value: s.phrase for s in HTTPStatus}
 _BLOCK = "hit-header-block"  # the entry memo's key for its serialised headers, per framing
 
 
+Reply = tuple[bytes, list[tuple[str, str]]]
+
+
+def with_request_id(hit: Hit, framing: Framing, request_id: str | None) -> Reply | None:
+    """A v2 hit's body and headers echoing this request's id (the key leaves ids out), or None
+    when the entry, as stored, already carries it."""
+    out = rendered(hit.entry, framing)
+    assert out is not None, "the flow serves only entries this framing renders"
+    return reply_with_id(out[0], list(out[1]), request_id)
+
+
 def cached(
     request: web.BaseRequest,
     hit: Hit,
     framing: Framing,
     timing: Timing,
-    request_id: tuple[str | None] | None = None,
+    reply: Reply | None = None,
 ) -> web.StreamResponse:
     """A cache entry in the request's framing (the flow only returns hits that render).
-    request_id: a v2 call's own id, (None,) when it sent none, to echo in place of the one
-    stored with the entry; None for other protocols."""
+    reply: this request's own version of the entry's body and headers (a v2 id), if any."""
     out = rendered(hit.entry, framing)
     assert out is not None, "the flow serves only entries this framing renders"
-    body, base = out
-    shared = True  # the entry's own bytes: its header block is memoised per framing
-    if request_id is not None:
-        fixed = reply_with_id(body, list(base), request_id[0])
-        if fixed is not None:
-            (body, base), shared = fixed, False
+    body, base = out if reply is None else reply
+    shared = reply is None  # the entry's own bytes: its header block is memoised per framing
     extra = [
         ("X-Cache", hit.x_cache),
         ("Age", str(int(hit.entry.age()))),
@@ -69,13 +75,6 @@ def cached(
         return HitResponse(status, _REASONS[status], block, extra, body)
     # a plain list: web.Response builds its own CIMultiDict from it (building one here doubles it)
     return web.Response(status=status, headers=[*base, *extra], body=body)
-
-
-def echoes(hit: Hit, framing: Framing, request_id: tuple[str | None]) -> bool:
-    """Does the entry, as stored, already carry this v2 request's id (so that the same request
-    bytes may be answered from it by alias, unparsed)?"""
-    out = rendered(hit.entry, framing)
-    return out is not None and reply_with_id(out[0], list(out[1]), request_id[0]) is None
 
 
 async def fresh(

@@ -24,6 +24,7 @@ from gateway.grpc.calls import Context, Reply, grpc_route, metadata_of, parse, s
 from gateway.grpc.codec import params_of
 from gateway.grpc.proto import pb2
 from gateway.grpc.status import RpcError, from_response
+from gateway.headers import field
 from gateway.protocols.v2 import in_sequence
 
 if TYPE_CHECKING:
@@ -98,8 +99,7 @@ class InferFlow:
         ask = Ask(
             key=flow.key(msg.model_name, codec.key_fields(msg, tensors), headers),
             directives=request_directives(
-                ", ".join(headers.getall("cache-control", [])) or None,
-                ", ".join(headers.getall("pragma", [])) or None,
+                field(headers, "cache-control"), field(headers, "pragma")
             ),
             call=_Call(msg.model_name, deterministic=not in_sequence(params_of(msg.parameters))),
             kind=KIND,

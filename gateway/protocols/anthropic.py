@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from gateway.headers import field
 from gateway.protocols.base import Call, decode_body, require, text_of
 
 PATH = "/v1/messages"
@@ -48,11 +51,9 @@ def key_headers(headers: Mapping[str, str] | None) -> dict[str, Any]:
 def _lines(headers: Mapping[str, str], name: str) -> str | None:
     """Every line of a header, combined (RFC 9110 5.3): the upstream gets them all, so the key
     must too (a second `anthropic-beta` line is another request)."""
-    getall = getattr(headers, "getall", None)
-    if getall is None:
-        return headers.get(name)
-    values = getall(name, [])
-    return ", ".join(values) if values else None
+    if isinstance(headers, CIMultiDict | CIMultiDictProxy):
+        return field(headers, name)
+    return headers.get(name)
 
 
 class AnthropicAdapter:
