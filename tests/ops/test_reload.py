@@ -234,11 +234,13 @@ def test_start_only_sections_are_reported_not_applied(
     assert status == 200 and cfg_now["limits"]["max_body_bytes"] == 16 << 20
 
 
-def test_sighup_reaches_every_worker(
+def _two_workers_with_chat_moved_to_second(
     upstream: ServerThread,
     second_upstream: ServerThread,
     gateway_process: Callable[..., GatewayProcess],
-) -> None:
+) -> GatewayProcess:
+    """Two workers serving chat from `upstream`, their config file already pointing it at
+    `second` (what a reload will pick up)."""
     gw = gateway_process(
         _two_backend_config(upstream.url, second_upstream.url, "upstream"), workers=2
     )
@@ -247,11 +249,31 @@ def test_sighup_reaches_every_worker(
         if route["name"] == "chat":
             route["backend"] = "second"
     Path(gw.config_path).write_text(yaml.safe_dump(cfg))
+    return gw
+
+
+def _wait_until_every_worker_answers_from_second(gw: GatewayProcess) -> None:
+    """Workers reload in the background (a busy machine is slow): wait for it, then new
+    connections, spread over both workers (SO_REUSEPORT), all get the new route's answer."""
+
+    def answers() -> set[str]:
+        return {_chat_upstream(gw.url, {"Connection": "close"}) for _ in range(30)}
+
+    deadline = time.monotonic() + 20
+    while answers() != {"second"} and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert answers() == {"second"}
+
+
+def test_sighup_reaches_every_worker(
+    upstream: ServerThread,
+    second_upstream: ServerThread,
+    gateway_process: Callable[..., GatewayProcess],
+) -> None:
+    gw = _two_workers_with_chat_moved_to_second(upstream, second_upstream, gateway_process)
     assert gw.proc is not None
     gw.proc.send_signal(signal.SIGHUP)  # to the parent, which forwards it
-    time.sleep(1.0)
-    # New connections spread over both workers (SO_REUSEPORT): every answer is the new route's.
-    assert {_chat_upstream(gw.url) for _ in range(30)} == {"second"}
+    _wait_until_every_worker_answers_from_second(gw)
     assert gw.stop() == 0
 
 
@@ -305,24 +327,10 @@ def test_an_admin_reload_reaches_every_worker(
     gateway_process: Callable[..., GatewayProcess],
 ) -> None:
     """POST /admin/reload lands in one worker; the others reload too (through the parent)."""
-    gw = gateway_process(
-        _two_backend_config(upstream.url, second_upstream.url, "upstream"), workers=2
-    )
-    cfg = yaml.safe_load(Path(gw.config_path).read_text())
-    for route in cfg["routes"]:
-        if route["name"] == "chat":
-            route["backend"] = "second"
-    Path(gw.config_path).write_text(yaml.safe_dump(cfg))
+    gw = _two_workers_with_chat_moved_to_second(upstream, second_upstream, gateway_process)
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     assert http("POST", gw.url + "/admin/reload", headers=auth)[0] == 200
-    # the other worker reloads in the background: wait for it (a busy machine is slow), then
-    # every answer is the new route's
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if {_chat_upstream(gw.url, {"Connection": "close"}) for _ in range(30)} == {"second"}:
-            break
-        time.sleep(0.2)
-    assert {_chat_upstream(gw.url, {"Connection": "close"}) for _ in range(30)} == {"second"}
+    _wait_until_every_worker_answers_from_second(gw)
     assert gw.stop() == 0
 
 

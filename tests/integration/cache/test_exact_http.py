@@ -210,3 +210,17 @@ async def test_only_if_cached_answers_from_the_cache_or_504_without_going_upstre
     status, headers, body = await _post(gw.url, headers=only)
     assert status == 200 and headers["X-Cache"] == "hit" and body == stored[2]
     assert await _upstream_calls(upstream) == 1
+
+
+async def test_only_if_cached_never_answers_with_another_tenants_entry(
+    upstream: ServerThread, gw: ServerThread
+) -> None:
+    stored = await _post(gw.url, headers={"Authorization": "Bearer sk-alice"})
+    assert stored[0] == 200
+    bob = {"Authorization": "Bearer sk-bob", "Cache-Control": "only-if-cached"}
+    status, _, body = await _post(gw.url, headers=bob)
+    assert status == 504 and json.loads(body)["error"]["type"] == "not_cached"
+    alice = {"Authorization": "Bearer sk-alice", "Cache-Control": "only-if-cached"}
+    status, headers, body = await _post(gw.url, headers=alice)
+    assert status == 200 and headers["X-Cache"] == "hit" and body == stored[2]
+    assert await _upstream_calls(upstream) == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from collections.abc import Callable
 
 import numpy as np
@@ -105,4 +107,31 @@ def test_a_hit_echoes_its_own_request_id(
         client.close()
     # one upstream call per output form; the rest were hits, each with its caller's id
     assert ids == ["first", "second", "second", "third", None]
+    assert upstream.call(_stats(upstream.url))["requests"]["/v2/models/double/infer"] == 2
+
+
+def test_another_tenant_is_not_served_a_v2_entry_by_its_id_or_alias(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """The same v2 bytes from two tenants: each tenant its own entry, also once the alias lane
+    has learned those bytes (after a hit that echoed the caller's own id)."""
+    gw = start_gateway(cache_config(upstream.url))
+    body = json.dumps(
+        {
+            "id": "r",
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}],
+        }
+    ).encode()
+
+    def post(key: str) -> tuple[str, str]:
+        req = urllib.request.Request(
+            gw.url + "/v2/models/double/infer",
+            data=body,
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.headers["X-Cache"], json.loads(r.read())["id"]
+
+    assert [post("alice") for _ in range(3)] == [("miss", "r"), ("hit", "r"), ("hit", "r")]
+    assert post("bob") == ("miss", "r")
     assert upstream.call(_stats(upstream.url))["requests"]["/v2/models/double/infer"] == 2
