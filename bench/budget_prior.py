@@ -26,6 +26,7 @@ from bench.semantic_pooled import label_roots
 from cache.semantic.budget import grid_edges
 from cache.semantic.budget_prior import DEFAULT_PRIOR, digest
 from cache.semantic.features import text_info
+from cache.semantic.rivals import RIVAL_COSINE, contested
 from cache.semantic.setup import budget_scorer
 from cache.semantic.verifier import DEFAULT_ARTIFACT, MlpVerifier, Verifier
 
@@ -43,8 +44,16 @@ class Records:
     requests: int
 
 
-def replay(texts: list[str], classes: list[str], vec: np.ndarray, ver: Verifier) -> Records:
-    """ver: the verifier as a budgeted route scores with it (from its learning floor)."""
+def replay(
+    texts: list[str],
+    classes: list[str],
+    vec: np.ndarray,
+    ver: Verifier,
+    rival: float | None = RIVAL_COSINE,
+) -> Records:
+    """ver: the verifier as a budgeted route scores with it (from its learning floor). Lookups
+    whose candidates are all contested (cache.semantic.rivals) give no row: a route neither
+    serves nor labels them."""
     infos = [text_info(t) for t in texts]
     buf = np.zeros((len(texts), vec.shape[1]), np.float32)
     owner: list[int] = []
@@ -62,9 +71,12 @@ def replay(texts: list[str], classes: list[str], vec: np.ndarray, ver: Verifier)
             cos = cos_all[top]
             if cos[0] >= ver.floor:
                 sc = ver.scores(infos[i], vec[i], [infos[owner[j]] for j in top], buf[top], cos)
+                free = np.array([not contested(cos, x, rival) for x in range(len(top))])
+                sc = np.where(free, sc, -1.0)
                 b = int(np.argmax(sc))
-                wrong = int(classes[owner[int(top[b])]] != classes[i])
-                rows.append((float(cos[b]), float(sc[b]), wrong, i))
+                if sc[b] >= 0:
+                    wrong = int(classes[owner[int(top[b])]] != classes[i])
+                    rows.append((float(cos[b]), float(sc[b]), wrong, i))
         seen.add(t)
         buf[n] = vec[i]
         owner.append(i)
@@ -72,13 +84,15 @@ def replay(texts: list[str], classes: list[str], vec: np.ndarray, ver: Verifier)
     return Records(a[:, 0], a[:, 1], a[:, 2].astype(int), a[:, 3].astype(int), len(texts))
 
 
-def calib_streams() -> list[tuple[str, list[str], list[str]]]:
+def calib_streams(dev_roots: bool = False) -> list[tuple[str, list[str], list[str]]]:
+    """Classes from each part's own labels (as a held-out stream has them); dev_roots: QQP's
+    from every labelled edge of the 40,000 dev pairs, which joins more questions."""
     data = splits()
-    qroots = label_roots(load_qqp())
+    qroots = label_roots(load_qqp()) if dev_roots else None
     out = []
     for d in ("qqp", "paws", "stsb"):
         ps = data[d]["calib"]
-        roots = qroots if d == "qqp" else label_roots(ps)
+        roots = qroots if d == "qqp" and qroots is not None else label_roots(ps)
         texts = ps.a + ps.b
         out.append((d, texts, [roots.get(t.lower(), t.lower()) for t in texts]))
     return out
@@ -89,10 +103,10 @@ def scorer(ver: MlpVerifier) -> Verifier:
     return budget_scorer(ver)
 
 
-def records(ver: Verifier) -> dict[str, Records]:
+def records(ver: Verifier, dev_roots: bool = False) -> dict[str, Records]:
     enc = st_encoder()
     out = {}
-    for name, texts, classes in calib_streams():
+    for name, texts, classes in calib_streams(dev_roots):
         vec = embed_cached(texts, enc, MODEL_TAG)
         out[name] = replay(texts, classes, vec, ver)
     return out
@@ -114,12 +128,19 @@ def counts(r: Records, cos_edges: np.ndarray, score_edges: np.ndarray) -> np.nda
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=str(DEFAULT_PRIOR))
+    ap.add_argument(
+        "--roots",
+        choices=("part", "dev"),
+        default="part",
+        help="which labels join QQP questions into classes: the calib part's own (as a held-out"
+        " stream's are) or every edge of the 40,000 QQP dev pairs",
+    )
     args = ap.parse_args()
     os.environ["LATENTGATE_BENCH_FULL"] = "1"  # the whole calib parts, always
     ver = MlpVerifier.load()
     # The grid a budgeted route of this verifier uses.
     cos_edges, score_edges = grid_edges(scorer(ver).floor, ver.p_min, ver.floor)
-    recs = records(scorer(ver))
+    recs = records(scorer(ver), args.roots == "dev")
     tables = {}
     for name, r in recs.items():
         tables[name] = counts(r, cos_edges, score_edges)
@@ -130,7 +151,8 @@ def main() -> None:
     meta = {
         "datasets": list(tables),
         "verifier_sha256": digest(DEFAULT_ARTIFACT),
-        "command": "python -m bench.budget_prior",
+        "command": f"python -m bench.budget_prior --roots {args.roots}",
+        "rival_cosine": RIVAL_COSINE,
     }
     np.savez(
         args.out,

@@ -23,6 +23,7 @@ from cache.semantic.budget import BudgetGrid, grid_edges
 from cache.semantic.budget_prior import DEFAULT_PRIOR, Prior, load_prior
 from cache.semantic.features import TextInfo, text_info
 from cache.semantic.learn import AUDIT_CAP, LEARNING_LABELS
+from cache.semantic.rivals import RIVAL_COSINE, contested
 from cache.semantic.stage import TIGHTEN_STEP
 from cache.semantic.verifier import DEFAULT_ARTIFACT, MlpVerifier, Verifier
 from cache.settings import SemanticPolicy
@@ -43,6 +44,7 @@ class RouteSim:
     audits: int = 0
     credit: float = 0.0
     log: list[tuple[int, int]] = field(default_factory=list)  # per request: (hit, wrong)
+    rival: float | None = RIVAL_COSINE  # cache.semantic.rivals
 
 
 def run(
@@ -69,7 +71,8 @@ def run(
                     cvecs = _mat(r)[top]
                     if r.grid is None:
                         d = ver.choose(infos[i], vec[i], cands, cvecs, cos)
-                        hit_j = int(top[d.index]) if d.index >= 0 else -1
+                        free = d.index >= 0 and not contested(cos, d.index, r.rival)
+                        hit_j = int(top[d.index]) if free else -1
                     else:
                         hit_j = _budget(
                             r, i, classes, infos[i], vec[i], top, cos, cands, cvecs, r.scorer
@@ -106,7 +109,11 @@ def _mat(r: RouteSim) -> np.ndarray:
 def _budget(r, i, classes, info, v, top, cos, cands, cvecs, ver) -> int:  # type: ignore[no-untyped-def]
     g = r.grid
     score = ver.scores(info, v, cands, cvecs, cos)
+    free = np.array([not contested(cos, x, r.rival) for x in range(len(cos))])
+    score = np.where(free, score, -1.0)
     best = int(np.argmax(score))
+    if score[best] < 0:
+        return -1  # contested: neither served nor labelled (cache.semantic.stage.search)
     g.observe(float(cos[best]), float(score[best]))
     bar = g.bar()
     for k in np.argsort(-score, kind="stable").tolist():
@@ -176,13 +183,13 @@ def summary(r: RouteSim, half: int) -> str:
     )
 
 
-def streams(part: str) -> list[tuple[str, list[str], list[str]]]:
+def streams(part: str, dev_roots: bool = False) -> list[tuple[str, list[str], list[str]]]:
     data = splits()
-    qroots = label_roots(load_qqp())
+    qroots = label_roots(load_qqp()) if dev_roots else None
     out = []
     for d in ("qqp", "paws", "stsb"):
         ps = data[d][part if d != "stsb" or part != "eval" else "eval"]
-        roots = qroots if d == "qqp" else label_roots(ps)
+        roots = qroots if d == "qqp" and qroots is not None else label_roots(ps)
         texts = ps.a + ps.b
         out.append((f"{d}-{part}", texts, [roots.get(t.lower(), t.lower()) for t in texts]))
     return out
@@ -198,7 +205,15 @@ def main() -> None:
     ap.add_argument("--audit-rate", type=float, default=0.05)
     ap.add_argument("--streams", default="qqp,paws,stsb")
     ap.add_argument("--no-shift", action="store_true", help="trust the prior's rates as they are")
+    ap.add_argument(
+        "--roots",
+        choices=("part", "dev"),
+        default="part",
+        help="QQP classes from the part's own labels (as held-out streams) or all dev labels",
+    )
+    ap.add_argument("--rival", default=str(RIVAL_COSINE), help="'none': no contested rule")
     args = ap.parse_args()
+    rival = None if args.rival == "none" else float(args.rival)
     ver = MlpVerifier.load()
     sc = scorer(ver)
     cos_edges, score_edges = grid_edges(sc.floor, ver.p_min, ver.floor)
@@ -208,7 +223,7 @@ def main() -> None:
         else load_prior(Path(args.prior), DEFAULT_ARTIFACT, cos_edges, score_edges)
     )
     enc = st_encoder()
-    for name, texts, classes in streams(args.part):
+    for name, texts, classes in streams(args.part, args.roots == "dev"):
         if name.split("-")[0] not in args.streams.split(","):
             continue
         vec = embed_cached(texts, enc, MODEL_TAG)
@@ -216,7 +231,7 @@ def main() -> None:
             ver, (0.02, 0.05, 0.10), args.delta, args.min_labels, prior, not args.no_shift
         )
         for r in routes:
-            r.audit_rate = args.audit_rate
+            r.audit_rate, r.rival = args.audit_rate, rival
         run(texts, classes, vec, ver, routes)
         print(f"{name}: {len(texts)} requests")
         for r in routes:

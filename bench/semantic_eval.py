@@ -52,6 +52,7 @@ from cache.semantic.cross_encoder import DEFAULT_ARTIFACT as DEFAULT_CE
 from cache.semantic.cross_encoder import CrossEncoder
 from cache.semantic.features import text_info
 from cache.semantic.index import VectorIndex
+from cache.semantic.rivals import RIVAL_COSINE, contested
 from cache.semantic.verifier import DEFAULT_ARTIFACT as DEFAULT_FEATURES
 from cache.semantic.verifier import CrossEncoderVerifier, MlpVerifier, Verifier
 
@@ -279,7 +280,9 @@ def streams(enc, ver: Verifier, limit: int) -> dict[str, object]:  # type: ignor
                             vec[[ev[k] for k in top]],
                             sims[top],
                         )
-                        j = ev[top[d.index]] if d.index >= 0 else -1
+                        # as a route serves: not while another entry is close too
+                        free = d.index >= 0 and not contested(sims[top], d.index, RIVAL_COSINE)
+                        j = ev[top[d.index]] if free else -1
                 if j >= 0:
                     hits += 1
                     if st.labels is not None:

@@ -115,10 +115,11 @@ def best_points(
     best: dict[tuple[str, float], tuple[float, float, float]] = {}
     for floor in (0.80, 0.85, 0.88, 0.90):
         for p_min in np.arange(0.05, 0.999, 0.005):
-            chosen = choose_verified(pools["qqp"], probs["qqp"], floor, float(p_min))
+            chosen = choose_verified(pools["qqp"], probs["qqp"], floor, float(p_min), None)
             sq = qqp_score(chosen)
             paws = score(
-                pools["paws"], choose_verified(pools["paws"], probs["paws"], floor, float(p_min))
+                pools["paws"],
+                choose_verified(pools["paws"], probs["paws"], floor, float(p_min), None),
             )
             if not sq.hits:
                 continue

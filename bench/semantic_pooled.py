@@ -13,6 +13,7 @@ import numpy as np
 
 from bench.semantic_data import PairSet
 from cache.semantic.features import restates, text_info
+from cache.semantic.rivals import RIVAL_COSINE
 
 
 @dataclass
@@ -125,12 +126,20 @@ def choose_cosine(pool: Pool, threshold: float) -> np.ndarray:
     return best
 
 
-def choose_verified(pool: Pool, prob: np.ndarray, floor: float, p_min: float) -> np.ndarray:
-    """prob: (n, k) verifier probability per candidate. Serve the most probable one over p_min."""
+def choose_verified(
+    pool: Pool, prob: np.ndarray, floor: float, p_min: float, rival: float | None = RIVAL_COSINE
+) -> np.ndarray:
+    """prob: (n, k) verifier probability per candidate. Serve the most probable one over p_min,
+    unless another candidate is at or over `rival` too (cache.semantic.rivals, as a route
+    serves; None: no such rule)."""
     p = np.where(pool.cand_cos >= floor, prob, -1.0)
+    rows = np.arange(len(p))
     j = np.argmax(p, axis=1)
-    best = pool.cand[np.arange(len(j)), j].copy()
-    best[p[np.arange(len(j)), j] < p_min] = -1
+    best = pool.cand[rows, j].copy()
+    best[p[rows, j] < p_min] = -1
+    if rival is not None:
+        near = (pool.cand_cos >= rival).sum(axis=1) - (pool.cand_cos[rows, j] >= rival)
+        best[near > 0] = -1
     return best
 
 

@@ -191,10 +191,10 @@ def choose_point(
     fallback: list[tuple[float, float, float]] = []
     for floor in (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.88, 0.9):
         for p_min in np.arange(0.30, 0.999, 0.005) if p_grid is None else p_grid:
-            sq = qqp_score(choose_verified(qpool, qprob, floor, float(p_min)))
+            sq = qqp_score(choose_verified(qpool, qprob, floor, float(p_min), rival=None))
             if not sq.hits or sq.recall < MIN_RECALL:
                 continue
-            sp = score(ppool, choose_verified(ppool, pprob, floor, float(p_min)))
+            sp = score(ppool, choose_verified(ppool, pprob, floor, float(p_min), rival=None))
             paws_hits = round(sp.false_hit * paws_negatives)
             if rate_upper_bound(paws_hits, paws_negatives) > PAWS_GOAL:
                 continue
@@ -216,11 +216,13 @@ def choose_point(
             best = max(fallback)
             rank, floor, p_min = (0, best[0]), best[1], best[2]
     report = {
-        name: score(pool, choose_verified(pool, prob, floor, p_min)).__dict__
+        name: score(pool, choose_verified(pool, prob, floor, p_min, rival=None)).__dict__
         for name, (pool, prob) in curves.items()
     }
     if labelled is not None:
-        report["qqp_labelled"] = qqp_score(choose_verified(qpool, qprob, floor, p_min)).__dict__
+        report["qqp_labelled"] = qqp_score(
+            choose_verified(qpool, qprob, floor, p_min, rival=None)
+        ).__dict__
     return floor, p_min, report, rank
 
 
@@ -331,8 +333,8 @@ def main() -> None:
         floor, p_min, report, rank = choose_point(curves, labelled=labelled)
         (qp, qpr), (pp, ppr) = curves["qqp"], curves["paws"]
         for pm in (0.5, 0.7, 0.8, 0.9, 0.95, 0.98):
-            sq = score(qp, choose_verified(qp, qpr, 0.8, pm))
-            sp = score(pp, choose_verified(pp, ppr, 0.8, pm))
+            sq = score(qp, choose_verified(qp, qpr, 0.8, pm, rival=None))
+            sp = score(pp, choose_verified(pp, ppr, 0.8, pm, rival=None))
             print(
                 f"  calib floor 0.8 p>={pm}: qqp P {sq.precision:.3f} R {sq.recall:.3f}; "
                 f"paws false-hit {sp.false_hit:.3f}"

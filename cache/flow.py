@@ -151,7 +151,14 @@ class CacheFlow:
             if vector is not None and d.store and isinstance(sr, SemanticRoute):
                 wait_s = self.rc.policy.coalesce_wait_s
                 joined = await flow_hooks.join_flight(
-                    sr, self.flights, ask.call, ask.key.tenant_h, vector, wait_s, ask.key.value
+                    sr,
+                    self.flights,
+                    ask.call,
+                    ask.key.tenant_h,
+                    vector,
+                    wait_s,
+                    ask.key.value,
+                    ask.semantic_rivals,
                 )
                 if joined is not None and ask.answers.serves(joined[0]):
                     return Hit(joined[0], "semantic-hit", joined[1])
@@ -191,6 +198,7 @@ class CacheFlow:
             assert isinstance(sr, SemanticRoute)
             res = await sr.search(ask.call, ask.key.tenant_h, payload, vector)
             hit, ask.semantic_candidate = res.hit, res.candidate
+            ask.semantic_rivals = res.rivals
             # an only-if-cached client asked that nothing go upstream for it: no audit either
             audit = hit is not None and not ask.directives.only_if_cached
             if audit and hit is not None and sr.should_audit(ask.call, hit):

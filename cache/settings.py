@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cache.semantic.rivals import RIVAL_COSINE
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -63,6 +65,10 @@ class SemanticPolicy(_Frozen):
     # With the verifier on, `threshold` is the cosine floor for candidates and this is the
     # verifier's acceptance score; None = the operating point stored in the trained artifact.
     min_score: float | None = Field(None, ge=0.0, le=1.0)
+    # A candidate is not served while another stored question is this close to the asked one
+    # (cache.semantic.rivals: a contested neighbourhood, where the pick is often wrong); None
+    # serves the verifier's pick whatever its neighbours.
+    rival_cosine: float | None = Field(RIVAL_COSINE, ge=-1.0, le=1.0)
     # Error budget (cache.semantic.budget): None = the static point above, as before. Set, the
     # route learns its bar from labels (misses with a candidate, audited hits) so that the
     # upper confidence bound of the error rate among served hits stays <= max_error_rate.

@@ -66,6 +66,8 @@ def route_status(sr: SemanticRoute) -> dict[str, Any]:
     out: dict[str, Any] = {
         "verifier": v.name,
         "static_point": {"cosine": v.floor, "score": v.p_min},
+        # another stored question this close contests a candidate (cache.semantic.rivals)
+        "rival_cosine": sr.policy.rival_cosine,
         "max_error_rate": sr.policy.max_error_rate,
         "pending_flights": len(sr.pending),
     }

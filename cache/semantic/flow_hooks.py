@@ -89,12 +89,13 @@ async def join_flight(
     vector: np.ndarray,
     wait_s: float,
     own_key: str = "",
+    stored_rivals: int = 0,
 ) -> tuple[CacheEntry, SemanticHit] | None:
     """An in-flight miss this lookup would serve: wait on its exact flight for the answer.
     None (compute as usual) when there is none, it failed, answered an error, was private or
     took too long."""
     try:
-        joined = await sr.join(call, tenant, vector)
+        joined = await sr.join(call, tenant, vector, stored_rivals)
         if joined is None or joined.flight.key == own_key:
             return None  # (the same request in flight: the exact coalescer's business)
         shared = await flights.wait(joined.flight.key, wait_s)

@@ -19,6 +19,7 @@ import numpy as np
 
 from cache.codec import CacheEntry
 from cache.semantic.features import TextInfo, text_info
+from cache.semantic.rivals import contested
 from cache.semantic.stage import Bar
 from cache.semantic.verifier import Verifier
 
@@ -95,8 +96,12 @@ class PendingFlights:
         vector: np.ndarray,
         verifier: Verifier,
         bar: Bar | None = None,
+        rival: float | None = None,
+        stored_rivals: int = 0,
     ) -> Joined | None:
-        """The in-flight question a lookup would serve for this one, or None."""
+        """The in-flight question a lookup would serve for this one, or None. Not when it is
+        contested (cache.semantic.rivals): another flight, or `stored_rivals` stored questions,
+        at or over the rival cosine."""
         flights = self._by_ns.get(namespace)
         if not flights:
             return None
@@ -114,7 +119,7 @@ class PendingFlights:
                 d = await asyncio.to_thread(verifier.choose, *args)
             else:
                 d = verifier.choose(*args)
-            if d.index < 0:
+            if d.index < 0 or contested(ccos, d.index, rival, stored_rivals):
                 return None
             chosen, sim, score = cands[d.index], float(ccos[d.index]), d.score
         else:
@@ -125,7 +130,9 @@ class PendingFlights:
             ok = [
                 i
                 for i in range(len(cands))
-                if s[i] >= 0 and bar.serves(float(ccos[i]), float(s[i]))
+                if s[i] >= 0
+                and bar.serves(float(ccos[i]), float(s[i]))
+                and not contested(ccos, i, rival, stored_rivals)
             ]
             if not ok:
                 return None

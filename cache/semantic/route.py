@@ -93,6 +93,7 @@ class SemanticRoute:
             self.verifier,
             payload_exists,
             vector,
+            self.policy.rival_cosine,
         )
 
     async def remember(
@@ -129,17 +130,18 @@ class SemanticRoute:
         if not self.applies(call):
             return Search(None, None)
         assert call.semantic_text is not None
+        ns, text, rival = self.namespace(call, tenant), call.semantic_text, self.policy.rival_cosine
         if self.budget is None:
-            hit = await self.lookup(call, tenant, payload_exists, vector)
-            return Search(hit, None)
+            return await self.stage.find(ns, text, self.verifier, payload_exists, vector, rival)
         return await self.stage.search(
-            self.namespace(call, tenant),
-            call.semantic_text,
+            ns,
+            text,
             self.budget.scorer,
             self.budget.bar(),
             payload_exists,
             vector,
             self.budget.observe,
+            rival,
         )
 
     def labels(self, call: CallLike) -> bool:
@@ -175,10 +177,14 @@ class SemanticRoute:
         if self.budget is not None:
             self.budget.label_audit(hit, call.semantic_text or "", stored, fresh)
 
-    async def join(self, call: CallLike, tenant: str, vector: np.ndarray) -> Joined | None:
+    async def join(
+        self, call: CallLike, tenant: str, vector: np.ndarray, stored_rivals: int = 0
+    ) -> Joined | None:
         """Semantic single flight: an in-flight miss in this namespace whose question the
         lookup rule would serve for this one; `await joined.wait(seconds)` gives its answer
-        (None: the leader failed or was too slow; go upstream)."""
+        (None: the leader failed or was too slow; go upstream). stored_rivals: the stored
+        questions the lookup found at the rival cosine (Search.rivals), which contest a
+        flight as they would a stored candidate."""
         if not self.applies(call):
             return None
         assert call.semantic_text is not None
@@ -187,7 +193,13 @@ class SemanticRoute:
         if self.budget is not None:
             bar, ver = self.budget.bar(), self.budget.scorer
         return await self.pending.find(
-            self.namespace(call, tenant), call.semantic_text, vector, ver, bar
+            self.namespace(call, tenant),
+            call.semantic_text,
+            vector,
+            ver,
+            bar,
+            self.policy.rival_cosine,
+            stored_rivals,
         )
 
     def begin(

@@ -28,6 +28,7 @@ from cache.embedder import Embedder
 from cache.semantic.features import TextInfo, text_info
 from cache.semantic.index import VectorIndex
 from cache.semantic.metrics import SemanticMetrics
+from cache.semantic.rivals import contested, rivals
 from cache.semantic.verifier import Decision, Verifier
 
 log = logging.getLogger("latentgate.semantic")
@@ -77,6 +78,9 @@ class Candidate:
 class Search:
     hit: SemanticHit | None
     candidate: Candidate | None
+    # Stored questions at or over the route's rival cosine (cache.semantic.rivals): a paraphrase
+    # in flight is contested by them too.
+    rivals: int = 0
 
 
 class Bar(Protocol):
@@ -152,13 +156,29 @@ class SemanticStage:
         verifier: Verifier,
         payload_exists: Callable[[str], Awaitable[bool | None]] | None = None,
         vector: np.ndarray | None = None,
+        rival: float | None = None,
     ) -> SemanticHit | None:
+        found = await self.find(namespace, text, verifier, payload_exists, vector, rival)
+        return found.hit
+
+    async def find(
+        self,
+        namespace: str,
+        text: str,
+        verifier: Verifier,
+        payload_exists: Callable[[str], Awaitable[bool | None]] | None = None,
+        vector: np.ndarray | None = None,
+        rival: float | None = None,
+    ) -> Search:
+        """The verifier's pick among the nearest entries, unless another stored question is at
+        or over `rival` too (contested: cache.semantic.rivals; None: no such rule)."""
         vec = await self.embed(text) if vector is None else vector
         t2, cands, sims = self._candidates(namespace, vec)
         if not cands:
             self.metrics.lookups.labels("miss").inc()
-            return None
+            return Search(None, None)
         cos = np.asarray(sims, dtype=np.float32)
+        near = rivals(cos, rival)
         idents = [entry_id(c.exact_key) for c in cands]
         args = (
             text_info(text),
@@ -180,19 +200,23 @@ class SemanticStage:
             self.metrics.refusals.inc(decision.refused)
         if decision.index < 0:
             self.metrics.lookups.labels("miss").inc()
-            return None
+            return Search(None, None, near)
+        if contested(cos, decision.index, rival):
+            self.metrics.lookups.labels("contested").inc()
+            return Search(None, None, near)
         chosen = cands[decision.index]
         found = True if payload_exists is None else await payload_exists(chosen.exact_key)
         if found is False:
             # The payload expired or was evicted from the exact store: this vector is stale.
             await self.remove_key(chosen.exact_key)
             self.metrics.lookups.labels("stale").inc()
-            return None
+            return Search(None, None, near)
         if found is None:  # there, but not for this request (its max-age, its framing)
             self.metrics.lookups.labels("miss").inc()
-            return None
+            return Search(None, None, near)
         self.metrics.lookups.labels("hit").inc()
-        return SemanticHit(chosen.exact_key, float(cos[decision.index]), decision.score)
+        hit = SemanticHit(chosen.exact_key, float(cos[decision.index]), decision.score)
+        return Search(hit, None, near)
 
     async def search(
         self,
@@ -203,17 +227,21 @@ class SemanticStage:
         payload_exists: Callable[[str], Awaitable[bool | None]] | None = None,
         vector: np.ndarray | None = None,
         observe: Callable[[float, float], None] | None = None,
+        rival: float | None = None,
     ) -> Search:
         """A lookup under a learned bar: every candidate over the cosine floor is scored, the
         most probable one the bar (and its own per-entry bar) serves is the hit; the best one
         overall, when not served, comes back as the candidate to label. `observe` gets the best
-        candidate's (cosine, score): where the route's traffic is."""
+        candidate's (cosine, score): where the route's traffic is. Contested candidates
+        (cache.semantic.rivals) are neither served nor labelled: the bar is learned for the
+        candidates it may serve."""
         vec = await self.embed(text) if vector is None else vector
         t2, cands, sims = self._candidates(namespace, vec)
         cos = np.asarray(sims, dtype=np.float32)
+        near = rivals(cos, rival)
         if not cands or float(cos.max()) < verifier.floor:
             self.metrics.lookups.labels("miss").inc()
-            return Search(None, None)
+            return Search(None, None, near)
         idents = [entry_id(c.exact_key) for c in cands]
         infos = [self._info(i, c) for i, c in zip(idents, cands, strict=True)]
         args = (text_info(text), vec, infos, self.index.vectors(idents))
@@ -223,6 +251,11 @@ class SemanticStage:
             score = verifier.scores(*args, cos)
         self.metrics.latency.labels("verify").observe(time.perf_counter() - t2)
         self.metrics.similarity.observe(float(cos[0]))
+        free = np.array([not contested(cos, i, rival) for i in range(len(cands))])
+        if not free[score >= 0].any():
+            self.metrics.lookups.labels("contested" if (score >= 0).any() else "miss").inc()
+            return Search(None, None, near)
+        score = np.where(free, score, -1.0)
         best = int(np.argmax(score))
         if observe is not None:
             observe(float(cos[best]), float(score[best]))
@@ -239,13 +272,14 @@ class SemanticStage:
             if found is None:  # there, but not for this request: kept for everyone else
                 continue
             self.metrics.lookups.labels("hit").inc()
-            return Search(SemanticHit(cands[i].exact_key, c, p), None)
+            return Search(SemanticHit(cands[i].exact_key, c, p), None, near)
         self.metrics.lookups.labels("miss").inc()
         b = cands[best]
         if entry_id(b.exact_key) not in self.entries:
-            return Search(None, None)  # its payload was gone (removed above)
+            return Search(None, None, near)  # its payload was gone (removed above)
         served = bar.serves(float(cos[best]), float(score[best]))
-        return Search(None, Candidate(b.exact_key, float(cos[best]), float(score[best]), served))
+        cand = Candidate(b.exact_key, float(cos[best]), float(score[best]), served)
+        return Search(None, cand, near)
 
     def _info(self, ident: int, entry: Entry) -> TextInfo:
         info = self._infos.get(ident)

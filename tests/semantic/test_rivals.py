@@ -1,0 +1,131 @@
+"""Contested neighbourhoods (cache.semantic.rivals): a paraphrase is not served a stored answer
+while another stored question is close to it too; in the stage, under a learned bar, for a
+flight, and through the gateway."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Callable
+
+import numpy as np
+
+from cache.embedder import Embedder
+from cache.semantic.budget import Bar
+from cache.semantic.pending import PendingFlights
+from cache.semantic.rivals import RIVAL_COSINE, contested
+from cache.semantic.stage import SemanticStage
+from cache.semantic.verifier import MlpVerifier
+from tests.semantic.test_gateway import ask, client_for, semantic_config
+from tests.support.servers import ServerThread
+
+Q = "How do I reset my password?"
+PARA = "How can I reset my password?"
+RIVAL = "How do I reset my email password?"  # cosine ~0.86 to PARA
+FAR = "How do I reset my router?"  # cosine ~0.52 to PARA
+SERVE_ALL = Bar(0.0, 0.0, True, 0.0, 0.0, 100)
+
+
+def contested_lookups(stage: SemanticStage) -> float:
+    return stage.metrics.lookups.labels("contested")._value.get()
+
+
+def test_the_rule_counts_other_candidates_only() -> None:
+    cos = np.asarray([0.99, 0.86, 0.5], np.float32)
+    assert contested(cos, 0, 0.85) and contested(cos, 1, 0.85)
+    assert not contested(cos, 0, 0.90)  # the pick itself is no rival
+    assert not contested(cos, 0, None)  # the rule off
+    assert contested(np.asarray([0.99], np.float32), 0, 0.85, outside=1)
+
+
+async def test_a_second_close_question_contests_the_pick(
+    stage: SemanticStage, verifier: MlpVerifier
+) -> None:
+    await stage.add("ns", Q, "k-q", ttl=60)
+    await stage.add("ns", FAR, "k-far", ttl=60)
+    hit = await stage.lookup("ns", PARA, verifier, rival=RIVAL_COSINE)
+    assert hit is not None and hit.exact_key == "k-q"  # a distant neighbour is no rival
+    await stage.add("ns", RIVAL, "k-rival", ttl=60)
+    assert await stage.lookup("ns", PARA, verifier, rival=RIVAL_COSINE) is None
+    assert contested_lookups(stage) == 1
+    found = await stage.find("ns", PARA, verifier, rival=RIVAL_COSINE)
+    assert found.hit is None and found.rivals == 2
+    # Without the rule the verifier's pick is served as before.
+    hit = await stage.lookup("ns", PARA, verifier, rival=None)
+    assert hit is not None and hit.exact_key == "k-q"
+    # Rivals are counted per namespace: another tenant's close question contests nothing.
+    await stage.add("other", Q, "k-q2", ttl=60)
+    assert await stage.lookup("other", PARA, verifier, rival=RIVAL_COSINE) is not None
+
+
+async def test_a_learned_bar_neither_serves_nor_labels_a_contested_candidate(
+    stage: SemanticStage, verifier: MlpVerifier
+) -> None:
+    await stage.add("ns", Q, "k-q", ttl=60)
+    seen: list[tuple[float, float]] = []
+    res = await stage.search(
+        "ns",
+        PARA,
+        verifier,
+        SERVE_ALL,
+        observe=lambda c, s: seen.append((c, s)),
+        rival=RIVAL_COSINE,
+    )
+    assert res.hit is not None and seen
+    await stage.add("ns", RIVAL, "k-rival", ttl=60)
+    seen.clear()
+    res = await stage.search(
+        "ns",
+        PARA,
+        verifier,
+        SERVE_ALL,
+        observe=lambda c, s: seen.append((c, s)),
+        rival=RIVAL_COSINE,
+    )
+    # Not served, not handed on for a label, not counted as traffic the bar could serve.
+    assert res.hit is None and res.candidate is None and res.rivals == 2 and not seen
+    assert contested_lookups(stage) == 1
+
+
+async def test_a_flight_is_contested_by_stored_questions_and_other_flights(
+    embedder: Embedder, verifier: MlpVerifier
+) -> None:
+    flights = PendingFlights()
+    flights.begin("ns", Q, await embedder.embed(Q))
+    vec = await embedder.embed(PARA)
+    assert await flights.find("ns", PARA, vec, verifier, rival=RIVAL_COSINE) is not None
+    # One stored question close to the asked one (found by the lookup that missed) contests it.
+    assert await flights.find("ns", PARA, vec, verifier, None, RIVAL_COSINE, 1) is None
+    assert await flights.find("ns", PARA, vec, verifier, SERVE_ALL, RIVAL_COSINE, 1) is None
+    # So does a second close question in flight.
+    flights.begin("ns", RIVAL, await embedder.embed(RIVAL))
+    assert await flights.find("ns", PARA, vec, verifier, rival=RIVAL_COSINE) is None
+    assert await flights.find("ns", PARA, vec, verifier, rival=None) is not None
+
+
+def contested_metric(url: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        lines = r.read().decode().splitlines()
+    prefix = 'latentgate_semantic_lookups_total{result="contested"} '
+    found = [ln for ln in lines if ln.startswith(prefix)]
+    return float(found[0].split()[-1]) if found else 0.0
+
+
+def test_through_the_gateway_a_contested_paraphrase_goes_upstream(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    gw = start_gateway(semantic_config(upstream.url))
+    c = client_for(gw.url)
+    first, _ = ask(c, Q, temperature=0)
+    alone = "How could I reset my password?"  # cosine 0.98 to Q, 0.84 to RIVAL
+    assert ask(c, alone, temperature=0)[1]["x-cache"] == "semantic-hit"
+    assert ask(c, RIVAL, temperature=0)[1]["x-cache"] == "miss"  # stored: now a rival
+    answer, h = ask(c, PARA, temperature=0)
+    assert h["x-cache"] == "miss" and answer != first  # the upstream's own answer
+    assert contested_metric(gw.url) >= 1
+    # `rival_cosine: null` restores the verifier's pick whatever its neighbours.
+    gw2 = start_gateway(semantic_config(upstream.url, rival_cosine=None))
+    c2 = client_for(gw2.url)
+    first2, _ = ask(c2, Q, temperature=0)
+    assert ask(c2, RIVAL, temperature=0)[1]["x-cache"] == "miss"
+    again, h2 = ask(c2, PARA, temperature=0)
+    assert h2["x-cache"] == "semantic-hit" and again == first2
