@@ -20,7 +20,7 @@ from tests.support.servers import ServerThread
 
 Q = "How do I reset my password?"
 PARA = "How can I reset my password?"
-RIVAL = "How do I reset my email password?"  # cosine ~0.86 to PARA
+RIVAL = "How do I reset my login password?"  # cosine 0.91 to PARA, 0.92 to Q: a miss after Q
 FAR = "How do I reset my router?"  # cosine ~0.52 to PARA
 SERVE_ALL = Bar(0.0, 0.0, True, 0.0, 0.0, 100)
 
@@ -116,10 +116,10 @@ def test_through_the_gateway_a_contested_paraphrase_goes_upstream(
     gw = start_gateway(semantic_config(upstream.url))
     c = client_for(gw.url)
     first, _ = ask(c, Q, temperature=0)
-    alone = "How could I reset my password?"  # cosine 0.98 to Q, 0.84 to RIVAL
-    assert ask(c, alone, temperature=0)[1]["x-cache"] == "semantic-hit"
+    assert ask(c, PARA, temperature=0)[1]["x-cache"] == "semantic-hit"  # Q stands alone
     assert ask(c, RIVAL, temperature=0)[1]["x-cache"] == "miss"  # stored: now a rival
-    answer, h = ask(c, PARA, temperature=0)
+    other = "How could I reset my password?"  # cosine 0.98 to Q, 0.90 to RIVAL
+    answer, h = ask(c, other, temperature=0)
     assert h["x-cache"] == "miss" and answer != first  # the upstream's own answer
     assert contested_metric(gw.url) >= 1
     # `rival_cosine: null` restores the verifier's pick whatever its neighbours.
@@ -127,5 +127,5 @@ def test_through_the_gateway_a_contested_paraphrase_goes_upstream(
     c2 = client_for(gw2.url)
     first2, _ = ask(c2, Q, temperature=0)
     assert ask(c2, RIVAL, temperature=0)[1]["x-cache"] == "miss"
-    again, h2 = ask(c2, PARA, temperature=0)
+    again, h2 = ask(c2, other, temperature=0)
     assert h2["x-cache"] == "semantic-hit" and again == first2

@@ -10,7 +10,7 @@ from cache.semantic.rivals import RIVAL_COSINE, contested
 
 def test_choose_verified_applies_the_rival_rule_like_serving() -> None:
     cos = np.asarray(
-        [[0.97, 0.86, 0.5], [0.97, 0.80, 0.5], [0.95, 0.94, 0.2], [0.90, 0.5, 0.4]], np.float32
+        [[0.97, 0.89, 0.5], [0.97, 0.80, 0.5], [0.95, 0.94, 0.2], [0.90, 0.5, 0.4]], np.float32
     )
     prob = np.asarray(
         [[0.9, 0.1, 0.0], [0.9, 0.1, 0.0], [0.2, 0.8, 0.0], [0.3, 0.9, 0.9]], np.float32
