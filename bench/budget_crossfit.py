@@ -29,7 +29,7 @@ from bench.budget_prior import counts, replay, scorer
 from bench.semantic_budget_sim import RouteSim, budget_routes, run
 from bench.semantic_data import MODEL_TAG, embed_cached, load_qqp, splits, st_encoder
 from bench.semantic_pooled import label_roots
-from cache.semantic.budget import grid_edges
+from cache.semantic.budget import OPEN_LABELS, grid_edges
 from cache.semantic.budget_prior import Prior
 from cache.semantic.verifier import MlpVerifier
 
@@ -70,6 +70,7 @@ def main() -> None:
     ap.add_argument("--min-labels", default=",".join(map(str, MIN_LABELS)))
     ap.add_argument("--no-shift", action="store_true")
     ap.add_argument("--roots", choices=("part", "dev"), default="part")
+    ap.add_argument("--open-labels", type=int, default=OPEN_LABELS)
     args = ap.parse_args()
     deltas = [float(x) for x in args.deltas.split(",")]
     mins = [int(x) for x in args.min_labels.split(",")]
@@ -95,7 +96,13 @@ def main() -> None:
         for d in parts:
             for h in (0, 1):
                 routes = budget_routes(
-                    ver, BUDGETS, delta, min_labels, priors[1 - h], not args.no_shift
+                    ver,
+                    BUDGETS,
+                    delta,
+                    min_labels,
+                    priors[1 - h],
+                    not args.no_shift,
+                    args.open_labels,
                 )
                 run(*parts[d][h], ver, routes)
                 row[(d, h)] = [second_half(r) for r in routes]

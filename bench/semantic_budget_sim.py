@@ -19,7 +19,7 @@ import numpy as np
 from bench.budget_prior import scorer
 from bench.semantic_data import MODEL_TAG, embed_cached, load_qqp, splits, st_encoder
 from bench.semantic_pooled import label_roots
-from cache.semantic.budget import BudgetGrid, grid_edges
+from cache.semantic.budget import OPEN_LABELS, BudgetGrid, grid_edges
 from cache.semantic.budget_prior import DEFAULT_PRIOR, Prior, load_prior
 from cache.semantic.features import TextInfo, text_info
 from cache.semantic.learn import AUDIT_CAP, LEARNING_LABELS
@@ -149,6 +149,7 @@ def budget_routes(
     min_labels: int,
     prior: Prior | None,
     shift: bool = True,
+    open_labels: int = OPEN_LABELS,
 ) -> list[RouteSim]:
     """The static point, then one budgeted route per budget, built as cache.semantic.setup
     builds them (scoring from the learning floor, serving from the shipped point)."""
@@ -165,6 +166,7 @@ def budget_routes(
                 prior=prior,
                 serve_floor=ver.floor,
                 shift=shift,
+                open_labels=open_labels,
             ),
             scorer=sc,
         )

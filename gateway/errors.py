@@ -43,6 +43,11 @@ class PayloadTooLarge(GatewayError):
     error_type = "payload_too_large"
 
 
+class UnsupportedMediaType(GatewayError):
+    status = 415
+    error_type = "unsupported_media_type"
+
+
 class Unauthorized(GatewayError):
     status = 401
     error_type = "unauthorized"
@@ -86,6 +91,7 @@ _ANTHROPIC_TYPES = {
     405: "invalid_request_error",
     408: "timeout_error",
     413: "request_too_large",
+    415: "invalid_request_error",
     503: "overloaded_error",
     504: "timeout_error",
 }

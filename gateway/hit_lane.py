@@ -21,6 +21,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from cache import ALIAS_MAX_BODY, AliasKey, CacheFlow, Flows, Hit
 from gateway import responses
+from gateway.codings import coding_error
 from gateway.config import LimitSettings
 from gateway.metrics import Metrics
 from gateway.protocols.base import KEYED_HEADERS
@@ -51,6 +52,8 @@ def answer(
     length = request.content_length
     if not content.is_eof() or (length is not None and length > limits.max_body_bytes):
         return None
+    if "Content-Encoding" in request.headers and coding_error(request.headers) is not None:
+        return None  # a body the server did not decode: the long way refuses it
     candidates, _ = router.resolve(request.method, request.path)
     if len(candidates) != 1 or not candidates[0].policy.exact.enabled:
         return None

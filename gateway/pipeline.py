@@ -40,6 +40,7 @@ from cache import (
     request_directives,
 )
 from gateway import hit_lane, responses
+from gateway.codings import coding_error
 from gateway.config import LimitSettings
 from gateway.errors import (
     BadGateway,
@@ -169,6 +170,9 @@ class Pipeline:
         route = candidates[0]
         t = timing.start
         body: bytes | AsyncIterator[bytes]
+        refused = coding_error(request.headers)
+        if refused is not None:
+            raise refused
         length = request.content_length
         if length is not None and length > self.limits.max_body_bytes:
             raise PayloadTooLarge(

@@ -115,3 +115,39 @@ async def test_a_second_anthropic_beta_line_is_another_request(
     assert await send("a", "b") == "miss"  # the upstream saw beta a and b: not a's answer
     assert await send("a, b") == "hit"  # the same set on one line
     assert await send("b", "a") == "hit"
+
+
+async def test_a_zstd_body_is_decoded_like_gzip(gateway: ServerThread) -> None:
+    from backports import zstd  # a dependency below Python 3.14 (compression.zstd from 3.14)
+
+    plain = json.dumps({"hello": "world" * 50}).encode()
+    status, _, body = await _send(
+        gateway.url, zstd.compress(plain), [("Content-Encoding", "zstd")], path="/any/echo"
+    )
+    assert status == 200, body
+    echo = json.loads(body)
+    got = {k.lower(): v for k, v in echo["headers"]}
+    assert "content-encoding" not in got and echo["body_len"] == len(plain)
+    status, _, body = await _send(
+        gateway.url, zstd.compress(json.dumps(CHAT).encode()), [("Content-Encoding", "zstd")]
+    )
+    assert status == 200 and json.loads(body)["choices"][0]["message"]["content"], body
+
+
+@pytest.mark.parametrize("coding", [["compress"], ["x-custom"], ["gzip, br"], ["gzip", "gzip"]])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/any/echo"])
+async def test_a_body_in_a_coding_the_gateway_does_not_decode_is_a_415(
+    gateway: ServerThread, coding: list[str], path: str
+) -> None:
+    """Not forwarded still encoded under a plain label: a JSON 415 naming what is accepted."""
+    plain = json.dumps(CHAT).encode()  # valid JSON even: the label alone decides
+    status, headers, body = await _send(
+        gateway.url, plain, [("Content-Encoding", c) for c in coding], path=path
+    )
+    assert status == 415, body
+    assert headers["Content-Type"].startswith("application/json")
+    assert "content-encoding" in json.loads(body)["error"]["message"].lower()
+    assert set(headers["Accept-Encoding"].split(", ")) >= {"gzip", "deflate", "br", "zstd"}
+    # identity is no coding at all
+    status, _, _ = await _send(gateway.url, plain, [("Content-Encoding", "identity")], path=path)
+    assert status == 200
