@@ -137,8 +137,8 @@ class Settings(_Frozen):
                 raise PydanticCustomError(
                     _BACKEND_REF, _missing_backend(route.name, route.backend, self.backends)
                 )
-            if route.name in names:
-                raise ValueError(f"route name {route.name!r} is used twice")
+            if route.name in names:  # (said with its line by _reference_issues)
+                raise PydanticCustomError(_BACKEND_REF, f"route name {route.name!r} is used twice")
             names.add(route.name)
             backend = self.backends[route.backend]
             if route.protocol != "grpc" and getattr(backend, "wire", "http") == "grpc":
@@ -182,15 +182,24 @@ def _speaks_grpc(spec: Any) -> bool:
 
 
 def _reference_issues(data: Any, lines: dict[tuple[str, ...], int]) -> list[ConfigIssue]:
-    """Routes naming a missing backend, or an HTTP route naming a gRPC pool, found on the raw
-    tree so they are reported alongside field errors (the model validator only runs once every
-    field is valid)."""
+    """Routes naming a missing backend, an HTTP route naming a gRPC pool, or a route name used
+    twice, found on the raw tree so they are reported alongside field errors (the model
+    validator only runs once every field is valid)."""
     backends = data.get("backends")
     routes = data.get("routes")
     if not isinstance(backends, dict) or not isinstance(routes, list):
         return []
     issues = []
+    named: dict[str, int] = {}
     for i, route in enumerate(routes):
+        name = route.get("name") if isinstance(route, dict) else None
+        if isinstance(name, str):
+            if name in named:
+                path = ("routes", str(i), "name")
+                msg = f"route name {name!r} is used twice (first: routes.{named[name]})"
+                issues.append(ConfigIssue(".".join(path), lines.get(path), msg))
+            else:
+                named[name] = i
         backend = route.get("backend") if isinstance(route, dict) else None
         if isinstance(backend, str) and backend not in backends:
             path = ("routes", str(i), "backend")
@@ -254,6 +263,38 @@ def _line_index(node: yaml.Node, prefix: tuple[str, ...], out: dict[tuple[str, .
             _line_index(item, (*prefix, str(i)), out)
 
 
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _duplicate_keys(node: yaml.Node, prefix: tuple[str, ...] = ()) -> list[ConfigIssue]:
+    """A key given twice in one mapping: YAML loaders keep the last silently, so `limits:`
+    written twice would drop the first block without a word. Merge keys (`<<: *x`) are YAML's
+    own way to override and are left alone."""
+    issues: list[ConfigIssue] = []
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
+        for key, value in node.value:
+            name = str(key.value)
+            path = (*prefix, name)
+            if key.tag != _MERGE:
+                line = key.start_mark.line + 1
+                if name in first:
+                    issues.append(
+                        ConfigIssue(
+                            ".".join(path),
+                            line,
+                            f"duplicate key (first given on line {first[name]})",
+                        )
+                    )
+                else:
+                    first[name] = line
+            issues += _duplicate_keys(value, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            issues += _duplicate_keys(item, (*prefix, str(i)))
+    return issues
+
+
 def unset_variables(text: str, environ: Mapping[str, str]) -> list[str]:
     """`${VAR}` references (no default) whose variable is not in the environment."""
     return [
@@ -314,6 +355,9 @@ def parse_settings(
     lines: dict[tuple[str, ...], int] = {}
     if node is not None:
         _line_index(node, (), lines)
+        duplicates = _duplicate_keys(node)
+        if duplicates:
+            raise ConfigError(source, duplicates)
     unset: dict[tuple[str, ...], list[str]] = {}
     data = _interpolate_tree(raw, env, (), unset)
     # An unset `${VAR}` is an error where it is used, whatever the field would accept.

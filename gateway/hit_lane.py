@@ -52,7 +52,11 @@ def answer(
     length = request.content_length
     if not content.is_eof() or (length is not None and length > limits.max_body_bytes):
         return None
-    if "Content-Encoding" in request.headers and coding_error(request.headers) is not None:
+    if (
+        "Content-Encoding" in request.headers
+        and request.body_exists
+        and coding_error(request.headers)
+    ):
         return None  # a body the server did not decode: the long way refuses it
     candidates, _ = router.resolve(request.method, request.path)
     if len(candidates) != 1 or not candidates[0].policy.exact.enabled:

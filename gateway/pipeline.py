@@ -170,7 +170,7 @@ class Pipeline:
         route = candidates[0]
         t = timing.start
         body: bytes | AsyncIterator[bytes]
-        refused = coding_error(request.headers)
+        refused = coding_error(request.headers) if request.body_exists else None
         if refused is not None:
             raise refused
         length = request.content_length

@@ -179,3 +179,49 @@ def test_a_config_that_would_fail_at_start_fails_the_check(tmp_path: Path) -> No
     proc = _check(config)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "(line 7): not UTF-8 text" in proc.stderr
+
+
+DUPLICATES = """\
+limits:
+  max_body_bytes: 16777216
+backends:
+  upstream: {kind: remote, replicas: ["http://127.0.0.1:8000"]}
+routes:
+  - name: chat
+    match: {path: /v1/chat/completions}
+    protocol: openai
+    backend: upstream
+  - name: chat
+    match: {prefix: /}
+    backend: upstream
+limits:
+  max_body_bytes: 1024
+"""
+
+
+def test_a_key_given_twice_is_an_error_not_the_last_one_silently(tmp_path: Path) -> None:
+    """YAML loaders keep the last of two equal keys: the first `limits:` block would vanish."""
+    cfg = tmp_path / "dup.yaml"
+    cfg.write_text(DUPLICATES)
+    out = _check(cfg)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "limits (line 13): duplicate key (first given on line 1)" in out.stdout + out.stderr
+    # the same file without its second limits block: the route named twice is said where it is
+    cfg.write_text(DUPLICATES.split("limits:\n  max_body_bytes: 1024")[0])
+    out = _check(cfg)
+    assert out.returncode == 1
+    assert "routes.1.name (line 10): route name 'chat' is used twice (first: routes.0)" in (
+        out.stdout + out.stderr
+    )
+    # YAML's own override (a merge key) is not a duplicate
+    merged = DUPLICATES.split("limits:\n  max_body_bytes: 1024")[0]
+    merged = merged.replace(
+        "  - name: chat\n    match: {prefix: /}", "  - name: rest\n    match: {prefix: /}"
+    )
+    merged = merged.replace(
+        '  upstream: {kind: remote, replicas: ["http://127.0.0.1:8000"]}',
+        '  upstream: &up {kind: remote, replicas: ["http://127.0.0.1:8000"]}\n'
+        '  other: {<<: *up, replicas: ["http://127.0.0.1:8001"]}',
+    )
+    settings = parse_settings(merged)
+    assert "8001" in str(settings.backends["other"])
