@@ -103,12 +103,14 @@ def scorer(ver: MlpVerifier) -> Verifier:
     return budget_scorer(ver)
 
 
-def records(ver: Verifier, dev_roots: bool = False) -> dict[str, Records]:
+def records(
+    ver: Verifier, dev_roots: bool = False, rival: float | None = RIVAL_COSINE
+) -> dict[str, Records]:
     enc = st_encoder()
     out = {}
     for name, texts, classes in calib_streams(dev_roots):
         vec = embed_cached(texts, enc, MODEL_TAG)
-        out[name] = replay(texts, classes, vec, ver)
+        out[name] = replay(texts, classes, vec, ver, rival)
     return out
 
 
@@ -135,12 +137,16 @@ def main() -> None:
         help="which labels join QQP questions into classes: the calib part's own (as a held-out"
         " stream's are) or every edge of the 40,000 QQP dev pairs",
     )
+    ap.add_argument(
+        "--rival", default=str(RIVAL_COSINE), help="the routes' rival_cosine ('none': off)"
+    )
     args = ap.parse_args()
+    rival = None if args.rival == "none" else float(args.rival)
     os.environ["LATENTGATE_BENCH_FULL"] = "1"  # the whole calib parts, always
     ver = MlpVerifier.load()
     # The grid a budgeted route of this verifier uses.
     cos_edges, score_edges = grid_edges(scorer(ver).floor, ver.p_min, ver.floor)
-    recs = records(scorer(ver), args.roots == "dev")
+    recs = records(scorer(ver), args.roots == "dev", rival)
     tables = {}
     for name, r in recs.items():
         tables[name] = counts(r, cos_edges, score_edges)
@@ -152,7 +158,7 @@ def main() -> None:
         "datasets": list(tables),
         "verifier_sha256": digest(DEFAULT_ARTIFACT),
         "command": f"python -m bench.budget_prior --roots {args.roots}",
-        "rival_cosine": RIVAL_COSINE,
+        "rival_cosine": rival,
     }
     np.savez(
         args.out,

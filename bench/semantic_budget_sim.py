@@ -222,7 +222,7 @@ def main() -> None:
     prior = (
         None
         if args.prior == "none"
-        else load_prior(Path(args.prior), DEFAULT_ARTIFACT, cos_edges, score_edges)
+        else load_prior(Path(args.prior), DEFAULT_ARTIFACT, cos_edges, score_edges, rival)
     )
     enc = st_encoder()
     for name, texts, classes in streams(args.part, args.roots == "dev"):

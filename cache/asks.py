@@ -76,7 +76,9 @@ class Ask:
     skipped: str = ""  # set by the flow: why the semantic stage passed this call by
     # issue 14: the best candidate the semantic lookup did not serve; the fresh answer labels it
     semantic_candidate: Candidate | None = None
-    semantic_rivals: int = 0  # stored questions that contest a paraphrase in flight
+    # stored questions that contest a paraphrase in flight (None: the lookup did not finish,
+    # so no flight is joined)
+    semantic_rivals: int | None = None
 
 
 @dataclass(slots=True)

@@ -148,7 +148,13 @@ class CacheFlow:
                 raise NotCached("only-if-cached: no stored answer for this request")
             # issue 14: a paraphrase of a miss in flight waits for that answer
             sr = self.semantic
-            if vector is not None and d.store and isinstance(sr, SemanticRoute):
+            rivals = ask.semantic_rivals  # None: the lookup failed; no flight is joined
+            if (
+                vector is not None
+                and d.store
+                and isinstance(sr, SemanticRoute)
+                and rivals is not None
+            ):
                 wait_s = self.rc.policy.coalesce_wait_s
                 joined = await flow_hooks.join_flight(
                     sr,
@@ -158,7 +164,7 @@ class CacheFlow:
                     vector,
                     wait_s,
                     ask.key.value,
-                    ask.semantic_rivals,
+                    rivals,
                 )
                 if joined is not None and ask.answers.serves(joined[0]):
                     return Hit(joined[0], "semantic-hit", joined[1])

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cache.semantic.rivals import RIVAL_COSINE
+
 log = logging.getLogger("latentgate.semantic.budget")
 
 DEFAULT_PRIOR = Path(__file__).with_name("budget_prior.npz")
@@ -39,6 +41,8 @@ class Prior:
     phase_labels: np.ndarray
     phase_wrong: np.ndarray
     verifier_sha256: str = ""
+    # the rival cosine its replay left contested lookups out with (None: none were)
+    rival_cosine: float | None = None
 
     @property
     def labels(self) -> np.ndarray:
@@ -67,7 +71,13 @@ class Prior:
                 if i >= 0 and j >= 0:
                     labels[:, :, i, j] += counts[:, :, 0, a, b]
                     wrong[:, :, i, j] += counts[:, :, 1, a, b]
-        return cls(tuple(meta["datasets"]), labels, wrong, meta.get("verifier_sha256", ""))
+        return cls(
+            tuple(meta["datasets"]),
+            labels,
+            wrong,
+            meta.get("verifier_sha256", ""),
+            meta.get("rival_cosine"),
+        )
 
     def rates(self, share: float | None = None) -> np.ndarray:
         """Each dataset's error rate per cell, smoothed toward its overall rate: over all its
@@ -114,10 +124,16 @@ def digest(path: Path) -> str:
 
 
 def load_prior(
-    path: Path, verifier: Path, cos_edges: np.ndarray, score_edges: np.ndarray
+    path: Path,
+    verifier: Path,
+    cos_edges: np.ndarray,
+    score_edges: np.ndarray,
+    rival_cosine: float | None = RIVAL_COSINE,
 ) -> Prior | None:
-    """The prior for this verifier artifact, or None (logged): a missing or unreadable file, or
-    one built with another verifier, whose scores it does not describe."""
+    """The prior for this verifier artifact and rival rule, or None (logged): a missing or
+    unreadable file, one built with another verifier, whose scores it does not describe, or
+    with another rival cosine (its labels leave out other lookups than the route serves: with
+    the rule off, the contested ones it left out are the error-prone ones)."""
     try:
         prior = Prior.load(path, cos_edges, score_edges)
         ver = digest(verifier)
@@ -131,6 +147,15 @@ def load_prior(
             path,
             prior.verifier_sha256,
             ver,
+        )
+        return None
+    if prior.rival_cosine != rival_cosine:
+        log.warning(
+            "semantic budget: prior %s was built with rival_cosine %s, the route uses %s; not "
+            "used (rebuild: python -m bench.budget_prior --rival ...)",
+            path,
+            prior.rival_cosine,
+            rival_cosine,
         )
         return None
     return prior

@@ -13,7 +13,7 @@ class SemanticMetrics:
         p = "latentgate_semantic_"
         self.lookups = Counter(
             p + "lookups",
-            "Semantic lookups by result (hit, miss, stale)",
+            "Semantic lookups by result (hit, miss, stale, contested)",
             ["result"],
             registry=registry,
         )

@@ -149,6 +149,7 @@ class SemanticSetup:
                 Path(verifier_artifact) if verifier_artifact else DEFAULT_ARTIFACT,
                 cos_edges,
                 score_edges,
+                p.rival_cosine,
             )
         grid = BudgetGrid(
             p.max_error_rate,

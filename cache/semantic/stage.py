@@ -174,6 +174,7 @@ class SemanticStage:
         or over `rival` too (contested: cache.semantic.rivals; None: no such rule)."""
         vec = await self.embed(text) if vector is None else vector
         t2, cands, sims = self._candidates(namespace, vec)
+        cands, sims = await self._without_stale_rivals(cands, sims, rival, payload_exists)
         if not cands:
             self.metrics.lookups.labels("miss").inc()
             return Search(None, None)
@@ -210,7 +211,9 @@ class SemanticStage:
             # The payload expired or was evicted from the exact store: this vector is stale.
             await self.remove_key(chosen.exact_key)
             self.metrics.lookups.labels("stale").inc()
-            return Search(None, None, near)
+            return Search(
+                None, None, near - int(rival is not None and cos[decision.index] >= rival)
+            )
         if found is None:  # there, but not for this request (its max-age, its framing)
             self.metrics.lookups.labels("miss").inc()
             return Search(None, None, near)
@@ -237,6 +240,7 @@ class SemanticStage:
         candidates it may serve."""
         vec = await self.embed(text) if vector is None else vector
         t2, cands, sims = self._candidates(namespace, vec)
+        cands, sims = await self._without_stale_rivals(cands, sims, rival, payload_exists)
         cos = np.asarray(sims, dtype=np.float32)
         near = rivals(cos, rival)
         if not cands or float(cos.max()) < verifier.floor:
@@ -253,7 +257,13 @@ class SemanticStage:
         self.metrics.similarity.observe(float(cos[0]))
         free = np.array([not contested(cos, i, rival) for i in range(len(cands))])
         if not free[score >= 0].any():
-            self.metrics.lookups.labels("contested" if (score >= 0).any() else "miss").inc()
+            # "contested" only when the rule kept a hit from being served: the bar (and the
+            # entry's own bar) would have served one of them
+            kept = any(
+                score[i] >= 0 and bar.serves(float(cos[i]), float(score[i])) and score[i] >= c.bar
+                for i, c in enumerate(cands)
+            )
+            self.metrics.lookups.labels("contested" if kept else "miss").inc()
             return Search(None, None, near)
         score = np.where(free, score, -1.0)
         best = int(np.argmax(score))
@@ -280,6 +290,27 @@ class SemanticStage:
         served = bar.serves(float(cos[best]), float(score[best]))
         cand = Candidate(b.exact_key, float(cos[best]), float(score[best]), served)
         return Search(None, cand, near)
+
+    async def _without_stale_rivals(
+        self,
+        cands: list[Entry],
+        sims: list[float],
+        rival: float | None,
+        payload_exists: Callable[[str], Awaitable[bool | None]] | None,
+    ) -> tuple[list[Entry], list[float]]:
+        """While two or more candidates are at the rival cosine, those whose payload is gone
+        are stale vectors: removed, so that they contest nothing (otherwise an evicted answer
+        would keep its neighbourhood shut until the entry's TTL). Only then: a lookup with one
+        close candidate checks the payload of its pick alone, as before."""
+        if rival is None or payload_exists is None or sum(s >= rival for s in sims) < 2:
+            return cands, sims
+        keep: list[tuple[Entry, float]] = []
+        for c, s in zip(cands, sims, strict=True):
+            if s >= rival and await payload_exists(c.exact_key) is False:
+                await self.remove_key(c.exact_key)
+                continue
+            keep.append((c, s))
+        return [c for c, _ in keep], [s for _, s in keep]
 
     def _info(self, ident: int, entry: Entry) -> TextInfo:
         info = self._infos.get(ident)

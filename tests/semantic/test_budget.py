@@ -10,6 +10,7 @@ import pytest
 
 from cache.semantic.budget import OPEN_LABELS, BudgetGrid, grid_edges, wilson_upper, z_of
 from cache.semantic.budget_prior import DEFAULT_PRIOR, Prior, load_prior
+from cache.semantic.rivals import RIVAL_COSINE
 from cache.semantic.verifier import DEFAULT_ARTIFACT
 
 
@@ -167,6 +168,11 @@ def test_the_shipped_prior_was_built_with_the_shipped_verifier(tmp_path: Path) -
     other = tmp_path / "verifier.npz"
     other.write_bytes(DEFAULT_ARTIFACT.read_bytes() + b"retrained")
     assert load_prior(DEFAULT_PRIOR, other, *edges) is None  # another verifier: not used
+    # built with the shipped rival rule: a route with the rule off (or another cosine) sees
+    # the contested lookups the prior left out, so it learns from its own labels alone
+    assert load_prior(DEFAULT_PRIOR, DEFAULT_ARTIFACT, *edges, RIVAL_COSINE) is not None
+    assert load_prior(DEFAULT_PRIOR, DEFAULT_ARTIFACT, *edges, None) is None
+    assert load_prior(DEFAULT_PRIOR, DEFAULT_ARTIFACT, *edges, 0.95) is None
     assert load_prior(tmp_path / "missing.npz", DEFAULT_ARTIFACT, *edges) is None
 
 

@@ -4,18 +4,27 @@ flight, and through the gateway."""
 
 from __future__ import annotations
 
+import threading
 import urllib.request
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+import pytest
 
 from cache.embedder import Embedder
 from cache.semantic.budget import Bar
 from cache.semantic.pending import PendingFlights
 from cache.semantic.rivals import RIVAL_COSINE, contested
+from cache.semantic.route import SemanticRoute
 from cache.semantic.stage import SemanticStage
 from cache.semantic.verifier import MlpVerifier
+from tests.semantic.test_budget_gateway import admin_state, wait_for
 from tests.semantic.test_gateway import ask, client_for, semantic_config
+from tests.semantic.test_semantic_single_flight import (  # noqa: F401 (a fixture)
+    slow_upstream,
+    upstream_calls,
+)
 from tests.support.servers import ServerThread
 
 Q = "How do I reset my password?"
@@ -129,3 +138,51 @@ def test_through_the_gateway_a_contested_paraphrase_goes_upstream(
     assert ask(c2, RIVAL, temperature=0)[1]["x-cache"] == "miss"
     again, h2 = ask(c2, other, temperature=0)
     assert h2["x-cache"] == "semantic-hit" and again == first2
+
+
+async def test_a_rival_whose_answer_is_gone_contests_nothing(
+    stage: SemanticStage, verifier: MlpVerifier
+) -> None:
+    """An evicted answer's vector must not keep its neighbourhood shut until its TTL."""
+    await stage.add("ns", Q, "k-q", ttl=60)
+    await stage.add("ns", RIVAL, "k-rival", ttl=60)
+
+    async def exists(key: str) -> bool:
+        return key != "k-rival"
+
+    hit = await stage.lookup("ns", PARA, verifier, exists, rival=RIVAL_COSINE)
+    assert hit is not None and hit.exact_key == "k-q"
+    assert "k-rival" not in {e.exact_key for e in stage.entries.values()}
+    # and under a learned bar too
+    await stage.add("ns", RIVAL, "k-rival", ttl=60)
+    res = await stage.search("ns", PARA, verifier, SERVE_ALL, exists, rival=RIVAL_COSINE)
+    assert res.hit is not None and res.hit.exact_key == "k-q" and res.rivals == 1
+
+
+@pytest.mark.parametrize("budget", [False, True])
+def test_a_lookup_that_failed_joins_no_flight(
+    slow_upstream: ServerThread,  # noqa: F811 (the fixture imported above)
+    start_gateway: Callable[..., ServerThread],
+    monkeypatch: pytest.MonkeyPatch,
+    budget: bool,
+) -> None:
+    """Without the lookup's rival count the join cannot tell a contested flight: it goes
+    upstream rather than wait for an answer the lookup might have refused."""
+    extra = {"max_error_rate": 0.5} if budget else {}
+    gw = start_gateway(semantic_config(slow_upstream.url, **extra))
+    assert ask(client_for(gw.url), RIVAL, temperature=0)[1]["x-cache"] == "miss"
+    got: dict[str, Any] = {}
+    leader = threading.Thread(
+        target=lambda: got.update(first=ask(client_for(gw.url), Q, temperature=0))
+    )
+    leader.start()
+    wait_for(lambda: admin_state(gw.url)["pending_flights"] == 1, "the leader in flight")
+
+    async def failing(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the verifier failed")
+
+    monkeypatch.setattr(SemanticRoute, "search", failing)
+    _, h = ask(client_for(gw.url), PARA, temperature=0)
+    leader.join()
+    assert h["x-cache"] == "miss"  # not the leader's answer as a semantic hit
+    assert upstream_calls(slow_upstream) == 3
