@@ -26,6 +26,9 @@ class Pool:
     cand: np.ndarray  # (n, k) entry indices, best first
     cand_cos: np.ndarray  # (n, k)
     label: np.ndarray
+    # per query: the entry whose text is the query's own (-1: none). Serving answers those from
+    # the exact cache: they never reach the semantic stage and its rules.
+    same: np.ndarray | None = None
 
 
 def build_pool(ps: PairSet, va: np.ndarray, vb: np.ndarray, k: int = 5) -> Pool:
@@ -47,7 +50,8 @@ def build_pool(ps: PairSet, va: np.ndarray, vb: np.ndarray, k: int = 5) -> Pool:
         order = np.argsort(-tsim, axis=1)
         cand[s : s + 2048] = np.take_along_axis(top, order, axis=1)
         ccos[s : s + 2048] = np.take_along_axis(tsim, order, axis=1)
-    return Pool([ps.a[i] for i in first_row], ev, own, cand, ccos, ps.label)
+    same = np.asarray([index.get(t, -1) for t in ps.b], dtype=np.int64)
+    return Pool([ps.a[i] for i in first_row], ev, own, cand, ccos, ps.label, same)
 
 
 @dataclass
@@ -140,6 +144,9 @@ def choose_verified(
     if rival is not None:
         near = (pool.cand_cos >= rival).sum(axis=1) - (pool.cand_cos[rows, j] >= rival)
         best[near > 0] = -1
+        if pool.same is not None:  # an exact repeat: the exact cache's hit, no rule applies
+            repeat = pool.same >= 0
+            best[repeat] = pool.same[repeat]
     return best
 
 

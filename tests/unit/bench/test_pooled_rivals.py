@@ -25,3 +25,7 @@ def test_choose_verified_applies_the_rival_rule_like_serving() -> None:
         if pick >= 0:
             j = pick - 3 * i
             assert (ruled[i] < 0) == contested(cos[i], j, RIVAL_COSINE)
+    # A query whose text is an entry's own is the exact cache's hit: no rule applies to it.
+    repeat = Pool(pool.entries, pool.entry_vecs, pool.own, cand, cos, pool.label)
+    repeat.same = np.asarray([0, -1, -1, -1])
+    assert choose_verified(repeat, prob, 0.88, 0.5).tolist() == [0, 3, -1, -1]
