@@ -174,7 +174,7 @@ class RouteCache:
     def lookup_l1(self, key: CacheKey, directives: RequestDirectives) -> CacheEntry | None:
         """The synchronous memory lookup the hit path tries first (no await, no task switch)."""
         entry = self.tiers.get_l1(key.value)
-        if entry is None or not directives.acceptable(entry.age()):
+        if entry is None or not directives.acceptable(entry.age(), entry.expires_at):
             return None
         self._counts["lookups"] += 1
         self._counts["memory"] += 1
@@ -190,7 +190,7 @@ class RouteCache:
         except Exception:  # the cache boundary: a broken tier is a miss, never a failed request
             log.exception("cache lookup failed on route %s", self.route)
             found = None
-        if found is not None and directives.acceptable(found[0].age()):
+        if found is not None and directives.acceptable(found[0].age(), found[0].expires_at):
             self._counts[found[1]] += 1
             self._hit[found[1]].inc()
             return found
@@ -238,7 +238,7 @@ class RouteCache:
         except Exception:  # the cache boundary: a broken tier is a miss
             log.exception("cache peek failed on route %s", self.route)
             return None
-        if found is None or not directives.acceptable(found[0].age()):
+        if found is None or not directives.acceptable(found[0].age(), found[0].expires_at):
             return None
         return found[0]
 
@@ -257,7 +257,7 @@ class RouteCache:
             return None, False
         if found is None:
             return None, True
-        if not directives.acceptable(found[0].age()):
+        if not directives.acceptable(found[0].age(), found[0].expires_at):
             return None, False
         return found[0], False
 

@@ -37,9 +37,16 @@ class RequestDirectives:
     # only-if-cached (RFC 9111 5.2.1.7): answer from the cache or not at all (504), never
     # going upstream for it.
     only_if_cached: bool = False
+    # min-fresh=N (RFC 9111 5.2.1.3): an answer that stays fresh for N more seconds at least.
+    min_fresh: float | None = None
 
-    def acceptable(self, age: float) -> bool:
-        return self.max_age is None or age <= self.max_age
+    def acceptable(self, age: float, expires_at: float | None = None) -> bool:
+        """An entry of this age (expiring at expires_at, wall clock) answers this request."""
+        if self.max_age is not None and age > self.max_age:
+            return False
+        if self.min_fresh is None or expires_at is None:
+            return True
+        return expires_at - time.time() >= self.min_fresh
 
 
 DEFAULT = RequestDirectives()
@@ -47,25 +54,33 @@ DEFAULT = RequestDirectives()
 
 def request_directives(cache_control: str | None, pragma: str | None = None) -> RequestDirectives:
     """no-cache: skip the lookup but store; no-store: skip both; max-age=N: bound the hit's age;
-    only-if-cached: a hit or nothing."""
+    min-fresh=N: the hit must stay fresh N seconds more; only-if-cached: a hit or nothing."""
     if not cache_control and not pragma:
         return DEFAULT
     d = _directives(cache_control)
     no_cache = "no-cache" in d or (not cache_control and (pragma or "").lower() == "no-cache")
     no_store = "no-store" in d
-    max_age: float | None = None
-    raw = d.get("max-age")
-    if raw is not None:
-        try:
-            max_age = max(0.0, float(raw))
-        except ValueError:
-            max_age = 0.0  # an unreadable bound is the strictest one
     return RequestDirectives(
         lookup=not (no_cache or no_store),
         store=not no_store,
-        max_age=max_age,
+        max_age=_seconds(d, "max-age", 0.0),
         only_if_cached="only-if-cached" in d,
+        # an unreadable min-fresh is the strictest: no stored answer is fresh for ever
+        min_fresh=_seconds(d, "min-fresh", float("inf")),
     )
+
+
+def _seconds(d: dict[str, str | None], name: str, unreadable: float) -> float | None:
+    """A delta-seconds argument (None: the directive is absent, or has no argument); `unreadable`
+    when it is not a number, the strictest reading of what the client asked."""
+    raw = d.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return unreadable
+    return max(0.0, value) if value == value else unreadable  # NaN is unreadable too
 
 
 class NotCached(Exception):

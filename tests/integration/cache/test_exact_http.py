@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -224,3 +225,30 @@ async def test_only_if_cached_never_answers_with_another_tenants_entry(
     status, headers, body = await _post(gw.url, headers=alice)
     assert status == 200 and headers["X-Cache"] == "hit" and body == stored[2]
     assert await _upstream_calls(upstream) == 1
+
+
+async def test_min_fresh_is_honoured_in_memory_and_in_redis(
+    upstream: ServerThread,
+    redis_server: RedisServer,
+    start_gateway: Callable[..., ServerThread],
+) -> None:
+    """Cache-Control: min-fresh=N (RFC 9111 5.2.1.3): only an answer that stays fresh N more
+    seconds may answer; it used to be ignored."""
+    cfg = cache_config(upstream.url, redis_server.url)
+    a, b = start_gateway(cfg), start_gateway(cfg)
+    body = {**CHAT, "messages": [{"role": "user", "content": f"min-fresh {uuid.uuid4().hex}"}]}
+    stored = await _post(a.url, body=body)
+    assert stored[1]["X-Cache"] == "miss"
+    ttl = cfg["routes"][0]["cache"]["exact"]["ttl"]
+    fresh_enough = {"Cache-Control": f"min-fresh={ttl // 2}"}
+    too_long = {"Cache-Control": f"min-fresh={ttl * 2}"}
+    for gw in (a, b):  # a: its memory tier; b: the shared Redis
+        status, headers, _ = await _post(gw.url, body=body, headers=fresh_enough)
+        assert status == 200 and headers["X-Cache"] == "hit"
+        status, headers, _ = await _post(gw.url, body=body, headers=too_long)
+        assert status == 200 and headers["X-Cache"] != "hit"
+    calls = await _upstream_calls(upstream)
+    # with only-if-cached there is nothing fresh enough to answer with: a 504, not upstream
+    only = {"Cache-Control": f"only-if-cached, min-fresh={ttl * 2}"}
+    assert (await _post(a.url, body=body, headers=only))[0] == 504
+    assert await _upstream_calls(upstream) == calls

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from cache.breaker import CLOSED, HALF_OPEN, OPEN, Breaker
@@ -21,6 +23,11 @@ def test_request_cache_control() -> None:
     assert d.lookup and d.acceptable(4.9) and not d.acceptable(5.1)
     assert request_directives(None, "no-cache").lookup is False
     assert not request_directives("max-age=oops").acceptable(0.5)
+    d = request_directives("min-fresh=60")
+    assert d.acceptable(0.0, time.time() + 120) and not d.acceptable(0.0, time.time() + 30)
+    assert d.acceptable(0.0)  # (no expiry known: nothing to hold against it)
+    assert not request_directives("min-fresh=soon").acceptable(0.0, time.time() + 1e6)
+    assert request_directives("min-fresh").min_fresh is None  # no argument: no bound
 
 
 @pytest.mark.parametrize(
