@@ -63,6 +63,10 @@ class LimitSettings(_Frozen):
     shutdown_grace_s: float = Field(30.0, ge=0)
     header_timeout_s: float = Field(10.0, gt=0)
     max_connections_per_client: int = Field(256, ge=1)
+    # The cap is about remote clients: loopback peers, like unix-socket ones, are processes on
+    # this host (a sidecar's application, whose pool may hold hundreds of connections), unless
+    # this is true.
+    cap_loopback_clients: bool = False
 
 
 class LoggingSettings(_Frozen):

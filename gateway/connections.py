@@ -8,6 +8,7 @@ which `limits.client_idle_timeout_s` sets.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 from collections import Counter as Tally
@@ -42,11 +43,19 @@ def _response(status: int, reason: str, message: str) -> bytes:
     return head.encode() + body
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
 class ConnectionGuard:
     """Policy and metrics shared by every listener of one worker."""
 
     def __init__(self, limits: LimitSettings, registry: CollectorRegistry) -> None:
         self.max_per_client = limits.max_connections_per_client
+        self.cap_loopback = limits.cap_loopback_clients
         self.header_timeout_s = limits.header_timeout_s
         self.open = Gauge(
             "latentgate_downstream_connections", "Open downstream connections", registry=registry
@@ -76,8 +85,11 @@ class GuardedServer(Server):
         guard = self._guard
         guard.open.inc()
         peer = transport.get_extra_info("peername")
-        # Unix-socket peers are all local processes: the cap is about remote clients.
+        # Unix-socket and (by default) loopback peers are local processes: the cap is about
+        # remote clients. A sidecar's application talks over loopback with a pool of its own.
         client = peer[0] if isinstance(peer, tuple) and peer else None
+        if client is not None and not guard.cap_loopback and _loopback(client):
+            client = None
         self._client_of[handler] = client
         if client is not None:
             self._per_client[client] += 1

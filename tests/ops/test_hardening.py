@@ -41,7 +41,9 @@ def test_per_client_connection_cap(
     upstream: ServerThread,
     gateway_process: Callable[..., GatewayProcess],
 ) -> None:
-    cfg = base_config(upstream.url, limits={"max_connections_per_client": 3})
+    cfg = base_config(
+        upstream.url, limits={"max_connections_per_client": 3, "cap_loopback_clients": True}
+    )
     gw = gateway_process(cfg)
     held = [socket.create_connection(("127.0.0.1", gw.port), timeout=5) for _ in range(3)]
     try:
@@ -253,3 +255,23 @@ def test_slow_headers_on_a_reused_connection_are_cut_by_the_idle_timeout(
                 closed_after = time.monotonic() - started
                 break
     assert closed_after is not None and closed_after < 6
+
+
+def test_loopback_clients_are_not_capped_by_default(
+    upstream: ServerThread,
+    gateway_process: Callable[..., GatewayProcess],
+) -> None:
+    """A sidecar's application connects over loopback with a pool of its own: more
+    connections than the per-client cap must all be served."""
+    gw = gateway_process(base_config(upstream.url, limits={"max_connections_per_client": 3}))
+    held = [socket.create_connection(("127.0.0.1", gw.port), timeout=5) for _ in range(6)]
+    try:
+        for s in held:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        for s in held:
+            assert s.recv(64).startswith(b"HTTP/1.1 200"), "a loopback connection was refused"
+    finally:
+        for s in held:
+            s.close()
+    metrics = http("GET", gw.url + "/metrics")[2].decode()
+    assert 'latentgate_downstream_connections_refused_total{reason="per_client_cap"} 0.0' in metrics
