@@ -31,7 +31,7 @@ from backends.settings import ImagePreprocess, OnnxBackendSettings, TensorRTBack
 
 log = logging.getLogger("latentgate.local")
 _MODEL_PATH = re.compile(
-    r"^/v2/models/(?P<name>[^/]+)(?:/versions/[^/]+)?(?P<op>/infer|/ready|/config|/stats)?/?$"
+    r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?(?P<op>/infer|/ready|/config|/stats)?/?$"
 )
 LocalSettings = OnnxBackendSettings | TensorRTBackendSettings
 
@@ -183,6 +183,10 @@ class LocalBackend:
             raise ModelNotFound(f"{method} {path} is not served by local model {self.model_name}")
         if m.group("name") != self.model_name:
             raise ModelNotFound(f"model '{m.group('name')}' is not served here")
+        if m.group("version") not in (None, "1"):  # a local model has one version: "1"
+            raise ModelNotFound(
+                f"model '{self.model_name}' has no version {m.group('version')!r} (versions: 1)"
+            )
         op = m.group("op")
         if op == "/ready":
             return _json({"ready": self.ready()}, 200 if self.ready() else 503)

@@ -83,3 +83,19 @@ def test_unknown_model_is_a_404(local_gateway: ServerThread) -> None:
     inputs = [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}]
     status, body = _infer_error(local_gateway, inputs, model="other-model")
     assert status == 404 and "other-model" in body["error"]
+
+
+def test_an_unknown_model_version_is_a_404_not_version_1(local_gateway: ServerThread) -> None:
+    """A local model has one version, "1": asking for another must not be served as it."""
+    client = _client(local_gateway)
+    inp = _text_input(SENTENCES[:1], True)
+    assert client.infer(MODEL, [inp], model_version="1").as_numpy("embedding").shape == (1, 384)
+    with pytest.raises(InferenceServerException) as err:
+        client.infer(MODEL, [inp], model_version="2")
+    assert "version '2'" in str(err.value)
+    assert not client.is_model_ready(MODEL, model_version="7")
+    inputs = [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}]
+    status, body = http(
+        "POST", f"{local_gateway.url}/v2/models/{MODEL}/versions/3/infer", {"inputs": inputs}
+    )
+    assert status == 404 and "version '3'" in body["error"]
