@@ -48,6 +48,8 @@ def decode_infer(body: bytes, header_length: str | None) -> InferRequest:
         if not isinstance(inp, dict) or not isinstance(inp.get("name"), str):
             raise BadInput(f"inputs[{i}] must be an object with a string 'name'")
         name, datatype, shape = inp["name"], inp.get("datatype"), inp.get("shape")
+        if name in inputs:  # (the last one would silently win)
+            raise BadInput(f"input '{name}' is given twice")
         if datatype != "BYTES" and datatype not in NUMERIC:
             raise BadInput(f"input '{name}': unsupported datatype {datatype!r}")
         if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):

@@ -99,3 +99,10 @@ def test_an_unknown_model_version_is_a_404_not_version_1(local_gateway: ServerTh
         "POST", f"{local_gateway.url}/v2/models/{MODEL}/versions/3/infer", {"inputs": inputs}
     )
     assert status == 404 and "version '3'" in body["error"]
+
+
+def test_an_input_given_twice_is_a_400(local_gateway: ServerThread) -> None:
+    one = {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}
+    two = {"name": "text", "datatype": "BYTES", "shape": [2], "data": ["b", "c"]}
+    status, body = _infer_error(local_gateway, [one, two])
+    assert status == 400 and "given twice" in body["error"]
