@@ -75,6 +75,8 @@ def route_status(sr: SemanticRoute) -> dict[str, Any]:
     if b is None:
         return out
     out["scoring_floor"] = b.scorer.floor  # a budgeted route scores and labels from here
+    # what its labels mean (scorer, point, rival rule, answer match): the shared counts' key
+    out["label_context"] = b.context
     bar = b.bar()
     g = b.grid
     out["budget"] = {

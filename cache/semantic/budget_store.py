@@ -1,6 +1,8 @@
 """Error-budget counts shared between gateway processes and kept across restarts, in Redis.
 
-One hash per route, `{prefix}sem:budget:{route}`; a field per grid cell, count and epoch,
+One hash per route and labelling context, `{prefix}sem:budget:{route}:{context}` (a digest of
+the scorer, its point, the rival rule and the answer match: after a change to any of them the
+route learns afresh, and the old hash expires); a field per grid cell, count and epoch,
 `l|w|v:{epoch}:{cosine edge}:{score edge}` (labels, wrong labels, volume), named by the cell's
 edges so a grid with other edges still reads them. An epoch is a quarter of the route's label
 half-life of wall-clock time: a count weighs 0.5 ** (its epoch's age / 4) when read, and epochs
@@ -87,7 +89,8 @@ class BudgetStore:
             b.on_count = self._counter(route, b.grid)
 
     def key(self, route: str) -> str:
-        return f"{self.prefix}sem:budget:{route}"
+        context = self.budgets[route].context
+        return f"{self.prefix}sem:budget:{route}" + (f":{context}" if context else "")
 
     def _counter(self, route: str, grid: BudgetGrid):  # type: ignore[no-untyped-def]
         new = self._new[route]
@@ -115,6 +118,8 @@ class BudgetStore:
                     for f, n in counts.items():
                         p.hincrby(self.key(route), f, n)
                     p.hgetall(self.key(route))
+                for route in taken:  # a hash no process writes any more goes on its own
+                    p.expire(self.key(route), self._ttl(route))
                 res = await p.execute()
         except REDIS_ERRORS as exc:
             for route, counts in taken.items():
@@ -138,6 +143,11 @@ class BudgetStore:
                 with contextlib.suppress(*REDIS_ERRORS):  # the next flush tries again
                     await self.redis.hdel(self.key(route), *stale)
         return True
+
+    def _ttl(self, route: str) -> int:
+        """Seconds an unwritten hash is kept: as long as its counts weigh anything."""
+        half_life = self.budgets[route].grid.half_life or 86400.0
+        return int(half_life * KEEP_HALF_LIVES) + 60
 
     async def _loop(self) -> None:
         while True:

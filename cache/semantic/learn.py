@@ -42,8 +42,13 @@ class RouteBudget:
         metrics: SemanticMetrics,
         audit_rate: float,
         scorer: Verifier,
+        context: str = "",
     ) -> None:
         self.route = route
+        # What a label means here: the scorer, its floor and point, the rival rule and the
+        # answer match (cache.semantic.setup.label_context). Shared counts are kept per context,
+        # so labels gathered under another one never prove this route's bar.
+        self.context = context
         self.grid = grid
         self.scorer = scorer  # the route's verifier, scoring from the grid's floor
         self.matcher = matcher

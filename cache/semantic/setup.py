@@ -9,6 +9,8 @@ caching, so nothing is loaded for nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -21,7 +23,7 @@ from cache.embedder import Embedder, load_embedder
 from cache.keys import Selector
 from cache.semantic.answers import EmbeddingMatch, ExactMatch, JudgeMatch, Matcher
 from cache.semantic.budget import LEARN_FLOOR, BudgetGrid, grid_edges
-from cache.semantic.budget_prior import DEFAULT_PRIOR, load_prior
+from cache.semantic.budget_prior import DEFAULT_PRIOR, digest, load_prior
 from cache.semantic.budget_store import BudgetStore
 from cache.semantic.cross_encoder import CrossEncoder
 from cache.semantic.index import VectorIndex
@@ -168,7 +170,10 @@ class SemanticSetup:
             assert p.judge is not None
             j = p.judge
             matcher = JudgeMatch(j.url, j.model, j.headers, j.timeout)
-        return RouteBudget(route, grid, matcher, self.stage, self.metrics, p.audit_rate, scorer)
+        context = label_context(scorer, ver, p, verifier_artifact)
+        return RouteBudget(
+            route, grid, matcher, self.stage, self.metrics, p.audit_rate, scorer, context
+        )
 
     def budgets(self) -> dict[str, RouteBudget]:
         return {n: r.budget for n, r in self.routes.items() if r.budget is not None}
@@ -338,3 +343,27 @@ def build_semantic(
 
 def semantic_routes(setup: SemanticSetup | None) -> Mapping[str, SemanticRoute]:
     return {} if setup is None else setup.routes
+
+
+def label_context(
+    scorer: Verifier, ver: Verifier, p: SemanticPolicy, verifier_artifact: str | None
+) -> str:
+    """A short digest of what a label means on this route: the scorer (its name, its artifact's
+    bytes), the floor it scores from, the shipped point, the rival rule and the answer match."""
+    artifact = ""
+    if isinstance(ver, MlpVerifier):
+        path = Path(verifier_artifact) if verifier_artifact else DEFAULT_ARTIFACT
+        with contextlib.suppress(OSError):
+            artifact = digest(path)
+    parts = (
+        scorer.name,
+        artifact,
+        f"{scorer.floor:.4f}",
+        f"{ver.floor:.4f}",
+        f"{ver.p_min:.4f}",
+        str(p.rival_cosine),
+        p.answer_match,
+        f"{p.answer_cosine:.4f}" if p.answer_match == "embedding" else "",
+        p.judge.model if p.judge is not None and p.answer_match == "judge" else "",
+    )
+    return hashlib.blake2b("|".join(parts).encode(), digest_size=6).hexdigest()

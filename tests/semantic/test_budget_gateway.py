@@ -199,6 +199,18 @@ def test_counts_are_shared_between_gateways_and_survive_a_restart(
         assert admin_state(c.url)["budget"]["bar"]["open"]
     finally:
         c.stop()
+    # Labels mean what the scorer and the rules made them: with the rival rule off they were
+    # gathered on another population, so a route configured so starts afresh.
+    other = semantic_config(class_upstream.url, redis_server.url, **BUDGET, rival_cosine=None)
+    other["cache"]["redis"]["key_prefix"] = cfg["cache"]["redis"]["key_prefix"]
+    d = ServerThread(lambda: build_app(Settings.model_validate(other))).start()
+    try:
+        state = admin_state(d.url)
+        assert state["label_context"] != admin_state_context(settings)
+        time.sleep(1.5)  # three flushes: nothing comes back from the other context's hash
+        assert admin_state(d.url)["budget"]["labels"] == 0
+    finally:
+        d.stop()
 
 
 def test_shared_labels_fade_by_age_and_old_epochs_leave_redis(
@@ -212,7 +224,7 @@ def test_shared_labels_fade_by_age_and_old_epochs_leave_redis(
     settings = Settings.model_validate(cfg)
     half_life = SemanticPolicy().label_half_life  # the default
     epoch = int(time.time() // (half_life / EPOCHS_PER_HALF_LIFE))
-    key = f"{prefix}sem:budget:chat"
+    key = f"{prefix}sem:budget:chat:{admin_state_context(settings)}"
     r = redis_lib.Redis.from_url(redis_server.url)
     cell = "0.980000:0.600000"
     r.hset(key, f"l:{epoch - EPOCHS_PER_HALF_LIFE}:{cell}", 200)  # one half-life old
@@ -226,4 +238,15 @@ def test_shared_labels_fade_by_age_and_old_epochs_leave_redis(
         wait_for(lambda: not r.hexists(key, old), "the oldest epoch deleted")
     finally:
         r.close()
+        gw.stop()
+
+
+def admin_state_context(settings: Settings) -> str:
+    """The label context a gateway with these settings gives its `chat` route (read from a
+    running one: the same function the route's key is built with)."""
+    gw = ServerThread(lambda: build_app(settings)).start()
+    try:
+        wait_for(lambda: "label_context" in admin_state(gw.url), "the route's budget")
+        return str(admin_state(gw.url)["label_context"])
+    finally:
         gw.stop()
