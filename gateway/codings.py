@@ -1,8 +1,9 @@
 """Request body codings: which ones the gateway decodes, and a 415 for the others.
 
-aiohttp's server decodes a request body whose Content-Encoding is one coding it knows (gzip,
-deflate; br with brotli; zstd with Python 3.14's compression.zstd or backports.zstd, both
-dependencies of this project) and passes any other body through as it came. What goes upstream
+aiohttp's server decodes a request body whose Content-Encoding is one header line naming one
+coding it knows (gzip, deflate; br with Brotli; zstd with Python 3.14's compression.zstd or
+backports.zstd: dependencies of this project) and passes any other body through as it came,
+even "gzip, identity" or a gzip line beside an identity one. What goes upstream
 is the decoded body without the label (gateway.headers.upstream), so a body in a coding it did
 not decode, or in a chain of codings ("gzip, br"), would reach the replica still encoded and
 labelled as plain: refused instead, as RFC 9110 15.5.16 says, with the codings it does take.
@@ -12,11 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from aiohttp.compression_utils import HAS_BROTLI, HAS_ZSTD
+from aiohttp import compression_utils
 
 from gateway.errors import UnsupportedMediaType
 
-DECODED = ("gzip", "deflate") + (("br",) if HAS_BROTLI else ()) + (("zstd",) if HAS_ZSTD else ())
+DECODED = (
+    ("gzip", "deflate")
+    + (("br",) if getattr(compression_utils, "HAS_BROTLI", False) else ())
+    + (("zstd",) if getattr(compression_utils, "HAS_ZSTD", False) else ())
+)
 _PLAIN = frozenset({"", "identity"})
 
 
@@ -27,10 +32,14 @@ def coding_error(headers: Mapping[str, str]) -> UnsupportedMediaType | None:
         return None
     getall = getattr(headers, "getall", None)
     values = getall("Content-Encoding") if getall is not None else [raw]
-    codings = [c.strip().lower() for v in values for c in v.split(",")]
-    codings = [c for c in codings if c not in _PLAIN]
-    if not codings or (len(codings) == 1 and codings[0] in DECODED):
+    # exactly what aiohttp decodes: one line, one coding (its value stripped of spaces and tabs
+    # by the parser, compared in ASCII lower case)
+    if len(values) == 1 and values[0].isascii() and values[0].lower() in DECODED:
         return None
+    codings = [c.strip(" \t").lower() for v in values for c in v.split(",")]
+    if all(c in _PLAIN for c in codings):
+        return None  # no coding at all: the body is plain
+    codings = [c for c in codings if c not in _PLAIN]
     return UnsupportedMediaType(
         f"request Content-Encoding {', '.join(codings)!r} is not supported: send the body "
         f"plain or in one of {', '.join(DECODED)}",

@@ -270,10 +270,16 @@ def _line_index(node: yaml.Node, prefix: tuple[str, ...], out: dict[tuple[str, .
 _MERGE = "tag:yaml.org,2002:merge"
 
 
-def _duplicate_keys(node: yaml.Node, prefix: tuple[str, ...] = ()) -> list[ConfigIssue]:
+def _duplicate_keys(
+    node: yaml.Node, prefix: tuple[str, ...] = (), seen: set[int] | None = None
+) -> list[ConfigIssue]:
     """A key given twice in one mapping: YAML loaders keep the last silently, so `limits:`
     written twice would drop the first block without a word. Merge keys (`<<: *x`) are YAML's
-    own way to override and are left alone."""
+    own way to override and are left alone; an anchored node is looked at once."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:
+        return []
+    seen.add(id(node))
     issues: list[ConfigIssue] = []
     if isinstance(node, yaml.MappingNode):
         first: dict[str, int] = {}
@@ -292,10 +298,10 @@ def _duplicate_keys(node: yaml.Node, prefix: tuple[str, ...] = ()) -> list[Confi
                     )
                 else:
                     first[name] = line
-            issues += _duplicate_keys(value, path)
+            issues += _duplicate_keys(value, path, seen)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            issues += _duplicate_keys(item, (*prefix, str(i)))
+            issues += _duplicate_keys(item, (*prefix, str(i)), seen)
     return issues
 
 
@@ -357,11 +363,10 @@ def parse_settings(
     if not isinstance(raw, dict):
         raise ConfigError(source, [ConfigIssue("", 1, "the top level must be a mapping")])
     lines: dict[tuple[str, ...], int] = {}
+    duplicates: list[ConfigIssue] = []
     if node is not None:
         _line_index(node, (), lines)
-        duplicates = _duplicate_keys(node)
-        if duplicates:
-            raise ConfigError(source, duplicates)
+        duplicates = _duplicate_keys(node)  # said with every other problem, first
     unset: dict[tuple[str, ...], list[str]] = {}
     data = _interpolate_tree(raw, env, (), unset)
     # An unset `${VAR}` is an error where it is used, whatever the field would accept.
@@ -385,9 +390,11 @@ def parse_settings(
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
             issues.append(ConfigIssue(".".join(loc), _line_of(loc, lines), msg))
-        raise ConfigError(source, unset_issues + issues + _reference_issues(data, lines)) from None
-    if unset_issues:
-        raise ConfigError(source, unset_issues)
+        raise ConfigError(
+            source, duplicates + unset_issues + issues + _reference_issues(data, lines)
+        ) from None
+    if duplicates or unset_issues:
+        raise ConfigError(source, duplicates + unset_issues)
     return settings
 
 

@@ -45,9 +45,11 @@ def _response(status: int, reason: str, message: str) -> bytes:
 
 def _loopback(host: str) -> bool:
     try:
-        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+        addr = ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
         return False
+    mapped = getattr(addr, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return addr.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 class ConnectionGuard:

@@ -206,6 +206,8 @@ def test_a_key_given_twice_is_an_error_not_the_last_one_silently(tmp_path: Path)
     out = _check(cfg)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "limits (line 13): duplicate key (first given on line 1)" in out.stdout + out.stderr
+    # said beside the file's other problems, not instead of them
+    assert "routes.1.name (line 10)" in out.stdout + out.stderr
     # the same file without its second limits block: the route named twice is said where it is
     cfg.write_text(DUPLICATES.split("limits:\n  max_body_bytes: 1024")[0])
     out = _check(cfg)

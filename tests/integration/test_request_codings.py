@@ -117,6 +117,15 @@ async def test_a_second_anthropic_beta_line_is_another_request(
     assert await send("b", "a") == "hit"
 
 
+@pytest.mark.parametrize("label", ["GZIP", "Gzip"])
+async def test_a_gzip_label_in_any_case_is_decoded(gateway: ServerThread, label: str) -> None:
+    plain = json.dumps({"hello": "world" * 50}).encode()
+    status, _, body = await _send(
+        gateway.url, gzip.compress(plain), [("Content-Encoding", label)], path="/any/echo"
+    )
+    assert status == 200 and json.loads(body)["body_len"] == len(plain)
+
+
 async def test_a_zstd_body_is_decoded_like_gzip(gateway: ServerThread) -> None:
     from backports import zstd  # a dependency below Python 3.14 (compression.zstd from 3.14)
 
@@ -134,7 +143,19 @@ async def test_a_zstd_body_is_decoded_like_gzip(gateway: ServerThread) -> None:
     assert status == 200 and json.loads(body)["choices"][0]["message"]["content"], body
 
 
-@pytest.mark.parametrize("coding", [["compress"], ["x-custom"], ["gzip, br"], ["gzip", "gzip"]])
+@pytest.mark.parametrize(
+    "coding",
+    [
+        ["compress"],
+        ["x-custom"],
+        ["gzip, br"],
+        ["gzip", "gzip"],
+        # aiohttp decodes none of these: they would reach the upstream still gzip, unlabelled
+        ["identity, gzip"],
+        ["gzip,"],
+        ["gzip", "identity"],
+    ],
+)
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/any/echo"])
 async def test_a_body_in_a_coding_the_gateway_does_not_decode_is_a_415(
     gateway: ServerThread, coding: list[str], path: str
