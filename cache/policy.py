@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
+import re
 import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
+_DELTA = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 _PRIVATE = frozenset({"private", "no-store"})
 _REFUSED = frozenset({"private", "no-store", "no-cache"})
 _REFUSED_SSE = _PRIVATE
@@ -21,9 +23,10 @@ def _directives(value: str | None) -> dict[str, str | None]:
     if not value:
         return out
     for part in value.split(","):
-        name, _, arg = part.strip().partition("=")
+        name, eq, arg = part.strip().partition("=")
         if name:
-            out[name.strip().lower()] = arg.strip().strip('"') if arg else None
+            # "x=" and 'x=""' both give "": an argument that is there but empty
+            out[name.strip().lower()] = arg.strip().strip('"') if eq else None
     return out
 
 
@@ -71,16 +74,17 @@ def request_directives(cache_control: str | None, pragma: str | None = None) -> 
 
 
 def _seconds(d: dict[str, str | None], name: str, unreadable: float) -> float | None:
-    """A delta-seconds argument (None: the directive is absent, or has no argument); `unreadable`
-    when it is not a number, the strictest reading of what the client asked."""
-    raw = d.get(name)
+    """A delta-seconds argument (RFC 9111 1.2.2: digits; a decimal fraction is tolerated). None:
+    the directive is absent or bare; `unreadable` for anything else ("", "-5", "inf", "1_0"),
+    the strictest reading of what the client asked."""
+    if name not in d:
+        return None
+    raw = d[name]
     if raw is None:
         return None
-    try:
-        value = float(raw)
-    except ValueError:
+    if _DELTA.fullmatch(raw) is None:
         return unreadable
-    return max(0.0, value) if value == value else unreadable  # NaN is unreadable too
+    return float(raw)
 
 
 class NotCached(Exception):

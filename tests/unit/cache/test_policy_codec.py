@@ -28,6 +28,12 @@ def test_request_cache_control() -> None:
     assert d.acceptable(0.0)  # (no expiry known: nothing to hold against it)
     assert not request_directives("min-fresh=soon").acceptable(0.0, time.time() + 1e6)
     assert request_directives("min-fresh").min_fresh is None  # no argument: no bound
+    # an argument that is there but not delta-seconds is the strictest reading, however spelt
+    for bad in ("min-fresh=", 'min-fresh=""', "min-fresh=-5", "min-fresh=inf", "min-fresh=1_0"):
+        assert request_directives(bad).min_fresh == float("inf"), bad
+    for bad in ("max-age=", "max-age=nan", "max-age=-1"):
+        assert request_directives(bad).max_age == 0.0, bad
+    assert request_directives('max-age="30"').max_age == 30.0
 
 
 @pytest.mark.parametrize(
