@@ -28,7 +28,8 @@ from prometheus_client import CollectorRegistry
 
 from cache.semantic.index import VectorIndex
 from cache.semantic.metrics import SemanticMetrics
-from cache.semantic.stage import Entry, SemanticStage
+from cache.semantic.records import Entry
+from cache.semantic.stage import SemanticStage
 from cache.semantic.sync import RedisSync
 from cache.settings import RedisSettings
 from tests.integration.cache.conftest import cache_config

@@ -31,7 +31,8 @@ from cache.keys import KeyBuilder
 from cache.semantic.index import Quantizer, VectorIndex
 from cache.semantic.metrics import SemanticMetrics
 from cache.semantic.namespace import namespace_of
-from cache.semantic.stage import Entry, SemanticStage
+from cache.semantic.records import Entry
+from cache.semantic.stage import SemanticStage
 
 DIM = 384
 WORDS = [

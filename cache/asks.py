@@ -13,8 +13,8 @@ from backends import UpstreamError, UpstreamResponse
 from cache.codec import CacheEntry
 from cache.keys import CacheKey
 from cache.policy import RequestDirectives
+from cache.semantic.records import Candidate, SemanticHit
 from cache.semantic.route import CallLike
-from cache.semantic.stage import Candidate, SemanticHit
 
 if TYPE_CHECKING:
     from cache.recording import Recording

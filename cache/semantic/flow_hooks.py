@@ -20,8 +20,8 @@ from cache.codec import CacheEntry
 from cache.keys import CacheKey
 from cache.policy import RequestDirectives
 from cache.semantic.pending import Flight
+from cache.semantic.records import SemanticHit
 from cache.semantic.route import CallLike, SemanticRoute
-from cache.semantic.stage import SemanticHit
 from cache.singleflight import LeaderGone, SingleFlight
 
 log = logging.getLogger("latentgate.semantic.flow")

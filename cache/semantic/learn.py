@@ -21,7 +21,8 @@ from cache.codec import CacheEntry
 from cache.semantic.answers import Matcher, answer_text
 from cache.semantic.budget import REASONS, Bar, BudgetGrid
 from cache.semantic.metrics import SemanticMetrics
-from cache.semantic.stage import Candidate, SemanticHit, SemanticStage
+from cache.semantic.records import Candidate, SemanticHit
+from cache.semantic.stage import SemanticStage
 from cache.semantic.verifier import Verifier
 
 log = logging.getLogger("latentgate.semantic.budget")

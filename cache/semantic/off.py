@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
+from cache.semantic.records import SemanticHit
 from cache.semantic.route import CallLike
-from cache.semantic.stage import SemanticHit
 
 
 class NoSemantic:

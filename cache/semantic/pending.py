@@ -19,8 +19,8 @@ import numpy as np
 
 from cache.codec import CacheEntry
 from cache.semantic.features import TextInfo, text_info
+from cache.semantic.records import Bar
 from cache.semantic.rivals import contested
-from cache.semantic.stage import Bar
 from cache.semantic.verifier import Verifier
 
 MAX_PER_NAMESPACE = 256  # flights searched per lookup, at most (the oldest are skipped)

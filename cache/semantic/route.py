@@ -17,7 +17,8 @@ from cache.semantic.budget import Bar
 from cache.semantic.learn import RouteBudget, Stored
 from cache.semantic.namespace import namespace_of
 from cache.semantic.pending import Flight, Joined, PendingFlights
-from cache.semantic.stage import Candidate, Search, SemanticHit, SemanticStage
+from cache.semantic.records import Candidate, Search, SemanticHit
+from cache.semantic.stage import SemanticStage
 from cache.semantic.verifier import Verifier
 from cache.settings import SemanticPolicy
 

@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import logging
 import sys
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
@@ -28,6 +25,15 @@ from cache.embedder import Embedder
 from cache.semantic.features import TextInfo, text_info
 from cache.semantic.index import VectorIndex
 from cache.semantic.metrics import SemanticMetrics
+from cache.semantic.records import (
+    Bar,
+    Candidate,
+    Entry,
+    Replicator,
+    Search,
+    SemanticHit,
+    entry_id,
+)
 from cache.semantic.rivals import contested, rivals
 from cache.semantic.verifier import Decision, Verifier
 
@@ -40,59 +46,6 @@ TIGHTEN_STEP = 0.03
 # stage's and the index's dict slots and int keys (measured by bench/semantic_memory.py).
 ENTRY_OVERHEAD = 400
 INFO_CACHE = 4096  # TextInfo of recent candidates (a few KB each, so not kept per entry)
-
-
-def entry_id(exact_key: str) -> int:
-    """63-bit id for FAISS from the exact key (stable across processes)."""
-    return int.from_bytes(hashlib.blake2b(exact_key.encode(), digest_size=8).digest(), "big") >> 1
-
-
-@dataclass(slots=True)
-class Entry:
-    namespace: str
-    exact_key: str
-    text: str
-    vector: np.ndarray | None  # None once stored: the index holds it
-    expires_at: float  # wall clock (time.time), shared between processes
-    bar: float = 0.0  # per-entry threshold raised by wrong-hit reports
-
-
-@dataclass(frozen=True, slots=True)
-class SemanticHit:
-    exact_key: str
-    similarity: float
-    score: float
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """The best candidate a budgeted lookup did not serve: the miss that follows labels it."""
-
-    exact_key: str
-    similarity: float
-    score: float
-    served_by_bar: bool  # the route's bar would serve it (a per-entry bar or payload refused)
-
-
-@dataclass(frozen=True, slots=True)
-class Search:
-    hit: SemanticHit | None
-    candidate: Candidate | None
-    # Stored questions at or over the route's rival cosine (cache.semantic.rivals): a paraphrase
-    # in flight is contested by them too.
-    rivals: int = 0
-
-
-class Bar(Protocol):
-    def serves(self, cosine: float, score: float) -> bool: ...
-
-
-class Replicator(Protocol):
-    async def publish_add(self, entry: Entry) -> None: ...
-
-    async def publish_remove(self, exact_key: str) -> None: ...
-
-    async def publish_bar(self, entry: Entry) -> None: ...
 
 
 class SemanticStage:
@@ -174,7 +127,7 @@ class SemanticStage:
         or over `rival` too (contested: cache.semantic.rivals; None: no such rule)."""
         vec = await self.embed(text) if vector is None else vector
         t2, cands, sims = self._candidates(namespace, vec)
-        cands, sims = await self._without_stale_rivals(cands, sims, rival, payload_exists)
+        cands, sims, there = await self._without_stale_rivals(cands, sims, rival, payload_exists)
         if not cands:
             self.metrics.lookups.labels("miss").inc()
             return Search(None, None)
@@ -206,14 +159,12 @@ class SemanticStage:
             self.metrics.lookups.labels("contested").inc()
             return Search(None, None, near)
         chosen = cands[decision.index]
-        found = True if payload_exists is None else await payload_exists(chosen.exact_key)
+        found = await self._payload(chosen.exact_key, payload_exists, there)
         if found is False:
             # The payload expired or was evicted from the exact store: this vector is stale.
             await self.remove_key(chosen.exact_key)
             self.metrics.lookups.labels("stale").inc()
-            return Search(
-                None, None, near - int(rival is not None and cos[decision.index] >= rival)
-            )
+            return Search(None, None, rivals(np.delete(cos, decision.index), rival))
         if found is None:  # there, but not for this request (its max-age, its framing)
             self.metrics.lookups.labels("miss").inc()
             return Search(None, None, near)
@@ -240,7 +191,7 @@ class SemanticStage:
         candidates it may serve."""
         vec = await self.embed(text) if vector is None else vector
         t2, cands, sims = self._candidates(namespace, vec)
-        cands, sims = await self._without_stale_rivals(cands, sims, rival, payload_exists)
+        cands, sims, there = await self._without_stale_rivals(cands, sims, rival, payload_exists)
         cos = np.asarray(sims, dtype=np.float32)
         near = rivals(cos, rival)
         if not cands or float(cos.max()) < verifier.floor:
@@ -255,14 +206,16 @@ class SemanticStage:
             score = verifier.scores(*args, cos)
         self.metrics.latency.labels("verify").observe(time.perf_counter() - t2)
         self.metrics.similarity.observe(float(cos[0]))
+
+        def servable(i: int) -> bool:
+            """The bar, and the entry's own bar, would serve candidate i."""
+            p = float(score[i])
+            return p >= 0 and bar.serves(float(cos[i]), p) and p >= cands[i].bar
+
         free = np.array([not contested(cos, i, rival) for i in range(len(cands))])
         if not free[score >= 0].any():
-            # "contested" only when the rule kept a hit from being served: the bar (and the
-            # entry's own bar) would have served one of them
-            kept = any(
-                score[i] >= 0 and bar.serves(float(cos[i]), float(score[i])) and score[i] >= c.bar
-                for i, c in enumerate(cands)
-            )
+            # "contested" only when the rule kept a hit from being served
+            kept = any(servable(i) for i in range(len(cands)))
             self.metrics.lookups.labels("contested" if kept else "miss").inc()
             return Search(None, None, near)
         score = np.where(free, score, -1.0)
@@ -271,10 +224,10 @@ class SemanticStage:
             observe(float(cos[best]), float(score[best]))
         order = np.argsort(-score, kind="stable")
         for i in order.tolist():
-            c, p = float(cos[i]), float(score[i])
-            if p < 0 or not bar.serves(c, p) or p < cands[i].bar:
+            if not servable(i):
                 continue
-            found = True if payload_exists is None else await payload_exists(cands[i].exact_key)
+            c, p = float(cos[i]), float(score[i])
+            found = await self._payload(cands[i].exact_key, payload_exists, there)
             if found is False:
                 await self.remove_key(cands[i].exact_key)
                 self.metrics.lookups.labels("stale").inc()
@@ -297,20 +250,35 @@ class SemanticStage:
         sims: list[float],
         rival: float | None,
         payload_exists: Callable[[str], Awaitable[bool | None]] | None,
-    ) -> tuple[list[Entry], list[float]]:
+    ) -> tuple[list[Entry], list[float], dict[str, bool | None]]:
         """While two or more candidates are at the rival cosine, those whose payload is gone
         are stale vectors: removed, so that they contest nothing (otherwise an evicted answer
         would keep its neighbourhood shut until the entry's TTL). Only then: a lookup with one
-        close candidate checks the payload of its pick alone, as before."""
+        close candidate checks the payload of its pick alone, as before. The answers it got
+        come back too, so that no payload is asked for twice."""
+        there: dict[str, bool | None] = {}
         if rival is None or payload_exists is None or sum(s >= rival for s in sims) < 2:
-            return cands, sims
+            return cands, sims, there
         keep: list[tuple[Entry, float]] = []
         for c, s in zip(cands, sims, strict=True):
-            if s >= rival and await payload_exists(c.exact_key) is False:
-                await self.remove_key(c.exact_key)
-                continue
+            if s >= rival:
+                there[c.exact_key] = await payload_exists(c.exact_key)
+                if there[c.exact_key] is False:
+                    await self.remove_key(c.exact_key)
+                    continue
             keep.append((c, s))
-        return [c for c, _ in keep], [s for _, s in keep]
+        return [c for c, _ in keep], [s for _, s in keep], there
+
+    @staticmethod
+    async def _payload(
+        key: str,
+        payload_exists: Callable[[str], Awaitable[bool | None]] | None,
+        there: dict[str, bool | None],
+    ) -> bool | None:
+        """True: the payload is there for this request; False: gone; None: not for it."""
+        if key in there:
+            return there[key]
+        return True if payload_exists is None else await payload_exists(key)
 
     def _info(self, ident: int, entry: Entry) -> TextInfo:
         info = self._infos.get(ident)

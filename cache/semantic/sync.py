@@ -32,7 +32,8 @@ from redis.typing import EncodableT, FieldT
 
 from cache.outage import OutageLog
 from cache.redis_client import REDIS_ERRORS, AnyRedis, connect
-from cache.semantic.stage import Entry, SemanticStage
+from cache.semantic.records import Entry
+from cache.semantic.stage import SemanticStage
 from cache.settings import RedisSettings
 
 log = logging.getLogger("latentgate.semantic.sync")

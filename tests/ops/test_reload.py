@@ -295,15 +295,11 @@ def test_reload_swaps_a_routes_cache_policy(
         return hdrs.get("X-Cache", "none")
 
     assert {x_cache(), x_cache()} == {"none"}  # no cache policy on the route yet
-    for route in cfg["routes"]:
-        if route["name"] == "chat":
-            route["cache"] = {"exact": {"enabled": True, "tiers": ["memory"]}}
+    _chat_cache(cfg, {"exact": {"enabled": True, "tiers": ["memory"]}})
     gw.write(cfg)
     assert gw.reload()[0] == 200
     assert [x_cache(), x_cache()] == ["miss", "hit"]
-    for route in cfg["routes"]:
-        if route["name"] == "chat":
-            route["cache"] = {}
+    _chat_cache(cfg, {})
     gw.write(cfg)
     assert gw.reload()[0] == 200
     assert x_cache() == "none"  # off again: the stored entry is no longer served
@@ -338,9 +334,7 @@ def test_a_purge_reaches_every_workers_memory(
     upstream: ServerThread, gateway_process: Callable[..., GatewayProcess]
 ) -> None:
     cfg = base_config(upstream.url, admin={"token": ADMIN_TOKEN})
-    for route in cfg["routes"]:
-        if route["name"] == "chat":
-            route["cache"] = {"exact": {"enabled": True, "tiers": ["memory"]}}
+    _chat_cache(cfg, {"exact": {"enabled": True, "tiers": ["memory"]}})
     gw = gateway_process(cfg, workers=2)
 
     def upstream_calls() -> int:
@@ -369,3 +363,10 @@ def test_a_purge_reaches_every_workers_memory(
     ask_many()
     assert upstream_calls() == 4  # both workers missed again: nothing stale survived the purge
     assert gw.stop() == 0
+
+
+def _chat_cache(cfg: dict[str, Any], policy: dict[str, Any]) -> None:
+    """Give the config's `chat` route this cache policy."""
+    for route in cfg["routes"]:
+        if route["name"] == "chat":
+            route["cache"] = policy

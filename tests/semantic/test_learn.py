@@ -96,7 +96,7 @@ def test_audits_stay_within_ten_percent_of_hits(
 ) -> None:
     sr = budget_route(stage, verifier, SemanticMetrics(CollectorRegistry()))
     assert sr.budget is not None
-    from cache.semantic.stage import SemanticHit
+    from cache.semantic.records import SemanticHit
 
     hit = SemanticHit("k", 0.95, 0.6)
     audited = sum(sr.budget.should_audit(hit) for _ in range(1000))

@@ -15,6 +15,7 @@ import pytest
 from cache.embedder import Embedder
 from cache.semantic.budget import Bar
 from cache.semantic.pending import PendingFlights
+from cache.semantic.records import Search
 from cache.semantic.rivals import RIVAL_COSINE, contested
 from cache.semantic.route import SemanticRoute
 from cache.semantic.stage import SemanticStage
@@ -69,27 +70,24 @@ async def test_a_second_close_question_contests_the_pick(
 async def test_a_learned_bar_neither_serves_nor_labels_a_contested_candidate(
     stage: SemanticStage, verifier: MlpVerifier
 ) -> None:
-    await stage.add("ns", Q, "k-q", ttl=60)
     seen: list[tuple[float, float]] = []
-    res = await stage.search(
-        "ns",
-        PARA,
-        verifier,
-        SERVE_ALL,
-        observe=lambda c, s: seen.append((c, s)),
-        rival=RIVAL_COSINE,
-    )
+
+    async def search() -> Search:
+        seen.clear()
+        return await stage.search(
+            "ns",
+            PARA,
+            verifier,
+            SERVE_ALL,
+            observe=lambda c, s: seen.append((c, s)),
+            rival=RIVAL_COSINE,
+        )
+
+    await stage.add("ns", Q, "k-q", ttl=60)
+    res = await search()
     assert res.hit is not None and seen
     await stage.add("ns", RIVAL, "k-rival", ttl=60)
-    seen.clear()
-    res = await stage.search(
-        "ns",
-        PARA,
-        verifier,
-        SERVE_ALL,
-        observe=lambda c, s: seen.append((c, s)),
-        rival=RIVAL_COSINE,
-    )
+    res = await search()
     # Not served, not handed on for a label, not counted as traffic the bar could serve.
     assert res.hit is None and res.candidate is None and res.rivals == 2 and not seen
     assert contested_lookups(stage) == 1
@@ -147,11 +145,15 @@ async def test_a_rival_whose_answer_is_gone_contests_nothing(
     await stage.add("ns", Q, "k-q", ttl=60)
     await stage.add("ns", RIVAL, "k-rival", ttl=60)
 
+    asked: list[str] = []
+
     async def exists(key: str) -> bool:
+        asked.append(key)
         return key != "k-rival"
 
     hit = await stage.lookup("ns", PARA, verifier, exists, rival=RIVAL_COSINE)
     assert hit is not None and hit.exact_key == "k-q"
+    assert sorted(asked) == ["k-q", "k-rival"]  # each payload asked for once (a store read)
     assert "k-rival" not in {e.exact_key for e in stage.entries.values()}
     # and under a learned bar too
     await stage.add("ns", RIVAL, "k-rival", ttl=60)

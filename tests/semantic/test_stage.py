@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry
 from cache.embedder import Embedder
 from cache.semantic.index import VectorIndex
 from cache.semantic.metrics import SemanticMetrics
-from cache.semantic.stage import SemanticStage, entry_id
+from cache.semantic.records import entry_id
+from cache.semantic.stage import SemanticStage
 from cache.semantic.verifier import MlpVerifier
 
 Q = "How do I reset my password?"
