@@ -188,3 +188,18 @@ def test_a_lookup_that_failed_joins_no_flight(
     leader.join()
     assert h["x-cache"] == "miss"  # not the leader's answer as a semantic hit
     assert upstream_calls(slow_upstream) == 3
+
+
+def test_another_tenants_stored_question_neither_contests_nor_answers(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """Rivals are counted in the asker's own namespace (route, model, context, tenant)."""
+    gw = start_gateway(semantic_config(upstream.url))
+    alice, bob = client_for(gw.url, "sk-alice"), client_for(gw.url, "sk-bob")
+    first, _ = ask(alice, Q, temperature=0)
+    assert ask(bob, RIVAL, temperature=0)[1]["x-cache"] == "miss"  # stored for bob only
+    answer, h = ask(alice, PARA, temperature=0)  # bob's close question is no rival of alice's
+    assert h["x-cache"] == "semantic-hit" and answer == first
+    answer, h = ask(bob, "How could I reset my password?", temperature=0)
+    assert h["x-cache"] == "miss" and answer != first  # never alice's answer
+    assert contested_metric(gw.url) == 0
