@@ -173,6 +173,14 @@ class RemoteBackendSettings(_Frozen):
                     raise ValueError(f"replica {url!r}: {exc}") from None
                 if not parts.hostname:
                     raise ValueError(f"replica {url!r} names no host")
+                if parts.username is not None or parts.password is not None:
+                    # never sent (no Basic auth is built from it), and it would show in clear
+                    # in /metrics labels, /readyz and error messages
+                    raise ValueError(
+                        f"replica {parts.scheme}://{parts.hostname}: a user or password in a "
+                        "replica URL is not sent upstream; remove it (clients' own credential "
+                        "headers go upstream as they sent them)"
+                    )
                 if port is None and url.startswith("grpc://"):
                     raise ValueError(f"replica {url!r} names no port")
         if len({wire_of(u) for u in value}) > 1:

@@ -1,5 +1,5 @@
 """Open Inference Protocol (KServe v2) tensors, once for the whole gateway: the datatype table,
-element counts, BYTES elements and nested JSON data.
+element counts, BYTES elements and nested JSON data, and a local model's Triton config.
 
 The HTTP v2 adapter (keys), the gRPC codec and the local engines' codec all read these; what a
 client got wrong is a BadInput naming the tensor, which every edge turns into its own 400.
@@ -65,3 +65,26 @@ def bytes_elements(raw: bytes, name: str) -> list[bytes]:
         out.append(raw[i : i + n])
         i += n
     return out
+
+
+def model_config(meta: dict[str, Any]) -> dict[str, Any]:
+    """Triton's model configuration (GET .../config) from v2 metadata: the full shapes as dims
+    (max_batch_size 0: the batch is the first dimension, batched by the gateway itself)."""
+
+    def tensors(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": t["name"],
+                "data_type": "TYPE_STRING" if t["datatype"] == "BYTES" else f"TYPE_{t['datatype']}",
+                "dims": t["shape"],
+            }
+            for t in specs
+        ]
+
+    platform = meta["platform"]
+    return {
+        "name": meta["name"], "platform": platform,
+        "backend": "tensorrt" if platform == "tensorrt_plan" else "onnxruntime",
+        "version_policy": {"latest": {"num_versions": 1}}, "max_batch_size": 0,
+        "input": tensors(meta["inputs"]), "output": tensors(meta["outputs"]),
+    }  # fmt: skip

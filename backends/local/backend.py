@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from backends import v2tensors
 from backends.base import UpstreamRequest, UpstreamResponse
 from backends.errors import BadInput, EngineError, ModelNotFound
 from backends.local.artifacts import BUILTIN_PREFIX, builtin_dir, resolve
@@ -194,7 +195,7 @@ class LocalBackend:
         if op is None:
             return _json(self._metadata())
         if op == "/config" and method == "GET":
-            return _json(model_config(self._metadata()))
+            return _json(v2tensors.model_config(self._metadata()))
         if op == "/infer" and method == "POST":
             return await self._infer(body, _header(request, BINARY_HEADER))
         raise ModelNotFound(f"{method} {path} is not served by local model {self.model_name}")
@@ -272,29 +273,6 @@ class LocalBackend:
             await self.encoder.aclose()
         if self.tensors is not None:
             await self.tensors.aclose()
-
-
-def model_config(meta: dict[str, Any]) -> dict[str, Any]:
-    """Triton's model configuration (GET .../config) from v2 metadata: the full shapes as dims
-    (max_batch_size 0: the batch is the first dimension, batched by the gateway itself)."""
-
-    def tensors(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": t["name"],
-                "data_type": "TYPE_STRING" if t["datatype"] == "BYTES" else f"TYPE_{t['datatype']}",
-                "dims": t["shape"],
-            }
-            for t in specs
-        ]
-
-    platform = meta["platform"]
-    return {
-        "name": meta["name"], "platform": platform,
-        "backend": "tensorrt" if platform == "tensorrt_plan" else "onnxruntime",
-        "version_policy": {"latest": {"num_versions": 1}}, "max_batch_size": 0,
-        "input": tensors(meta["inputs"]), "output": tensors(meta["outputs"]),
-    }  # fmt: skip
 
 
 # Bodies and result sets past these sizes are decoded and encoded in a worker thread: JSON of

@@ -37,7 +37,7 @@ class RemoteMetrics:
         )
         self.retries = Counter(
             "latentgate_upstream_retries",
-            "Retries by outcome (sent, budget_denied)",
+            "Retries by outcome (sent, budget_denied, retry_after_past_deadline)",
             ["backend", "outcome"],
             registry=r,
         )

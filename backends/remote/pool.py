@@ -22,7 +22,13 @@ from backends.remote.health import HealthChecker, OutlierDetector
 from backends.remote.hedge import LatencyWindow, discard, hedge_delay_s, race
 from backends.remote.metrics import RemoteMetrics
 from backends.remote.replica import Replica
-from backends.remote.retry import IDEMPOTENT_METHODS, RetryBudget, backoff_s, retryable_error
+from backends.remote.retry import (
+    IDEMPOTENT_METHODS,
+    RetryBudget,
+    Waits,
+    backoff_s,
+    retryable_error,
+)
 from backends.remote.transports.base import Transport
 from backends.remote.transports.http1 import Http1Transport
 from backends.remote.transports.lean_http1 import LeanHttp1Transport
@@ -216,9 +222,10 @@ class Pool:
         retries = policy.retries
         attempt = 0
         holding = False
+        asked = Waits()
         try:
             while True:
-                replica = self._pick(tried, key)
+                replica = self._pick(tried, key, asked)
                 tried.add(id(replica))
                 error: BackendError | None = None
                 resp: UpstreamResponse | None = None
@@ -226,6 +233,8 @@ class Pool:
                     resp = await self._attempt(replica, request, policy, deadline)
                 except BackendError as exc:
                     error = exc
+                if resp is not None:
+                    asked.note(replica, resp.header("retry-after"))
                 if holding:
                     self.budget.release()
                     holding = False
@@ -239,6 +248,16 @@ class Pool:
                     pause = backoff_s(
                         attempt + 1, retries.backoff_ms, retries.max_backoff_ms, self._rng
                     )
+                    ready = self._ready_in(tried, asked)
+                    if ready > 0 and ready >= deadline - time.monotonic():
+                        # Every replica the retry could go to asked for longer than the client
+                        # will wait: this answer (its Retry-After kept) goes back now, not
+                        # after the deadline.
+                        self.metrics.retries.labels(self.name, "retry_after_past_deadline").inc()
+                        retry = False
+                    else:
+                        pause = max(pause, ready)
+                if retry:
                     await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
                     if not self.budget.try_acquire():
                         self.metrics.retries.labels(self.name, "budget_denied").inc()
@@ -257,16 +276,28 @@ class Pool:
             if holding:
                 self.budget.release()
 
-    def _pick(self, tried: set[int], key: bytes | None) -> Replica:
+    def _ready_in(self, tried: set[int], asked: Waits) -> float:
+        """Seconds until some replica the retry may go to is ready for it: 0 while a fresh one
+        or one that asked no wait is left, else the shortest wait the others asked for."""
+        now = time.monotonic()
+        return min(asked.left(r, now) for r in self._candidates(tried, now))
+
+    def _candidates(self, tried: set[int], now: float) -> list[Replica]:
+        available = [r for r in self.replicas if r.available(now)]
+        fresh = [r for r in available if id(r) not in tried]
+        # Panic mode (Envoy's): with nothing healthy left, spread over every replica.
+        out = fresh or available or [r for r in self.replicas if not r.ejected(now)]
+        return out or self.replicas
+
+    def _pick(self, tried: set[int], key: bytes | None, asked: Waits | None = None) -> Replica:
         now = time.monotonic()
         for r in self.replicas:
             if r.ejected_until and r.ejected_until <= now:
                 self.detector.rejoin(r, now)
-        available = [r for r in self.replicas if r.available(now)]
-        fresh = [r for r in available if id(r) not in tried]
-        # Panic mode (Envoy's): with nothing healthy left, spread over every replica.
-        candidates = fresh or available or [r for r in self.replicas if not r.ejected(now)]
-        replica = self.balancer.pick(candidates or self.replicas, key, now)
+        candidates = self._candidates(tried, now)
+        if asked is not None:  # not back to a replica inside the wait it asked, while others are
+            candidates = asked.ready(candidates, now)
+        replica = self.balancer.pick(candidates, key, now)
         self._pick_counters[id(replica)].inc()
         return replica
 

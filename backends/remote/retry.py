@@ -8,9 +8,13 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from email.utils import parsedate_to_datetime
+from typing import TypeVar
 
 from backends.errors import BackendError, UpstreamConnectError, UpstreamProtocolError
 from backends.settings import RetryBudgetSettings
+
+T = TypeVar("T")
 
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 
@@ -74,3 +78,40 @@ def backoff_s(attempt: int, base_ms: float, max_ms: float, rng: random.Random) -
 def retryable_error(exc: BackendError) -> bool:
     """Before a response reached us: refused/reset connections and replicas that hung up."""
     return isinstance(exc, UpstreamConnectError | UpstreamProtocolError)
+
+
+def retry_after_s(value: str | None, now: float) -> float | None:
+    """Seconds a replica's Retry-After asks for (RFC 9110 10.2.3: delta-seconds or an HTTP-date,
+    `now` in Unix seconds); None when absent or not one of those forms."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP-date is GMT; a zone-less one is read so
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+class Waits:
+    """What each replica's Retry-After asked of one request's retries (RFC 9110 10.2.3: it
+    speaks for the replica that sent it): when, on the monotonic clock, each wait ends."""
+
+    def __init__(self) -> None:
+        self._until: dict[int, float] = {}
+
+    def note(self, replica: object, retry_after: str | None) -> None:
+        wait = retry_after_s(retry_after, time.time())
+        if wait is not None:
+            self._until[id(replica)] = time.monotonic() + wait
+
+    def left(self, replica: object, now: float) -> float:
+        return max(0.0, self._until.get(id(replica), 0.0) - now)
+
+    def ready(self, candidates: list[T], now: float) -> list[T]:
+        """The candidates not inside a wait they asked for (all of them when none is)."""
+        return [r for r in candidates if self.left(r, now) == 0.0] or candidates

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from google.protobuf import json_format
 
 from backends import v2tensors
 from gateway.errors import BadRequest
@@ -218,18 +219,11 @@ def metadata_from_json(doc: dict[str, Any]) -> bytes:
 
 
 def config_from_json(doc: dict[str, Any], max_delay_ms: float | None) -> bytes:
-    """A ModelConfig for a local model, from its v2 metadata (full shapes, -1 = any size; the
-    gateway batches requests itself, so max_batch_size stays 0)."""
-    cfg = config_pb2.ModelConfig(name=doc.get("name", ""), platform=doc.get("platform", ""))
-    for t in doc.get("inputs", []):
-        cfg.input.add(name=t["name"], data_type=_config_type(t["datatype"]), dims=t["shape"])
-    for t in doc.get("outputs", []):
-        cfg.output.add(name=t["name"], data_type=_config_type(t["datatype"]), dims=t["shape"])
+    """A ModelConfig for a local model, from its v2 metadata: the same config HTTP's
+    /v2/models/{name}/config gives (backends.v2tensors.model_config: platform and backend,
+    version policy latest 1, full shapes with -1 for any size, max_batch_size 0 since the
+    gateway batches requests itself)."""
+    cfg = json_format.ParseDict(v2tensors.model_config(doc), config_pb2.ModelConfig())
     if max_delay_ms is not None:
         cfg.dynamic_batching.max_queue_delay_microseconds = int(max_delay_ms * 1000)
     return bytes(pb2.ModelConfigResponse(config=cfg).SerializeToString())
-
-
-def _config_type(datatype: str) -> int:
-    name = "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
-    return int(config_pb2.DataType.Value(name))

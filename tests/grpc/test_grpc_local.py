@@ -88,6 +88,8 @@ def test_health_metadata_and_config(gw: ServerThread) -> None:
     assert meta["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": ["-1", "384"]}]
     cfg = c.get_model_config(MODEL).config
     assert cfg.name == MODEL and cfg.platform == "onnxruntime_onnx"
+    assert cfg.backend == "onnxruntime"  # as Triton fills it beside the platform
+    assert cfg.version_policy.latest.num_versions == 1  # version "1", the only one served
     assert [(i.name, i.data_type, list(i.dims)) for i in cfg.input] == [("text", 13, [-1])]
     assert cfg.dynamic_batching.max_queue_delay_microseconds == 2000
 

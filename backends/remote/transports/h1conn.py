@@ -44,6 +44,9 @@ class H1Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._drain: asyncio.Future[None] | None = None
         self._paused = False
+        # A response is owed to us only between start() and its end: bytes outside that window
+        # are no answer to anything, and the next request's client must never read them.
+        self._expecting = False
         self._reset()
 
     def _reset(self) -> None:
@@ -66,6 +69,9 @@ class H1Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        if not self._expecting:
+            self._unsolicited()
+            return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -99,13 +105,21 @@ class H1Connection(asyncio.Protocol):
 
     # --- httptools callbacks ------------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if not self._expecting:  # a second response behind the one asked for, in one read
+            self._unsolicited()
+
     def on_status(self, status: bytes) -> None:
-        self.reason += status
+        if self._expecting:
+            self.reason += status
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
+        if self._expecting:
+            self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        if not self._expecting:
+            return
         code = self._parser.get_status_code()
         if 100 <= code < 200:  # 1xx: informational, the real response follows
             self.reason = b""
@@ -123,13 +137,16 @@ class H1Connection(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if not self._expecting:
+            return
         self._chunks.append(body)
         self._buffered += len(body)
         self._wake()
 
     def on_message_complete(self) -> None:
-        if self.headers_done:  # (a 1xx message completes before the real one begins)
+        if self._expecting and self.headers_done:  # (a 1xx completes before the real one)
             self.done = True
+            self._expecting = False
             self._wake()
 
     # --- the transport's side -------------------------------------------------------------------
@@ -137,6 +154,7 @@ class H1Connection(asyncio.Protocol):
     def start(self, data: bytes | list[bytes]) -> None:
         """Write a request (head and, when whole, body) and get ready for its response."""
         self._reset()
+        self._expecting = True
         assert self.transport is not None
         if isinstance(data, bytes):
             self.transport.write(data)
@@ -189,6 +207,13 @@ class H1Connection(asyncio.Protocol):
 
     def reusable(self) -> bool:
         return self.done and self.keep_alive and not self.closed and self.exc is None
+
+    def _unsolicited(self) -> None:
+        """Bytes no request asked for (a replica that answered twice, or sent garbage while the
+        connection sat idle): the connection is out of step and is closed, never reused. The
+        response already read, if any, stays whole."""
+        self.keep_alive = False
+        self.close()
 
     def _fail(self, exc: Exception) -> None:
         self.exc = exc

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -41,7 +42,11 @@ def with_deadline(
     deadline = deadline_s if deadline_s is not None else request.deadline_s
     if deadline is None:
         return headers, None
-    headers = [*headers, (DEADLINE_HEADER, str(max(0, int(deadline * 1000))))]
+    # the gateway's deadline replaces one a client sent: an upstream reading the first value
+    # (aiohttp's, Starlette's headers.get) would otherwise take the client's, however loose
+    low = DEADLINE_HEADER.lower()
+    headers = [h for h in headers if h[0].lower() != low]
+    headers.append((DEADLINE_HEADER, str(max(0, int(deadline * 1000)))))
     return headers, deadline if deadline < total_s - _DEADLINE_SLACK_S else None
 
 
@@ -115,6 +120,30 @@ class _Body:
             self._resp.close()
 
 
+class _InStep:
+    """aiohttp's connector hands out an idle connection that has since received bytes nobody
+    asked for (a replica that answered twice): the next request, another client's, would read
+    that stray response as its own (aio-libs/aiohttp#13656). Such a connection says so
+    (`should_close`: bytes buffered) and is closed here instead of reused. `_get` is aiohttp's
+    own pool lookup; tests/unit/backends/test_http1_transports.py fails should it change."""
+
+    async def _get(self, key: Any, traces: Any) -> Any:
+        while (conn := await super()._get(key, traces)) is not None:  # type: ignore[misc]
+            proto = conn.protocol
+            if proto is None or not proto.should_close:
+                return conn
+            conn.close()
+        return None
+
+
+class _TCPConnector(_InStep, aiohttp.TCPConnector):
+    pass
+
+
+class _UnixConnector(_InStep, aiohttp.UnixConnector):
+    pass
+
+
 class Http1Transport:
     """Pooled HTTP/1.1 to one replica: `http(s)://host:port` or `unix:/path/to.sock`."""
 
@@ -123,7 +152,7 @@ class Http1Transport:
         self._timeouts = timeouts
         if url.startswith("unix:"):
             self._base = "http://localhost"
-            connector: aiohttp.BaseConnector = aiohttp.UnixConnector(
+            connector: aiohttp.BaseConnector = _UnixConnector(
                 path=url[len("unix:") :],
                 limit=limits.max_connections,
                 keepalive_timeout=limits.keepalive_s,
@@ -131,7 +160,7 @@ class Http1Transport:
         else:
             parts = urlsplit(url)
             self._base = f"{parts.scheme}://{parts.netloc}"
-            connector = aiohttp.TCPConnector(
+            connector = _TCPConnector(
                 limit=limits.max_connections,
                 limit_per_host=0,
                 keepalive_timeout=limits.keepalive_s,

@@ -352,3 +352,47 @@ async def test_the_pool_limit_queues_requests_and_a_failed_connect_frees_its_slo
         assert all(isinstance(e, UpstreamConnectError) for e in got)
     finally:
         await dead.aclose()
+
+
+@pytest.mark.parametrize("when", ["while idle", "behind the answer"])
+async def test_an_answer_nobody_asked_for_never_reaches_the_next_request(
+    kind: str, when: str
+) -> None:
+    """A replica that sends a second response (after the first, or in the same write) has put
+    the connection out of step: the next request, another client's, gets its own answer on a
+    fresh connection, never the stray one."""
+    served = 0
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal served
+        while True:
+            _head, body = await read_request(reader)
+            served += 1
+            answer = ok_json(b'{"for":%s}' % body)
+            if served == 1:
+                stray = ok_json(b'{"poison":true}')
+                if when == "behind the answer":
+                    writer.write(answer + stray)
+                else:
+                    writer.write(answer)
+                    await writer.drain()
+                    await asyncio.sleep(0.1)
+                    writer.write(stray)
+            else:
+                writer.write(answer)
+            await writer.drain()
+
+    replica = Replica(script)
+    url = await replica.start()
+    tr = make(kind, url)
+    try:
+        first = await tr.send(post(b'"a"'))
+        assert await drain(first) == b'{"for":"a"}'
+        await asyncio.sleep(0.3)  # the stray answer has arrived on the idle connection
+        for client in (b'"b"', b'"c"'):
+            resp = await tr.send(post(client))
+            assert await drain(resp) == b'{"for":%s}' % client
+        assert replica.connections == 2  # the out-of-step connection was not reused
+    finally:
+        await tr.aclose()
+        await replica.stop()

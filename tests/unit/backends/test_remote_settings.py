@@ -120,3 +120,17 @@ def test_bad_grpc_settings_say_why(replicas: str, protocol: str, where: str, say
         _grpc(replicas, protocol)
     issue = info.value.issues[0]
     assert issue.path == where and says in issue.message, issue
+
+
+@pytest.mark.parametrize("url", ["http://svc:hunter2@127.0.0.1:1", "http://svc@127.0.0.1:1"])
+def test_a_replica_url_with_credentials_is_refused_without_echoing_them(url: str) -> None:
+    """Never sent upstream, and they would show in clear in /metrics, /readyz and errors."""
+    text = BASE.replace("[http://127.0.0.1:1, http://127.0.0.1:2]", f"[{url}]").format(
+        backend_extra="", route_extra=""
+    )
+    with pytest.raises(ConfigError) as info:
+        parse_settings(text)
+    issue = info.value.issues[0]
+    assert issue.path.startswith("backends.pool.replicas"), issue
+    assert "user or password" in issue.message
+    assert "hunter2" not in str(info.value) and "svc@" not in str(info.value)
