@@ -13,18 +13,20 @@ from cache.codec import CacheEntry
 from cache.errors import CacheError, CodecError, TierError, TierTimeout
 from cache.flow import CacheFlow, Flows
 from cache.keys import CacheKey, KeyBuilder, Selector, canonical, tenant_of
-from cache.policy import NotCached, RequestDirectives, request_directives
+from cache.policy import CONDITIONAL_HEADERS, NotCached, RequestDirectives, request_directives
 from cache.recording import Recording
 from cache.semantic.off import NoSemantic
 from cache.semantic.route import SemanticRoute
 from cache.semantic.setup import SemanticSetup, build_semantic, semantic_routes
 from cache.semantic.setup import preflight as semantic_preflight
 from cache.settings import CachePolicy, CacheSettings
-from cache.singleflight import SingleFlight
-from cache.tenant import identity_from_purge, share_generated_secret
+from cache.singleflight import CallerGone, SingleFlight
+from cache.tenant import SECRET_ENV, identity_from_purge, share_generated_secret
 
 __all__ = [
     "ALIAS_MAX_BODY",
+    "CONDITIONAL_HEADERS",
+    "SECRET_ENV",
     "AliasKey",
     "AnswerIncomplete",
     "Answers",
@@ -36,6 +38,7 @@ __all__ = [
     "CacheKey",
     "CachePolicy",
     "CacheSettings",
+    "CallerGone",
     "CodecError",
     "Flows",
     "Fresh",

@@ -19,7 +19,7 @@ from cache.codec import CacheEntry
 from cache.errors import TierError
 from cache.keys import CacheKey, KeyBuilder, Selector
 from cache.metrics import CacheMetrics
-from cache.policy import RequestDirectives
+from cache.policy import DEFAULT, RequestDirectives
 from cache.settings import CacheSettings, ExactPolicy
 from cache.singleflight import SingleFlight
 from cache.tenant import TenantHasher, credential_headers, resolve_secret
@@ -208,14 +208,18 @@ class RouteCache:
         model: str | None = None,
         kind: str = "",
         ttl: float | None = None,
+        age: float = 0.0,
     ) -> CacheEntry:
+        """age: what the answer already had when it arrived (the upstream's Age): a hit's Age
+        counts it too (RFC 9111 4.2.3), and it still expires `ttl` seconds from now."""
+        base = self.policy.ttl if ttl is None or ttl <= 0 else ttl
         return CacheEntry(
             status=status,
             headers=list(headers),
             body=body,
             events=events,
-            created_at=time.time(),
-            ttl=self.policy.ttl if ttl is None or ttl <= 0 else ttl,
+            created_at=time.time() - age,
+            ttl=base + age,
             model=model,
             policy_version=self.policy_version,
             kind=kind,
@@ -261,12 +265,14 @@ class RouteCache:
             return None, False
         return found[0], False
 
-    async def claim(self, key: CacheKey) -> Claim:
+    async def claim(self, key: CacheKey, directives: RequestDirectives = DEFAULT) -> Claim:
         """Cross-process single flight through Redis, best effort.
 
         The claim's `peer` is the entry another process stored while this one waited for its
-        lease; otherwise this process computes, holding the lease (when Redis could grant one)
-        until `release()`, which the caller owes once its answer is stored.
+        lease, when it answers this request (its max-age and min-fresh; for no-cache, an entry
+        stored after the wait began, not the one that was there before); otherwise this process
+        computes, holding the lease (when Redis could grant one) until `release()`, which the
+        caller owes once its answer is stored.
         """
         redis = self.cache.redis
         lease = redis.settings.lease if redis is not None else None
@@ -274,7 +280,9 @@ class RouteCache:
             return Claim()
         token = await redis.acquire_lease(key.value, lease.ttl_ms)
         if token is None:
-            peer = await self._await_peer(redis, key, lease.ttl_ms / 1000, lease.poll_ms / 1000)
+            peer = await self._await_peer(
+                redis, key, directives, lease.ttl_ms / 1000, lease.poll_ms / 1000
+            )
             if peer is not None:
                 if self.tiers.l1 is not None:
                     self.tiers.l1.put_now(key.value, peer)
@@ -283,14 +291,35 @@ class RouteCache:
         return Claim(redis=redis, key=key.value, token=token)
 
     async def _await_peer(
-        self, redis: RedisTier, key: CacheKey, budget_s: float, poll_s: float
+        self,
+        redis: RedisTier,
+        key: CacheKey,
+        directives: RequestDirectives,
+        budget_s: float,
+        poll_s: float,
     ) -> CacheEntry | None:
         deadline = time.monotonic() + min(budget_s, self.policy.coalesce_wait_s)
+        # no-cache refuses what was stored before this request: the entry there when the wait
+        # began is marked by its creation time, and only another one is the peer's answer
+        before: float | None = None
+        first = True
+
+        def takes(entry: CacheEntry | None) -> bool:
+            return (
+                entry is not None
+                and entry.created_at != before
+                and directives.acceptable(entry.age(), entry.expires_at)
+            )
+
         while time.monotonic() < deadline:
             entry = await redis.get(key.value)
-            if entry is not None:
+            if entry is not None and first and not directives.lookup:
+                before = entry.created_at
+            elif takes(entry):
                 return entry
+            first = False
             if not await redis.lease_held(key.value):
-                return await redis.get(key.value)
+                entry = await redis.get(key.value)
+                return entry if takes(entry) else None
             await asyncio.sleep(poll_s)
         return None

@@ -30,6 +30,10 @@ class CacheEntry:
     kind: str = ""
     # Derived forms a caller computes once per entry (e.g. a rendered response); never stored.
     memo: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
+    # False: an answer its flight's waiters share but that is not kept (the upstream said
+    # no-cache or max-age=0, the client no-store): a paraphrase may not be served it. Never
+    # encoded: an entry read from a tier was stored.
+    reusable: bool = field(default=True, compare=False, repr=False)
 
     @property
     def expires_at(self) -> float:

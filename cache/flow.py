@@ -26,12 +26,18 @@ from cache.asks import Answers, Ask, Clock, Fresh, Hit, Result, kept_headers
 from cache.cache import Claim, RouteCache
 from cache.codec import CacheEntry
 from cache.keys import CacheKey
-from cache.policy import NotCached, RequestDirectives, response_shareable, storable_ttl
+from cache.policy import (
+    NotCached,
+    RequestDirectives,
+    received_age,
+    response_shareable,
+    storable_ttl,
+)
 from cache.recording import Recording
 from cache.semantic import flow_hooks  # issue 14: error budget, semantic single flight
 from cache.semantic.off import NoSemantic
 from cache.semantic.route import CallLike, SemanticRoute
-from cache.singleflight import Lead, LeaderGone, SingleFlight
+from cache.singleflight import CallerGone, Lead, LeaderGone, SingleFlight
 from cache.tenant import credential_headers, tenant_of
 
 log = logging.getLogger("latentgate.cache.flow")
@@ -120,7 +126,7 @@ class CacheFlow:
         t = clock.add("cache", t)
         up = await compute()
         clock.add(compute_stage, t)
-        return Fresh(up, "bypass", reason="no-store")
+        return Fresh(up, "bypass", reason=directives.reason or "no-store")
 
     async def run(self, ask: Ask, compute: Compute) -> Result:
         d = ask.directives
@@ -254,12 +260,12 @@ class CacheFlow:
                 if entry is not None and ask.answers.serves(entry):
                     _settle(lead, entry)
                     return Hit(entry, "hit")
-            claim = await self.rc.claim(ask.key)
+            claim = await self.rc.claim(ask.key, ask.directives)
             if claim.peer is not None and ask.answers.serves(claim.peer):
                 _settle(lead, claim.peer)
                 return Hit(claim.peer, x_cache)
             up = await self._compute(ask, compute)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, CallerGone):
             if lead is not None:
                 lead.abandon()
             if claim is not None:
@@ -280,8 +286,16 @@ class CacheFlow:
         reason = "" if ask.directives.lookup else "no-cache"
         if up.body is not None or up.stream is None:
             entry = self.rc.entry(
-                up.status, kept, body=up.body or b"", model=ask.call.model, kind=ask.kind, ttl=ttl
+                up.status,
+                kept,
+                body=up.body or b"",
+                model=ask.call.model,
+                kind=ask.kind,
+                ttl=ttl,
+                age=received_age(up.headers),
             )
+            # (an answer over max_entry_bytes is not kept either: RouteCache.store drops it)
+            entry.reusable = storable and entry.size() <= self.rc.max_entry_bytes
             _settle(lead, entry if shareable else None)
             if storable:
                 await self._store(ask, entry, vector)
@@ -301,9 +315,9 @@ class CacheFlow:
     async def _store(self, ask: Ask, entry: CacheEntry, vector: np.ndarray | None) -> None:
         await self.rc.store(ask.key, entry)
         try:
-            await self.semantic.remember(
-                ask.call, ask.key.tenant_h, ask.key.value, entry.ttl, vector
-            )
+            # what the entry has left (its ttl also counts the Age it arrived with)
+            left = entry.expires_at - time.time()
+            await self.semantic.remember(ask.call, ask.key.tenant_h, ask.key.value, left, vector)
             cand, sr = ask.semantic_candidate, self.semantic  # issue 14: label the candidate
             if cand is not None and isinstance(sr, SemanticRoute):
                 load = flow_hooks.stored_loader(self.rc, cand.exact_key)

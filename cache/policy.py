@@ -42,6 +42,8 @@ class RequestDirectives:
     only_if_cached: bool = False
     # min-fresh=N (RFC 9111 5.2.1.3): an answer that stays fresh for N more seconds at least.
     min_fresh: float | None = None
+    # why the cache is bypassed when it is for something other than Cache-Control: no-store
+    reason: str = ""
 
     def acceptable(self, age: float, expires_at: float | None = None) -> bool:
         """An entry of this age (expiring at expires_at, wall clock) answers this request."""
@@ -55,9 +57,29 @@ class RequestDirectives:
 DEFAULT = RequestDirectives()
 
 
-def request_directives(cache_control: str | None, pragma: str | None = None) -> RequestDirectives:
+# A request carrying one of these asks for part of an answer, or for one only under a
+# condition about a representation the client holds (RFC 9110 13, 14): its answer (a 206, a
+# 304, a 412) is for that request alone, and the key holds none of them.
+CONDITIONAL_HEADERS = (
+    "Range",
+    "If-Range",
+    "If-Match",
+    "If-None-Match",
+    "If-Modified-Since",
+    "If-Unmodified-Since",
+)
+
+
+def request_directives(
+    cache_control: str | None, pragma: str | None = None, conditional: bool = False
+) -> RequestDirectives:
     """no-cache: skip the lookup but store; no-store: skip both; max-age=N: bound the hit's age;
-    min-fresh=N: the hit must stay fresh N seconds more; only-if-cached: a hit or nothing."""
+    min-fresh=N: the hit must stay fresh N seconds more; only-if-cached: a hit or nothing.
+    conditional (a Range or a precondition header): neither looked up nor stored, nor joined
+    to another request's flight."""
+    if conditional:
+        only = "only-if-cached" in _directives(cache_control)
+        return RequestDirectives(False, False, only_if_cached=only, reason="conditional")
     if not cache_control and not pragma:
         return DEFAULT
     d = _directives(cache_control)
@@ -91,9 +113,14 @@ class NotCached(Exception):
     """only-if-cached and the cache has no answer it may serve: the client gets a 504."""
 
 
+# 2xx answers a key fully determines (RFC 9110 15.1's heuristically cacheable ones): not a
+# 206 (part of an answer, for one Range), nor 201/202/205, which report an action.
+_STORED_STATUSES = frozenset({200, 203, 204})
+
+
 def response_storable(status: int, headers: Iterable[tuple[str, str]]) -> bool:
-    """Only 2xx; never a response that sets a cookie or says private / no-store."""
-    if not 200 <= status < 300:
+    """Only 200, 203, 204; never a response that sets a cookie or says private / no-store."""
+    if status not in _STORED_STATUSES:
         return False
     for k, v in headers:
         lk = k.lower()
@@ -105,8 +132,9 @@ def response_storable(status: int, headers: Iterable[tuple[str, str]]) -> bool:
 
 
 def response_shareable(status: int, headers: Iterable[tuple[str, str]]) -> bool:
-    """May waiters of a single flight receive this answer? Errors yes; private answers no."""
-    if 200 <= status < 300:
+    """May waiters of a single flight receive this answer? Errors yes; private answers no; nor
+    a 206 or a 304, which answer one request's Range or precondition."""
+    if 200 <= status < 300 or status == 304:
         return response_storable(status, headers)
     return not any(k.lower() == "set-cookie" for k, _ in headers)
 
@@ -146,6 +174,16 @@ def _freshness(headers: Iterable[tuple[str, str]], now: float) -> float | None:
     return max(0.0, lifetime)
 
 
+def received_age(headers: Iterable[tuple[str, str]]) -> float:
+    """The Age an upstream answer arrived with (RFC 9111 5.1: delta-seconds); 0 without one or
+    when it is unreadable."""
+    for k, v in headers:
+        if k.lower() == "age":
+            v = v.strip()
+            return float(v) if v.isascii() and v.isdigit() else 0.0
+    return 0.0
+
+
 def _http_date(value: str) -> float | None:
     try:
         parsed = email.utils.parsedate_to_datetime(value)
@@ -164,13 +202,14 @@ def storable_ttl(
     """How long an answer may be stored (the route's TTL bounded by the upstream's freshness),
     or 0 with the reason it may not be.
 
-    Not stored: non-2xx, `Set-Cookie`, `private` / `no-store` / `no-cache` (the gateway does not
-    revalidate; on an event stream no-cache is the streaming hint and does not count), a zero or
+    Not stored: any status but 200, 203, 204, `Set-Cookie`, `private` / `no-store` / `no-cache`
+    (the gateway does not revalidate; on an event stream no-cache is the streaming hint and
+    does not count), a zero or
     past freshness, a `Content-Encoding` (the gateway asks for identity on cached routes so
     every client can take the entry), and a `Vary` on a request header the key does not hold
     (`keyed`, lower case; Accept-Encoding is neutralised by asking for identity).
     """
-    if not 200 <= status < 300:
+    if status not in _STORED_STATUSES:
         return 0.0, "status"
     headers = list(headers)
     # Event-stream servers send no-cache so that proxies pass a live stream through instead of

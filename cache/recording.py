@@ -11,6 +11,7 @@ from backends import UpstreamResponse
 from cache.asks import AnswerIncomplete, Ask
 from cache.cache import Claim
 from cache.codec import CacheEntry
+from cache.policy import received_age
 from cache.singleflight import Lead
 
 if TYPE_CHECKING:
@@ -73,15 +74,17 @@ class Recording:
             entry = self._seal() if self._ended else None
             if entry is None:
                 if self._lead is not None:
-                    if self._copy is None:
-                        # nothing shareable was kept (private or too large), however far the
-                        # stream got: waiters fetch their own answers rather than fail
+                    if self._copy is None or self._ended:
+                        # nothing shareable was kept (private or too large), or the stream
+                        # ran to its end but is not one the cache keeps (an error event in
+                        # it): waiters fetch their own answers rather than fail
                         self._lead.done(None)
                     else:
                         self._lead.fail(
                             AnswerIncomplete("upstream stream ended before it completed")
                         )
                 return
+            entry.reusable = self._storable
             if self._lead is not None:
                 self._lead.done(entry if self._shareable else None)
             if self._storable:
@@ -100,10 +103,13 @@ class Recording:
             return None
         rc = self._flow.rc
         ttl = self._ttl or rc.policy.ttl  # (an entry not stored still goes to waiters)
-        if isinstance(sealed, list):
-            return rc.entry(
-                up.status, self._kept, events=sealed, model=ask.call.model, kind=ask.kind, ttl=ttl
-            )
+        answer = {"events": sealed} if isinstance(sealed, list) else {"body": sealed}
         return rc.entry(
-            up.status, self._kept, body=sealed, model=ask.call.model, kind=ask.kind, ttl=ttl
+            up.status,
+            self._kept,
+            model=ask.call.model,
+            kind=ask.kind,
+            ttl=ttl,
+            age=received_age(up.headers),
+            **answer,
         )

@@ -27,6 +27,11 @@ class LeaderGone(Exception):
     """The leader was cancelled before it finished; waiters should try again."""
 
 
+class CallerGone(Exception):
+    """Raised by a computation whose own caller left (its client hung up): a flight it leads
+    is abandoned, not failed, so its waiters take over instead of sharing the hang-up."""
+
+
 class SingleFlight(Generic[T]):
     def __init__(self, metrics: CacheMetrics | None = None) -> None:
         self._flights: dict[str, asyncio.Future[T]] = {}

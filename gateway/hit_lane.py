@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from cache import ALIAS_MAX_BODY, AliasKey, CacheFlow, Flows, Hit
+from cache import ALIAS_MAX_BODY, CONDITIONAL_HEADERS, AliasKey, CacheFlow, Flows, Hit
 from gateway import responses
 from gateway.codings import coding_error
 from gateway.config import LimitSettings
@@ -52,10 +52,11 @@ def answer(
     length = request.content_length
     if not content.is_eof() or (length is not None and length > limits.max_body_bytes):
         return None
+    headers = request.headers
     if (
-        "Content-Encoding" in request.headers
+        ("Content-Encoding" in headers or "Transfer-Encoding" in headers)
         and request.body_exists
-        and coding_error(request.headers)
+        and coding_error(headers)
     ):
         return None  # a body the server did not decode: the long way refuses it
     candidates, _ = router.resolve(request.method, request.path)
@@ -74,6 +75,7 @@ def answer(
         len(body) > ALIAS_MAX_BODY
         or "Cache-Control" in headers  # cache directives take the long way
         or "Pragma" in headers
+        or any(h in headers for h in CONDITIONAL_HEADERS)  # ... and so do ranges, preconditions
     ):
         return Early(body, None)
     alias = alias_of(request, flow, body)

@@ -11,9 +11,8 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextvars import ContextVar
-from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
@@ -31,6 +30,7 @@ from backends import (
     UpstreamTimeout,
 )
 from cache import (
+    CONDITIONAL_HEADERS,
     AliasKey,
     Ask,
     CacheFlow,
@@ -40,12 +40,12 @@ from cache import (
     request_directives,
 )
 from gateway import hit_lane, responses
+from gateway.client_left import unless_client_left
 from gateway.codings import coding_error
 from gateway.config import LimitSettings
 from gateway.errors import (
     BadGateway,
     BadRequest,
-    ClientClosed,
     GatewayError,
     GatewayTimeout,
     MethodNotAllowed,
@@ -70,7 +70,6 @@ log = logging.getLogger("latentgate.pipeline")
 _STREAM_BODY_OVER = 1 << 20
 # Bodies larger than this are parsed (and keyed) in a worker thread.
 _PARSE_INLINE = 256 << 10
-_CLIENT_CHECK_S = 0.05  # how often local engine work looks whether its client is still there
 
 
 class Pipeline:
@@ -133,17 +132,18 @@ class Pipeline:
     ) -> web.StreamResponse:
         self.in_flight += 1
         self.idle.clear()
-        route_name, backend_name, status = "-", "-", 500
+        status = 500
         protocol = "passthrough"
+        served: list[Route] = []  # the route that serves, once known (picked by model or not)
         try:
             candidates, partial = self.router.resolve(request.method, request.path)
             if not candidates:
                 if partial:
                     raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
                 raise NotFound(f"no route for {request.path}")
-            route = candidates[0]
-            protocol, route_name, backend_name = route.protocol, route.name, route.backend
-            resp = await self._serve(request, candidates, timing, early)
+            served.append(candidates[0])
+            protocol = candidates[0].protocol
+            resp = await self._serve(request, candidates, timing, early, served)
             status = resp.status
             return resp
         except GatewayError as err:
@@ -152,7 +152,16 @@ class Pipeline:
         except BadInput as exc:  # a shared codec (backends.v2tensors) found the client's mistake
             status = 400
             return responses.error(protocol, BadRequest(str(exc)), timing)
+        except RecursionError:
+            # JSON within the decoder's depth (~990) can still be deeper than a walk over it
+            # allows (the key's normalise, the namespace): the body's shape, not a fault here.
+            status = 400
+            deep = BadRequest("request body is nested too deeply")
+            return responses.error(protocol, deep, timing)
         finally:
+            route_name, backend_name = (
+                (served[-1].name, served[-1].backend) if served else ("-", "-")
+            )
             self.metrics.observe_request(
                 route_name, backend_name, status, time.perf_counter() - timing.start
             )
@@ -166,7 +175,10 @@ class Pipeline:
         candidates: list[Route],
         timing: Timing,
         early: hit_lane.Early | None = None,
+        served: list[Route] | None = None,
     ) -> web.StreamResponse:
+        """served: the route chosen by model is appended to it (the request's metrics name
+        the route and backend that answered, not the first candidate)."""
         route = candidates[0]
         t = timing.start
         body: bytes | AsyncIterator[bytes]
@@ -196,7 +208,10 @@ class Pipeline:
             parse = functools.partial(
                 route.adapter.parse,
                 request.method,
-                request.path,
+                # a passthrough key covers the path as it goes upstream: /a%2Fb is not /a/b
+                request.raw_path.partition("?")[0]
+                if route.protocol == "passthrough"
+                else request.path,
                 request.query_string,
                 request.headers.get("Content-Type", ""),
                 body,
@@ -208,10 +223,14 @@ class Pipeline:
             if len(candidates) > 1:
                 picked = Router.pick_by_model(candidates, call.model if call else None)
                 if picked is None:
+                    if served is not None:
+                        served.clear()  # no route took it: counted as route "-"
                     raise NotFound(
                         f"no route for model {call.model if call else None!r} on {request.path}"
                     )
                 route = picked
+                if served is not None:
+                    served.append(route)
                 flow = self.flows.get(route.name)
             t = timing.add("parse", t)
 
@@ -253,7 +272,11 @@ class Pipeline:
         alias: AliasKey | None,
     ) -> web.StreamResponse:
         headers = request.headers
-        directives = request_directives(field(headers, "Cache-Control"), field(headers, "Pragma"))
+        directives = request_directives(
+            field(headers, "Cache-Control"),
+            field(headers, "Pragma"),
+            any(h in headers for h in CONDITIONAL_HEADERS),
+        )
         stage = self.backends[route.backend].timing_stage
         # sampled and no-store calls never touch the cache: no key, no alias
         try:
@@ -317,7 +340,7 @@ class Pipeline:
         self.tracing.inject(req)
         try:
             if client is not None and getattr(backend, "computes_here", False):
-                return await _unless_client_left(backend.send(req), client)
+                return await unless_client_left(backend.send(req), client)
             return await backend.send(req)
         except UpstreamTimeout as exc:
             self.metrics.upstream_errors.labels(route.backend, "timeout").inc()
@@ -376,28 +399,6 @@ class Pipeline:
                 yield chunk
         except RequestPayloadError as exc:
             raise RequestBodyError(undecodable(request)) from exc
-
-
-async def _unless_client_left(
-    work: Coroutine[Any, Any, UpstreamResponse], client: web.Request
-) -> UpstreamResponse:
-    """Local engine work for a client that may hang up: aiohttp does not cancel a handler when
-    its client goes, and queued engine work (thousands of texts) would run to the end and stall
-    everyone behind it. The work is cancelled when the connection closes (the batcher drops
-    cancelled items before they run; a cache flight's waiters take over as for any leader)."""
-    task = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=_CLIENT_CHECK_S)
-            if done:
-                return task.result()
-            transport = client.transport
-            if transport is None or transport.is_closing():
-                task.cancel()
-                raise ClientClosed("the client closed the connection before the answer")
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
 
 
 def undecodable(request: web.Request) -> BadRequest:

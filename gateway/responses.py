@@ -27,7 +27,9 @@ from gateway.timing import Timing
 
 log = logging.getLogger("latentgate.responses")
 
-_OURS = frozenset({"x-cache", "age", "x-cache-bypass-reason", "x-cache-semantic-skip"})
+# what the gateway says of its cache, never taken from an upstream (an upstream's Age passes:
+# a fresh answer's age is the one it arrived with)
+_OURS = frozenset({"x-cache", "x-cache-bypass-reason", "x-cache-semantic-skip"})
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 _BLOCK = "hit-header-block"  # the entry memo's key for its serialised headers, per framing
 
@@ -81,7 +83,7 @@ async def fresh(
     request: web.Request, answer: Fresh, timing: Timing, on_cut: Callable[[], None]
 ) -> web.StreamResponse:
     """The backend's answer to a cached route's request, with its X-Cache (and, on a bypass,
-    X-Cache-Bypass-Reason: sampled, no-store or no-cache)."""
+    X-Cache-Bypass-Reason: sampled, no-store, no-cache or conditional)."""
     return await upstream(
         request,
         answer.response,

@@ -15,7 +15,7 @@ from typing import Any
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.headers import field
-from gateway.protocols.base import Call, decode_body, require, text_of
+from gateway.protocols.base import Call, decode_body, require, text_of, zero_temperature
 
 PATH = "/v1/messages"
 KIND = "messages"
@@ -119,10 +119,11 @@ class AnthropicAdapter:
         call = Call(
             "anthropic",
             model,
-            {"body": fields, "headers": hdrs},
+            # the query (the SDK's beta client sends ?beta=true) may change the answer too
+            {"body": fields, "headers": hdrs, "query": query},
             stream=stream,
             kind=KIND,
-            deterministic=doc.get("temperature", 1.0) == 0,
+            deterministic=zero_temperature(doc),
         )
         last = messages[-1]
         # Only a final user turn is a question a semantic cache may answer; the namespace is
@@ -131,5 +132,6 @@ class AnthropicAdapter:
             call.semantic_text = text_of(last.get("content"))
         context = {k: v for k, v in fields.items() if k != "messages"}
         context["messages"] = fields["messages"][:-1]
-        call.context = {"body": context, "headers": hdrs}
+        context["last"] = {k: v for k, v in last.items() if k != "content"}
+        call.context = {"body": context, "headers": hdrs, "query": query}
         return call

@@ -82,6 +82,13 @@ def decode_body(content_type: str, body: bytes) -> Any:
         raise BadRequest(f"request body has a value out of range: {str(exc)[:120]}") from None
 
 
+def zero_temperature(doc: Mapping[str, Any]) -> bool:
+    """temperature is the number 0: not false, not "0" (a lenient upstream may read those as
+    0, but a call whose determinism rests on a coercion is treated as sampled: not replayed)."""
+    t = doc.get("temperature", 1.0)
+    return type(t) in (int, float) and t == 0
+
+
 def require(cond: bool, message: str, param: str) -> None:
     """A 400 naming the offending field, in the route protocol's envelope."""
     if not cond:

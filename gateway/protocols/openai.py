@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.errors import PayloadTooLarge
-from gateway.protocols.base import Call, decode_body, require, text_of
+from gateway.protocols.base import Call, decode_body, require, text_of, zero_temperature
 
 # Fields that change only the framing or the bookkeeping, never the answer.
 IGNORED_FIELDS = frozenset({"stream", "stream_options", "user"})
@@ -57,19 +57,25 @@ class OpenAIAdapter:
         )
         stream = doc.get("stream", False)
         require(isinstance(stream, bool), "'stream' must be a boolean", "stream")
-        key_fields = {k: v for k, v in doc.items() if k not in self._ignored}
-        call = Call("openai", model, key_fields, stream=stream, kind=kind)
+        fields = {k: v for k, v in doc.items() if k not in self._ignored}
+        # The path names an Azure deployment and the query an api-version (or a key some
+        # servers take there): answers from another deployment or version are another answer.
+        target = path.rstrip("/") + ("?" + query if query else "")
+        call = Call("openai", model, {"body": fields, "target": target}, stream=stream, kind=kind)
         options = doc.get("stream_options")
         call.extra["include_usage"] = isinstance(options, dict) and bool(
             options.get("include_usage")
         )
         if kind == "chat":
-            self._chat(doc, call)
+            self._chat(doc, fields, target, call)
         elif kind == "completions":
             require("prompt" in doc, "'prompt' is required", "prompt")
             prompt = doc["prompt"]
             call.semantic_text = prompt if isinstance(prompt, str) else None
-            call.context = {k: v for k, v in key_fields.items() if k != "prompt"}
+            call.context = {
+                "body": {k: v for k, v in fields.items() if k != "prompt"},
+                "target": target,
+            }
             call.deterministic = _deterministic(doc)
         else:
             require("input" in doc, "'input' is required", "input")
@@ -83,7 +89,7 @@ class OpenAIAdapter:
             call.extra["input"] = doc["input"]
         return call
 
-    def _chat(self, doc: dict[str, Any], call: Call) -> None:
+    def _chat(self, doc: dict[str, Any], fields: dict[str, Any], target: str, call: Call) -> None:
         messages = doc.get("messages")
         require(
             isinstance(messages, list) and len(messages) > 0,
@@ -101,12 +107,14 @@ class OpenAIAdapter:
         # Only a final user turn is a question a semantic cache may answer.
         if last.get("role") == "user":
             call.semantic_text = text_of(last.get("content"))
-        context = {k: v for k, v in call.key_fields.items() if k != "messages"}
+        context = {k: v for k, v in fields.items() if k != "messages"}
         context["messages"] = messages[:-1]
-        call.context = context
+        # the last turn's other fields (its speaker's `name`, ...): only its text is the question
+        context["last"] = {k: v for k, v in last.items() if k != "content"}
+        call.context = {"body": context, "target": target}
         call.deterministic = _deterministic(doc)
 
 
 def _deterministic(doc: dict[str, Any]) -> bool:
-    temperature = doc.get("temperature", 1.0)
-    return temperature == 0 or doc.get("seed") is not None
+    # an integer seed, as the API defines it: a string or a boolean determines nothing
+    return zero_temperature(doc) or type(doc.get("seed")) is int

@@ -22,8 +22,39 @@ def join_events(events: list[bytes]) -> bytes:
     return b"".join(e + b"\n\n" for e in events)
 
 
+def ends_done(events: list[bytes]) -> bool:
+    """An event stream that ends in [DONE] (`data: [DONE]` or `data:[DONE]`): the whole rule
+    for streams the gateway does not parse (a passthrough route's SSE)."""
+    if not events:
+        return False
+    last = events[-1].strip().rsplit(b"\n", 1)[-1]
+    return last.startswith(b"data:") and last[5:].strip() == b"[DONE]"
+
+
 def completed(events: list[bytes]) -> bool:
-    return bool(events) and events[-1].strip() == DONE
+    """A whole chat or completions answer: it ends in [DONE], no event carries an error (vLLM
+    and SGLang report a failure mid-generation as `data: {"error": {...}}` and still send
+    [DONE]; an `"error": null` beside the chunk's fields is none), and every choice it began has
+    its finish_reason. A chunk not in the API's shape is not a whole answer either."""
+    if not ends_done(events):
+        return False
+    try:
+        docs = _payloads(events)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    finished: dict[int, bool] = {}
+    for d in docs:
+        if d.get("error") is not None:
+            return False
+        choices = d.get("choices") or []
+        if not isinstance(choices, list):
+            return False
+        for ch in choices:
+            i = ch.get("index", 0) if isinstance(ch, dict) else None
+            if not isinstance(i, int) or isinstance(i, bool):
+                return False
+            finished[i] = finished.get(i, False) or ch.get("finish_reason") is not None
+    return bool(finished) and all(finished.values())  # (no choice at all: no answer)
 
 
 def _usage_chunk(event: bytes) -> bool:
@@ -83,8 +114,29 @@ def _merge_tool_calls(acc: list[dict[str, Any]], deltas: list[dict[str, Any]]) -
         tc["function"]["arguments"] += fn.get("arguments") or ""
 
 
+class _Unconvertible(Exception):
+    """A stored answer in a shape the conversion cannot carry over whole."""
+
+
 def events_to_body(events: list[bytes], kind: str) -> bytes | None:
-    """The single JSON body equivalent to a finished stream, or None when it cannot be built."""
+    """The single JSON body equivalent to a finished stream, or None when it cannot be built
+    (a chunk out of the API's shape: the entry then answers only streaming clients)."""
+    try:
+        return _events_to_body(events, kind)
+    except (_Unconvertible, TypeError, AttributeError, KeyError, ValueError):
+        return None
+
+
+def body_to_events(body: bytes, kind: str, include_usage: bool = False) -> list[bytes] | None:
+    """The stream equivalent to a stored JSON answer (ending in [DONE]), or None (a body out
+    of the API's shape: the entry then answers only JSON clients)."""
+    try:
+        return _body_to_events(body, kind, include_usage)
+    except (TypeError, AttributeError, KeyError, ValueError):
+        return None
+
+
+def _events_to_body(events: list[bytes], kind: str) -> bytes | None:
     try:
         chunks = _payloads(events)
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -111,15 +163,7 @@ def events_to_body(events: list[bytes], kind: str) -> bytes | None:
                 )
                 delta = ch.get("delta") or {}
                 c["logprobs"] = _merge_logprobs(c["logprobs"], ch.get("logprobs"))
-                msg = c["message"]
-                if delta.get("role"):
-                    msg["role"] = delta["role"]
-                if delta.get("content") is not None:
-                    msg["content"] = (msg["content"] or "") + delta["content"]
-                if delta.get("refusal") is not None:
-                    msg["refusal"] = (msg.get("refusal") or "") + delta["refusal"]
-                if delta.get("tool_calls"):
-                    _merge_tool_calls(c["_tools"], delta["tool_calls"])
+                _merge_delta(c["message"], c["_tools"], delta)
             else:
                 c = choices.setdefault(
                     i, {"index": i, "text": "", "logprobs": None, "finish_reason": None}
@@ -132,8 +176,9 @@ def events_to_body(events: list[bytes], kind: str) -> bytes | None:
         tools = c.pop("_tools", None)
         if tools:
             c["message"]["tool_calls"] = tools
-            if c["message"]["content"] == "":  # only the opening "" delta: a plain answer's null
-                c["message"]["content"] = None
+        calls = tools or c.get("message", {}).get("function_call")
+        if calls and c["message"]["content"] == "":  # only the opening "" delta: null, as a
+            c["message"]["content"] = None  # tool or function call's message has
     out: dict[str, Any] = {
         "id": first.get("id"),
         "object": "chat.completion" if kind == "chat" else "text_completion",
@@ -146,6 +191,34 @@ def events_to_body(events: list[bytes], kind: str) -> bytes | None:
     if usage is not None:
         out["usage"] = usage
     return json.dumps(out).encode()
+
+
+def _merge_delta(msg: dict[str, Any], tools: list[dict[str, Any]], delta: dict[str, Any]) -> None:
+    """One chunk's delta into the message: every text field is appended in order (content,
+    refusal, and what servers add beside them: vLLM's and DeepSeek's reasoning_content, ...),
+    tool_calls and the legacy function_call are assembled from their pieces."""
+    for k, v in delta.items():
+        if k == "role":
+            if v:
+                msg["role"] = v
+        elif k == "tool_calls":
+            if v:
+                _merge_tool_calls(tools, v)
+        elif k == "function_call":
+            if isinstance(v, dict):
+                fc = msg.setdefault("function_call", {"name": "", "arguments": ""})
+                fc["name"] += v.get("name") or ""
+                fc["arguments"] += v.get("arguments") or ""
+        elif isinstance(v, str):
+            msg[k] = (msg.get(k) or "") + v
+        elif isinstance(v, list):  # annotations (url citations): each chunk adds its own
+            msg[k] = [*(msg.get(k) or []), *v]
+        elif isinstance(v, dict):
+            # an object sent whole in one chunk is kept; one in pieces (streamed audio: base64
+            # that does not join as text) is not converted at all
+            if msg.get(k) is not None:
+                raise _Unconvertible(k)
+            msg[k] = v
 
 
 def _merge_logprobs(acc: dict[str, Any] | None, new: Any) -> dict[str, Any] | None:
@@ -167,8 +240,7 @@ def _event(doc: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(doc).encode()
 
 
-def body_to_events(body: bytes, kind: str, include_usage: bool = False) -> list[bytes] | None:
-    """The stream equivalent to a stored JSON answer (ending in [DONE]), or None."""
+def _body_to_events(body: bytes, kind: str, include_usage: bool) -> list[bytes] | None:
     try:
         doc = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -200,10 +272,10 @@ def body_to_events(body: bytes, kind: str, include_usage: bool = False) -> list[
                 )
             )
             delta: dict[str, Any] = {}
-            if msg.get("content"):
-                delta["content"] = msg["content"]
-            if msg.get("refusal"):
-                delta["refusal"] = msg["refusal"]
+            for k, v in msg.items():  # every field with something in it: text (content,
+                # refusal, reasoning_content), annotations, audio, function_call
+                if k not in ("role", "tool_calls") and v not in (None, "", [], {}):
+                    delta[k] = v
             if msg.get("tool_calls"):
                 delta["tool_calls"] = [{"index": n, **tc} for n, tc in enumerate(msg["tool_calls"])]
             # the answer's logprobs ride on the chunk with its tokens (the last one without)

@@ -1,5 +1,7 @@
 """Which stream framing a call kind uses: the per-kind table the exact cache's tee and renderer
-consult to check a stream for completeness and to convert between SSE and one JSON body."""
+consult to check a stream for completeness and to convert between SSE and one JSON body.
+Chat and completions streams are whole on [DONE] with no error event and every choice
+finished; Messages API streams on message_stop; other SSE (a passthrough route's) on [DONE]."""
 
 from __future__ import annotations
 
@@ -35,7 +37,13 @@ def convertible(kind: str) -> StreamCodec | None:
     return _CONVERTIBLE.get(kind)
 
 
+# A stream the gateway does not parse (a passthrough route's SSE): whole when it ends in [DONE].
+RAW = StreamCodec(
+    openai_sse.ends_done, openai_sse.events_to_body, openai_sse.body_to_events, "[DONE]"
+)
+
+
 def completion_check(kind: str) -> StreamCodec:
     """The codec whose `completed` decides whether a tee'd stream of this kind may be stored
-    (other kinds keep the OpenAI rule: SSE ends in [DONE])."""
-    return _CONVERTIBLE.get(kind, OPENAI)
+    (other kinds: SSE that ends in [DONE], nothing more)."""
+    return _CONVERTIBLE.get(kind, RAW)

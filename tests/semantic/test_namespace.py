@@ -69,3 +69,18 @@ def test_context_tenant_and_sampling_change_the_namespace() -> None:
 
 def test_equal_numbers_written_differently_share_a_namespace() -> None:
     assert ns(BASE)[0] == ns({**BASE, "temperature": 0.0})[0]
+
+
+def test_the_last_turns_speaker_is_in_the_namespace() -> None:
+    """A greeting by name asked by alice is another question from bob: only the last turn's text
+    is compared, every other field of it (name) belongs to the namespace."""
+
+    def asked_by(name: str | None) -> dict[str, Any]:
+        turn: dict[str, Any] = {"role": "user", "content": "Please greet me warmly by my name."}
+        if name is not None:
+            turn["name"] = name
+        return {**BASE, "messages": [BASE["messages"][0], turn]}
+
+    spaces = {ns(asked_by(n))[0] for n in ("alice", "bob", None)}
+    assert len(spaces) == 3
+    assert ns(asked_by("alice")) == ns(asked_by("alice"))

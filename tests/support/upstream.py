@@ -3,15 +3,20 @@ API (tests/support/upstream_anthropic.py) and Open Inference v2.
 
 Behaviour on demand through request headers:
   X-Test-Status: N        answer with status N and an OpenAI-style error body
+  X-Test-Retry-After: v   ... and Retry-After: v with it
   X-Test-Delay: S         sleep S seconds before answering
   X-Test-Event-Delay: S   sleep S seconds between SSE events
   X-Test-Cut-Stream: N    close the connection after N SSE events (no [DONE])
+  X-Test-Stream-Error: N  after N SSE events an error event, then [DONE] (as vLLM does)
   X-Test-Set-Cookie: v    add Set-Cookie: v
   X-Test-Cache-Control: v add Cache-Control: v
+  X-Test-Age: v           add Age: v (an answer that comes from a cache upstream)
+  X-Test-Reasoning: t     chat answers carry reasoning_content t (as vLLM's reasoning parsers)
+  X-Test-Citation: url    chat answers carry a url_citation annotation
 It counts TCP/unix connections and requests per path (GET /_test/stats, POST /_test/reset).
 Run standalone: python -m tests.support.upstream --port 8000 [--uds PATH] [--name NAME]
-  [--delay S] [--fail-status N]: this process delays / fails every model call (fault injection
-  for one replica of a pool; health endpoints stay fast and 200).
+  [--delay S] [--fail-status N [--retry-after V]]: this process delays / fails every model
+  call (fault injection for one replica of a pool; health endpoints stay fast and 200).
 """
 
 from __future__ import annotations
@@ -46,11 +51,17 @@ async def _sse(request: web.Request, chunks: list[dict[str, Any]]) -> web.Stream
     await resp.prepare(request)
     gap = float(request.headers.get("X-Test-Event-Delay", "0"))
     cut = request.headers.get("X-Test-Cut-Stream")
+    fail = request.headers.get("X-Test-Stream-Error")
     for i, chunk in enumerate(chunks):
         if cut is not None and i >= int(cut):
             assert request.transport is not None
             request.transport.close()
             return resp
+        if fail is not None and i >= int(fail):
+            # as vLLM and SGLang report a failure mid-generation: an error event, then [DONE]
+            error = {"error": {"message": "CUDA out of memory", "type": "InternalServerError"}}
+            await resp.write(f"data: {json.dumps(error)}\n\n".encode())
+            break
         await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         if gap:
             await asyncio.sleep(gap)
@@ -77,8 +88,17 @@ async def chat(request: web.Request) -> web.StreamResponse:
         text = _answer(last if isinstance(last, str) else json.dumps(last), request.app[NAME])
         rid = "chatcmpl-" + hashlib.sha1(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
         model = body.get("model", "m")
+        reasoning = request.headers.get("X-Test-Reasoning")  # as vLLM's reasoning parsers
+        cited = request.headers.get("X-Test-Citation")  # a web-search answer's url_citation
+        annotation = {
+            "type": "url_citation",
+            "url_citation": {"url": cited, "title": "source", "start_index": 0, "end_index": 4},
+        }
+        functions = body.get("functions")  # the legacy functions API: a function_call answer
+        if functions:
+            call = {"name": functions[0]["name"], "arguments": json.dumps({"q": last})}
         if body.get("stream"):
-            words = text.split(" ")
+            words = [] if functions else text.split(" ")
             chunks = [
                 {
                     "id": rid,
@@ -94,6 +114,20 @@ async def chat(request: web.Request) -> web.StreamResponse:
                     ],
                 }
             ]
+            extra: list[dict[str, Any]] = []
+            if reasoning:
+                extra.append({"reasoning_content": reasoning})
+            if cited:
+                extra.append({"annotations": [annotation]})
+            if functions:
+                half = len(call["arguments"]) // 2
+                extra.append({"function_call": {"name": call["name"], "arguments": ""}})
+                extra.append({"function_call": {"arguments": call["arguments"][:half]}})
+                extra.append({"function_call": {"arguments": call["arguments"][half:]}})
+            for delta in extra:
+                chunks.append(
+                    {**chunks[0], "choices": [{**chunks[0]["choices"][0], "delta": delta}]}
+                )
             for i, w in enumerate(words):
                 piece = w if i == 0 else " " + w
                 choice: dict[str, Any] = {
@@ -118,7 +152,13 @@ async def chat(request: web.Request) -> web.StreamResponse:
                     "object": "chat.completion.chunk",
                     "created": 1700000000,
                     "model": model,
-                    "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {},
+                            "finish_reason": "function_call" if functions else "stop",
+                        }
+                    ],
                 }
             )
             if (body.get("stream_options") or {}).get("include_usage"):
@@ -135,13 +175,19 @@ async def chat(request: web.Request) -> web.StreamResponse:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": text},
+                    "message": {
+                        "role": "assistant",
+                        "content": None if functions else text,
+                        **({"reasoning_content": reasoning} if reasoning else {}),
+                        **({"annotations": [annotation]} if cited else {}),
+                        **({"function_call": call} if functions else {}),
+                    },
                     "logprobs": (
                         {"content": _token_logprobs(text), "refusal": None}
                         if body.get("logprobs")
                         else None
                     ),
-                    "finish_reason": "stop",
+                    "finish_reason": "function_call" if functions else "stop",
                 }
             ],
             "usage": {
@@ -225,6 +271,28 @@ async def health(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+DOCUMENT = bytes(range(65, 91)) * 4  # 104 bytes, A-Z four times
+DOCUMENT_ETAG = '"doc-v1"'
+
+
+async def document(request: web.Request) -> web.Response:
+    """GET /_test/doc: one fixed document with an ETag, honouring If-None-Match (304) and a
+    single Range (206), as a file server does."""
+    if (early := await common(request)) is not None:
+        stats(request.app)["in_flight"] -= 1
+        return early  # type: ignore[return-value]
+    stats(request.app)["in_flight"] -= 1
+    headers = {"ETag": DOCUMENT_ETAG, "Accept-Ranges": "bytes", **extra_headers(request)}
+    if request.headers.get("If-None-Match") == DOCUMENT_ETAG:
+        return web.Response(status=304, headers=headers)
+    if "Range" in request.headers:
+        r = request.http_range
+        start, stop = r.start or 0, min(r.stop or len(DOCUMENT), len(DOCUMENT))
+        headers["Content-Range"] = f"bytes {start}-{stop - 1}/{len(DOCUMENT)}"
+        return web.Response(status=206, body=DOCUMENT[start:stop], headers=headers)
+    return web.Response(body=DOCUMENT, headers=headers, content_type="text/plain")
+
+
 async def echo(request: web.Request) -> web.Response:
     """Passthrough target: echoes method, path, query, headers and body length."""
     st = stats(request.app)
@@ -270,16 +338,20 @@ def _fresh_stats() -> dict[str, Any]:
 
 
 def build_upstream(
-    name: str = "up", delay: float | None = None, fail_status: int | None = None
+    name: str = "up",
+    delay: float | None = None,
+    fail_status: int | None = None,
+    retry_after: str | None = None,
 ) -> web.Application:
     app = web.Application(client_max_size=64 << 20)
     app[NAME] = name
-    app[FAULTS] = {"delay": delay, "fail_status": fail_status}
+    app[FAULTS] = {"delay": delay, "fail_status": fail_status, "retry_after": retry_after}
     app[STATS] = _fresh_stats()
     app[SEQUENCES] = {}
     r = app.router
     r.add_get("/_test/stats", test_stats)
     r.add_post("/_test/reset", test_reset)
+    r.add_get("/_test/doc", document)
     r.add_post("/v1/chat/completions", chat)
     r.add_post("/openai/deployments/{deployment}/chat/completions", chat)  # Azure OpenAI clients
     r.add_post("/v1/completions", completions)
@@ -306,6 +378,7 @@ def main() -> None:
     ap.add_argument("--name", default="up")
     ap.add_argument("--delay", type=float, help="seconds to sleep before every model call")
     ap.add_argument("--fail-status", type=int, help="answer every model call with this status")
+    ap.add_argument("--retry-after", help="... and this Retry-After with it")
     args = ap.parse_args()
     try:
         import uvloop
@@ -313,7 +386,7 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
-    app = build_upstream(args.name, args.delay, args.fail_status)
+    app = build_upstream(args.name, args.delay, args.fail_status, args.retry_after)
     where = f"unix:{args.uds}" if args.uds else f"http://{args.host}:{args.port}"
     print(
         f"example upstream {args.name!r} on {where}: OpenAI chat/completions/embeddings echo "

@@ -36,9 +36,10 @@ async def common(request: web.Request) -> web.StreamResponse | None:
                 "code": int(status),
             }
         }
-        return web.json_response(
-            body, status=int(status), headers={"X-Upstream": request.app[NAME]}
-        )
+        headers = {"X-Upstream": request.app[NAME]}
+        if after := request.headers.get("X-Test-Retry-After") or faults.get("retry_after"):
+            headers["Retry-After"] = after
+        return web.json_response(body, status=int(status), headers=headers)
     return None
 
 
@@ -48,4 +49,6 @@ def extra_headers(request: web.Request) -> dict[str, str]:
         h["Set-Cookie"] = v
     if v := request.headers.get("X-Test-Cache-Control"):
         h["Cache-Control"] = v
+    if v := request.headers.get("X-Test-Age"):
+        h["Age"] = v
     return h

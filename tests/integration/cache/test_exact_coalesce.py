@@ -97,3 +97,37 @@ async def test_two_processes_share_entries_and_one_lease(
     finally:
         a.stop()
         b.stop()
+
+
+@pytest.mark.slow
+async def test_a_peer_process_lease_never_hands_back_an_answer_the_request_refused(
+    upstream: ServerThread, redis_server: RedisServer
+) -> None:
+    """While another process holds the lease for a key, a no-cache or max-age request waits for
+    that process's fresh answer: the older entry already in Redis is exactly what it refused."""
+    cfg = cache_config(upstream.url, redis_server.url)
+    cfg["cache"]["redis"]["timeouts"] = {"op": 1.0, "connect": 2.0}
+    a, b = GatewayProcess(cfg).start(), GatewayProcess(cfg).start()
+    url = "/v1/chat/completions"
+    try:
+        async with aiohttp.ClientSession() as s:
+
+            async def ask(gw: GatewayProcess, headers: dict[str, str]) -> tuple[str, int]:
+                async with s.post(gw.url + url, json=BODY, headers=headers) as r:
+                    assert r.status == 200
+                    await r.read()
+                    return r.headers.get("X-Cache", ""), int(r.headers.get("Age", "0"))
+
+            for refusal in ({"Cache-Control": "no-cache"}, {"Cache-Control": "max-age=1"}):
+                await ask(a, {"Cache-Control": "no-cache"})  # goes upstream and is stored
+                await asyncio.sleep(2.2)  # that entry is now over 2 s old
+                leader = asyncio.create_task(
+                    ask(a, {"Cache-Control": "no-cache", "X-Test-Delay": "1.0"})
+                )
+                await asyncio.sleep(0.3)  # a holds the lease and computes
+                _, age = await ask(b, refusal)
+                await leader
+                assert age <= 1, (refusal, age)  # a's fresh answer, not the 2 s old one
+    finally:
+        a.stop()
+        b.stop()

@@ -110,6 +110,21 @@ async def test_uncacheable_responses_are_not_stored(
     assert await _upstream_calls(upstream) == 2
 
 
+async def test_an_answer_that_arrives_aged_keeps_its_age(
+    upstream: ServerThread, gw: ServerThread
+) -> None:
+    """An upstream cache's answer 50 s old (max-age 60): the miss passes its Age on, a hit
+    counts it (RFC 9111 4.2.3: a downstream cache would otherwise keep it 60 s more, not 10),
+    and a client's max-age below it is not answered from the entry."""
+    aged = {"X-Test-Cache-Control": "max-age=60", "X-Test-Age": "50"}
+    _, miss, _ = await _post(gw.url, headers=aged)
+    assert (miss["X-Cache"], miss["Age"]) == ("miss", "50")
+    _, hit, _ = await _post(gw.url)
+    assert hit["X-Cache"] == "hit" and 50 <= int(hit["Age"]) <= 52
+    _, young, _ = await _post(gw.url, headers={"Cache-Control": "max-age=30"})
+    assert young["X-Cache"] == "miss"
+
+
 async def test_json_and_msgpack_bodies_share_an_entry(
     upstream: ServerThread, gw: ServerThread
 ) -> None:
@@ -124,6 +139,11 @@ async def test_passthrough_route_with_cache(upstream: ServerThread, gw: ServerTh
     _, h3, _ = await _post(gw.url, b"opaque", path="/anything?q=2")
     assert (h1["X-Cache"], h2["X-Cache"], h3["X-Cache"]) == ("miss", "hit", "miss")
     assert b1 == b2 and json.loads(b1)["body_len"] == 6
+    # the key is the target as it goes upstream: an encoded slash is another resource
+    _, h4, _ = await _post(gw.url, b"opaque", path="/things/a%2Fb")
+    _, h5, _ = await _post(gw.url, b"opaque", path="/things/a/b")
+    _, h6, _ = await _post(gw.url, b"opaque", path="/things/a%2Fb")
+    assert (h4["X-Cache"], h5["X-Cache"], h6["X-Cache"]) == ("miss", "miss", "hit")
 
 
 async def _admin(

@@ -6,15 +6,19 @@ chat.completion when the client did not ask for a stream, and the other way roun
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from gateway.protocols import openai_sse
 from gateway.protocols.openai_sse import body_to_events, events_to_body
+from gateway.protocols.stream_codecs import completion_check
 from tests.integration.cache.conftest import cache_config
 from tests.support.servers import ServerThread
 
@@ -140,6 +144,28 @@ async def test_cut_stream_is_not_stored(upstream: ServerThread, gw: ServerThread
             assert r.headers["X-Cache"] == "hit"
 
 
+async def test_a_stream_that_failed_mid_generation_is_not_stored(
+    upstream: ServerThread, gw: ServerThread
+) -> None:
+    """vLLM and SGLang report an engine failure inside the stream (an error event) and still
+    end it with [DONE]: each client sees what the replica sent it (waiters of the flight get
+    their own answers, not a 502), and the cache keeps none of it."""
+    body = {"model": "m", "messages": MESSAGES, "stream": True, "temperature": 0}
+    failing = {"X-Test-Stream-Error": "2", "X-Test-Event-Delay": "0.1"}
+    async with aiohttp.ClientSession() as s:
+
+        async def ask(headers: dict[str, str]) -> tuple[int, str, bytes]:
+            async with s.post(gw.url + "/v1/chat/completions", json=body, headers=headers) as r:
+                return r.status, r.headers["X-Cache"], await r.read()
+
+        answers = await asyncio.gather(*(ask(failing) for _ in range(3)))  # one flight
+        for status, x_cache, raw in answers:
+            assert (status, x_cache) == (200, "miss"), raw
+            assert b"CUDA out of memory" in raw and raw.rstrip().endswith(b"data: [DONE]")
+        status, x_cache, raw = await ask({})
+        assert (status, x_cache) == (200, "miss") and b"CUDA" not in raw
+
+
 def test_completions_endpoint_both_framings(upstream: ServerThread, gw: ServerThread) -> None:
     client = _client(gw.url)
     first = client.completions.create(model="m", prompt="say hi", temperature=0)
@@ -246,3 +272,131 @@ def test_completions_logprobs_round_trip_between_stream_and_body() -> None:
     ]
     joined = events_to_body(chunks, "completions")
     assert joined is not None and json.loads(joined)["choices"][0]["logprobs"] == lp
+
+
+def test_a_stream_is_complete_only_with_every_choice_finished() -> None:
+    def chunk(i: int, finish: str | None) -> bytes:
+        doc = {"choices": [{"index": i, "delta": {"content": "x"}, "finish_reason": finish}]}
+        return b"data: " + json.dumps(doc).encode()
+
+    done = openai_sse.DONE
+    assert openai_sse.completed([chunk(0, None), chunk(0, "stop"), done])
+    # an "error": null beside the fields is no error (Foundry Local sends one on every chunk)
+    with_null = (
+        b"data: "
+        + json.dumps(
+            {"error": None, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+        ).encode()
+    )
+    assert openai_sse.completed([with_null, done])
+    # chunks not in the API's shape: not a whole answer, and no exception
+    for odd in ({"choices": 5}, {"choices": [{"index": [0], "finish_reason": "stop"}]}):
+        assert not openai_sse.completed([b"data: " + json.dumps(odd).encode(), done])
+    # no choice at all is no answer; "data:[DONE]" (no space) is [DONE] too
+    assert not openai_sse.completed([done])
+    assert openai_sse.completed([chunk(0, "stop"), b"data:[DONE]"])
+    assert not openai_sse.completed([chunk(0, None), done])  # cut short, then [DONE]
+    # n=2: the second choice never finished
+    assert not openai_sse.completed([chunk(0, "stop"), chunk(1, None), done])
+    assert openai_sse.completed([chunk(0, "stop"), chunk(1, "length"), done])
+    assert not openai_sse.completed([chunk(0, "stop")])  # no [DONE]
+
+
+def test_answers_out_of_the_apis_shape_are_not_converted_nor_raise() -> None:
+    """An entry the converter cannot carry over whole answers only its own framing (the other
+    one misses) rather than a 500 for every client of that framing until its TTL."""
+
+    def ev(delta: object) -> bytes:
+        doc = {"id": "x", "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        return b"data: " + json.dumps(doc).encode()
+
+    done = openai_sse.DONE
+    for odd in ("hi", {"tool_calls": [{"index": "0"}]}):
+        assert events_to_body([ev(odd), done], "chat") is None, odd
+    # an object where text belongs is carried over as it came (it used to raise)
+    kept = events_to_body([ev({"content": {"x": "1"}}), done], "chat")
+    assert kept is not None and json.loads(kept)["choices"][0]["message"]["content"] == {"x": "1"}
+    # streamed audio comes in base64 pieces that do not join as text: not converted
+    pieces = [ev({"audio": {"id": "a", "data": "AQIDBA=="}}), ev({"audio": {"data": "BQYHCA=="}})]
+    assert events_to_body([*pieces, done], "chat") is None
+    # one whole object in one chunk is kept
+    whole = events_to_body([ev({"audio": {"id": "a", "data": "AQIDBA=="}}), done], "chat")
+    assert whole is not None and json.loads(whole)["choices"][0]["message"]["audio"]["id"] == "a"
+    for body in ({"choices": [5]}, {"choices": [{"message": "hi"}]}):
+        assert body_to_events(json.dumps(body).encode(), "chat") is None, body
+
+
+def test_a_passthrough_routes_sse_is_whole_when_it_ends_in_done() -> None:
+    done = openai_sse.DONE
+    # a passthrough route's SSE is not parsed: ending in [DONE] is the whole rule
+    raw = completion_check("raw").completed
+    assert raw([b"data: token one", b"data: token two", done])
+    assert not raw([b"data: token one"])
+
+
+@pytest.mark.parametrize("stored_as_stream", [True, False])
+def test_reasoning_and_legacy_function_calls_survive_either_framing(
+    upstream: ServerThread, gw: ServerThread, stored_as_stream: bool
+) -> None:
+    """What vLLM's reasoning parsers add (reasoning_content), a web search's url_citation
+    annotations and the legacy functions API's function_call come back from a hit in the other
+    framing as the replica sent them."""
+    client = _client(gw.url)
+    tag = "s" if stored_as_stream else "j"
+    reasoning = {
+        "extra_headers": {
+            "X-Test-Reasoning": "think first, then answer",
+            "X-Test-Citation": "https://example.org/source",
+        }
+    }
+    functions = [{"name": "lookup", "parameters": {"type": "object", "properties": {}}}]
+
+    def ask(text: str, stream: bool, **kw: Any) -> tuple[str, dict[str, Any]]:
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": text}]
+        if not stream:
+            raw = client.chat.completions.with_raw_response.create(
+                model="m", messages=messages, temperature=0, **kw
+            )
+            return raw.headers["X-Cache"], raw.parse().choices[0].message.model_dump()
+        raw_s = client.chat.completions.with_raw_response.create(
+            model="m",
+            messages=messages,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},  # (a JSON answer needs the usage)
+            **kw,
+        )
+        msg: dict[str, Any] = {
+            "content": "",
+            "reasoning_content": "",
+            "function_call": None,
+            "annotations": [],
+        }
+        for chunk in raw_s.parse():
+            if not chunk.choices:
+                continue  # the usage chunk
+            d = chunk.choices[0].delta.model_dump()
+            msg["content"] += d.get("content") or ""
+            msg["reasoning_content"] += d.get("reasoning_content") or ""
+            msg["annotations"] += d.get("annotations") or []
+            if d.get("function_call"):
+                fc = msg["function_call"] = msg["function_call"] or {"name": "", "arguments": ""}
+                fc["name"] += d["function_call"].get("name") or ""
+                fc["arguments"] += d["function_call"].get("arguments") or ""
+        return raw_s.headers["X-Cache"], msg
+
+    first, second = (True, False) if stored_as_stream else (False, True)
+    x1, m1 = ask(f"why {tag}", first, **reasoning)
+    x2, m2 = ask(f"why {tag}", second, **reasoning)
+    assert (x1, x2) == ("miss", "hit")
+    assert m1["reasoning_content"] == m2["reasoning_content"] == "think first, then answer"
+    assert m1["annotations"] == m2["annotations"]
+    assert [a["url_citation"]["url"] for a in m2["annotations"]] == ["https://example.org/source"]
+    assert m2["content"] == m1["content"] == f"echo(up): why {tag}"
+
+    x1, m1 = ask(f"find {tag}", first, functions=functions)
+    x2, m2 = ask(f"find {tag}", second, functions=functions)
+    assert (x1, x2) == ("miss", "hit")
+    assert m1["function_call"] == m2["function_call"]
+    assert m2["function_call"] == {"name": "lookup", "arguments": json.dumps({"q": f"find {tag}"})}
+    assert not m2["content"]

@@ -63,6 +63,15 @@ async def test_sampled_calls_are_not_replayed_and_say_why(
             for _ in range(2)
         ]
         assert xs == ["miss", "hit"], extra
+    # a seed or a zero that is not the integer / number the API defines: sampled, not replayed
+    for odd in ({"seed": "7"}, {"seed": True}, {"temperature": False}, {"temperature": "0"}):
+        xs = [
+            _client(gw.url)
+            .chat.completions.with_raw_response.create(model="m", messages=MESSAGES, extra_body=odd)
+            .headers["X-Cache"]
+            for _ in range(2)
+        ]
+        assert xs == ["bypass", "bypass"], odd
 
 
 async def test_only_deterministic_false_replays_sampled_calls(

@@ -75,9 +75,15 @@ def _oa(url: str, key: str = "sk-alice", **kw: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, **kw)
 
 
-def _azure(url: str, key: str) -> openai.AzureOpenAI:
+def _azure(
+    url: str, key: str, deployment: str | None = None, version: str = "2024-06-01"
+) -> openai.AzureOpenAI:
     return openai.AzureOpenAI(
-        azure_endpoint=url, api_key=key, api_version="2024-06-01", max_retries=0
+        azure_endpoint=url,
+        api_key=key,
+        api_version=version,
+        azure_deployment=deployment,
+        max_retries=0,
     )
 
 
@@ -110,6 +116,22 @@ def test_azure_api_key_is_a_tenant(gw: ServerThread) -> None:
     # a paraphrase from the other key is not served either; from the same key it is
     assert _ask(_azure(gw.url, "az-key-3"), PARAPHRASE)[1] == "miss"
     assert _ask(_azure(gw.url, "az-key-1"), PARAPHRASE)[1] == "semantic-hit"
+
+
+def test_deployments_and_api_versions_never_share_answers(gw: ServerThread) -> None:
+    """One key, one model name: another Azure deployment (the path) or api-version (the query)
+    is another model or API, so neither an exact nor a semantic hit crosses them."""
+    prod = _azure(gw.url, "az-key-1", "gpt-4o-prod")
+    assert _ask(prod)[1] == "miss"
+    assert _ask(prod)[1] == "hit"
+    assert _ask(_azure(gw.url, "az-key-1", "gpt-35-cheap"))[1] == "miss"
+    assert _ask(_azure(gw.url, "az-key-1", "gpt-4o-mini"), PARAPHRASE)[1] == "miss"
+    assert _ask(_azure(gw.url, "az-key-1", "gpt-4o-prod", "2024-10-21"))[1] == "miss"
+    assert _ask(prod, PARAPHRASE)[1] == "semantic-hit"
+    # on /v1 too: a query some servers read (a key, a version) is part of the request
+    assert _ask(_oa(gw.url, default_query={"v": "1"}))[1] == "miss"
+    assert _ask(_oa(gw.url, default_query={"v": "2"}))[1] == "miss"
+    assert _ask(_oa(gw.url, default_query={"v": "1"}))[1] == "hit"
 
 
 def test_x_api_key_no_credentials_and_configured_extras(gw: ServerThread) -> None:

@@ -158,7 +158,10 @@ async def test_waiters_of_an_unshareable_stream_fetch_their_own_when_the_leader_
     assert isinstance(own, Fresh) and own.response.body == b"own" and calls == 2
 
 
-async def test_an_incomplete_stream_is_not_stored_and_fails_its_waiters() -> None:
+async def test_a_stream_that_ended_unsealed_is_not_stored_and_its_waiters_fetch_their_own() -> None:
+    """The upstream ended the stream, but not as a whole answer (no END: an error event, or
+    a stream in no codec's form): nothing is stored, and the flight's waiters go upstream
+    themselves rather than fail with the leader's 502."""
     flow = _flow()
     gate = asyncio.Event()
     gate.set()
@@ -173,6 +176,32 @@ async def test_an_incomplete_stream_is_not_stored_and_fails_its_waiters() -> Non
     await asyncio.sleep(0)
     assert b"".join([c async for c in leader.recording.chunks()]) == b"part-cut"
     await leader.recording.close()
+    own = await waiter
+    assert isinstance(own, Fresh) and own.recording is not None  # its own upstream answer
+    assert b"".join([c async for c in own.recording.chunks()]) == b"part-cut"
+    await own.recording.close()
+    assert flow.rc.lookup_l1(_ask(flow).key, request_directives(None)) is None
+
+
+async def test_a_stream_cut_mid_way_fails_its_waiters() -> None:
+    """A stream whose upstream failed mid-way (the read raised): the waiters share the
+    failure (a 502), as the leader's client got a cut stream."""
+    flow = _flow()
+
+    async def broken() -> AsyncIterator[bytes]:
+        yield b"part-"
+        raise ConnectionResetError("the replica hung up")
+
+    async def compute() -> UpstreamResponse:
+        return UpstreamResponse(200, "OK", [("Content-Type", "text/plain")], stream=broken())
+
+    leader = await flow.run(_ask(flow), compute)
+    assert isinstance(leader, Fresh) and leader.recording is not None
+    waiter = asyncio.create_task(flow.run(_ask(flow), compute))
+    await asyncio.sleep(0)
+    with pytest.raises(ConnectionResetError):
+        async for _ in leader.recording.chunks():
+            pass
+    await leader.recording.close()
     with pytest.raises(AnswerIncomplete):
         await waiter
-    assert flow.rc.lookup_l1(_ask(flow).key, request_directives(None)) is None

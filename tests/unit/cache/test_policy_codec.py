@@ -40,7 +40,9 @@ def test_request_cache_control() -> None:
     ("status", "headers", "storable"),
     [
         (200, [("Content-Type", "application/json")], True),
-        (201, [], True),
+        (203, [], True),
+        (201, [], False),  # reports an action: not an answer to replay
+        (206, [], False),  # part of an answer, for one Range
         (404, [], False),
         (500, [], False),
         (200, [("Set-Cookie", "a=b")], False),
@@ -57,6 +59,9 @@ def test_errors_are_shared_but_private_answers_are_not() -> None:
     assert response_shareable(500, [])
     assert not response_shareable(200, [("Set-Cookie", "a=b")])
     assert not response_shareable(200, [("Cache-Control", "private")])
+    # a partial or not-modified answer is for the request's own Range / precondition
+    assert not response_shareable(206, [])
+    assert not response_shareable(304, [])
 
 
 def test_codec_round_trip_and_garbage() -> None:
