@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench.semantic_data import PairSet
-from cache.semantic.features import restates, text_info
+from cache.semantic.features import contradicts, restates, text_info
 from cache.semantic.rivals import RIVAL_COSINE
 
 
@@ -151,8 +151,9 @@ def choose_verified(
 
 
 def restated(pool: Pool, queries: list[str], prob: np.ndarray) -> np.ndarray:
-    """prob with every scored candidate (prob >= 0) that restates its query at 1.0, as the
-    serving verifiers score it (cache.semantic.verifier.restated)."""
+    """prob with every scored candidate (prob >= 0) that restates its query at 1.0, and every
+    one that asks its minimal opposite at 0.0, as the serving verifiers score them
+    (cache.semantic.verifier.restated)."""
     out = np.array(prob, dtype=np.float32, copy=True)
     entries = {int(j): text_info(pool.entries[int(j)]) for j in np.unique(pool.cand)}
     for i, q in enumerate(queries):
@@ -160,4 +161,6 @@ def restated(pool: Pool, queries: list[str], prob: np.ndarray) -> np.ndarray:
         for k, j in enumerate(pool.cand[i]):
             if out[i, k] >= 0 and restates(qi, entries[int(j)]):
                 out[i, k] = 1.0
+            elif out[i, k] >= 0 and contradicts(qi, entries[int(j)]):
+                out[i, k] = 0.0
     return out

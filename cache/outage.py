@@ -19,8 +19,9 @@ class OutageLog:
         self.failing = False
         self.failures = 0
 
-    def failed(self, detail: object) -> None:
-        self.failures += 1
+    def failed(self, detail: object, n: int = 1) -> None:
+        """n failures at once (a batch that failed together)."""
+        self.failures += n
         if not self.failing:
             self.failing = True
             self._log.warning(

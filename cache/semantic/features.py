@@ -171,6 +171,54 @@ def restates(a: TextInfo, b: TextInfo) -> bool:
     return a.words == b.words
 
 
+# Prefixes that turn a word into its opposite (safe/unsafe, legal/illegal, possible/impossible,
+# honest/dishonest): a pair that differs only so is the opposite question.
+# (a hyphenated "non-toxic" is three tokens, and so a different word count: not a minimal pair;
+# "inflammable" is the rare false friend, and only costs a hit)
+_NEGATING_PREFIXES = ("un", "in", "im", "il", "ir", "dis", "non")
+
+
+def _opposite(x: str, y: str) -> bool:
+    x, y = x.lower(), y.lower()
+    short, long = (x, y) if len(x) < len(y) else (y, x)
+    return len(short) >= 3 and any(long == p + short for p in _NEGATING_PREFIXES)
+
+
+# Question words that each ask for one kind of answer: a time, a place, a person, a reason.
+# Swapped for one another the question is another ("When did the war begin?" / "Where did the
+# war begin?"). Swaps with "what", "which" or "how" are often the same question ("What is the
+# best time to visit?" / "When is ..."), so those are left to the learned score.
+_DISTINCT_QWORDS = frozenset({"when", "where", "who", "why"})
+
+
+def _asks_otherwise(x: str, y: str) -> bool:
+    return x != y and x in _DISTINCT_QWORDS and y in _DISTINCT_QWORDS
+
+
+def contradicts(a: TextInfo, b: TextInfo) -> bool:
+    """The same words but for one that asks another question: a question word for a time,
+    place, person or reason swapped for another ("When was it built?" / "Where was it
+    built?"), a word and its prefixed opposite ("safe" / "unsafe"), or one negation more ("Is
+    it safe" / "Is it not safe"). The embedding puts such minimal pairs at cosine ~0.97-0.99
+    and the learned score near its bar; they are never the same question, so no learned score
+    may serve one for the other (restates' counterpart)."""
+    x, y = a.words, b.words
+    if len(x) == len(y):
+        diff = [(p, q) for p, q in zip(x, y, strict=True) if p.lower() != q.lower()]
+        if len(diff) != 1:
+            return False
+        p, q = diff[0][0].lower(), diff[0][1].lower()
+        return _asks_otherwise(p, q) or _opposite(p, q)
+    if abs(len(x) - len(y)) != 1:
+        return False
+    short, long = (x, y) if len(x) < len(y) else (y, x)
+    for i, t in enumerate(long):
+        if long[:i] + long[i + 1 :] == short:
+            low = t.lower()
+            return low in _NEGATIONS or low.endswith("n't")
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class TextInfo:
     """What the features need from one text; computed once per text (cached entries keep it)."""

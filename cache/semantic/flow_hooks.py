@@ -104,9 +104,9 @@ async def join_flight(
     except Exception:  # the leader's failure is its own; this request computes
         log.debug("semantic single flight: the leader failed", exc_info=True)
         return None
-    if shared is None or not 200 <= shared.status < 300:
-        # An error is the leader's own (a 429 names its caller's quota, a 400 its request): an
-        # identical request may share it, a paraphrase goes upstream itself. Only a stored
-        # answer is a semantic hit.
+    if shared is None or not 200 <= shared.status < 300 or not shared.reusable:
+        # An error is the leader's own (a 429 names its caller's quota, a 400 its request), and
+        # so is an answer not kept (no-cache, max-age=0): an identical request may share it, a
+        # paraphrase goes upstream itself. Only a stored answer is a semantic hit.
         return None
     return shared, SemanticHit(joined.flight.key, joined.similarity, joined.score)

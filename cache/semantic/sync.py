@@ -17,6 +17,7 @@ publishing client has, so on a shared client every idle read timed out and warne
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -39,6 +40,13 @@ from cache.settings import RedisSettings
 log = logging.getLogger("latentgate.semantic.sync")
 
 STREAM_MAXLEN = 200_000
+# Publications wait here for the publisher task: a miss never waits on Redis (a hung server
+# held every miss for the client's socket timeout). Past this many the oldest are dropped
+# (counted: outcome "dropped"); the local index has them, other processes miss them.
+OUTBOX_MAX = 10_000
+_BATCH = 256  # publications per pipeline
+
+Publication = tuple[str, str, bytes | None, dict[FieldT, EncodableT]]
 
 
 def _pack(entry: Entry) -> bytes:
@@ -85,6 +93,11 @@ class RedisSync:
         self.last_id = "0-0"
         self._owned: list[AnyRedis] = []
         self._task: asyncio.Task[None] | None = None
+        self._publisher: asyncio.Task[None] | None = None
+        self._outbox: collections.deque[Publication] = collections.deque(maxlen=OUTBOX_MAX)
+        self._queued = asyncio.Event()
+        self._idle = asyncio.Event()  # the outbox is empty and nothing is being sent
+        self._idle.set()
         self._closing = False
         self._m = stage.metrics.sync
         hint = 'latentgate_semantic_sync_events_total{outcome="error"}'
@@ -121,14 +134,23 @@ class RedisSync:
             self._m.labels("rebuild", "error").inc()
         self.stage.replicator = self
         self._task = asyncio.create_task(self._tail(), name="semantic-sync-tail")
+        self._publisher = asyncio.create_task(self._publish_loop(), name="semantic-sync-publish")
 
-    async def aclose(self) -> None:
+    async def aclose(self, flush_s: float = 2.0) -> None:
         self._closing = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self.stage.replicator = None
+        if self._publisher is not None:
+            # what is still queued goes out if Redis answers within flush_s
+            self._queued.set()
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._publisher), flush_s)
+            self._publisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._publisher
         for client in self._owned:
             await client.aclose()
 
@@ -136,11 +158,19 @@ class RedisSync:
         last = await self.redis.xrevrange(self.stream_key, count=1)
         self.last_id = last[0][0].decode() if last else "0-0"  # type: ignore[union-attr]
         now, n = time.time(), 0
+        bad = 0
         async for _key, raw in self.redis.hscan_iter(self.entries_key, count=1000):
-            entry = _unpack(raw)
+            try:
+                entry = _unpack(raw)
+            except Exception:  # a record this version cannot read: the others still load
+                bad += 1
+                continue
             if entry.expires_at > now:
                 self.stage.apply_add(entry)
                 n += 1
+        if bad:
+            self._m.labels("rebuild", "skipped").inc(bad)
+            log.warning("semantic sync: skipped %d unreadable records in %s", bad, self.entries_key)
         log.info("semantic sync: rebuilt %d entries from Redis", n)
         return n
 
@@ -160,36 +190,67 @@ class RedisSync:
     async def _publish(
         self, what: str, key: str, record: bytes | None, event: Mapping[str, str | bytes]
     ) -> None:
-        """The hash record (written, or deleted when `record` is None) and the stream event in
-        one round trip. A Redis failure is logged and counted, never raised: the local index
-        already has the change."""
+        """Queue the hash record (written, or deleted when `record` is None) and the stream
+        event for the publisher task, in order; never waits on Redis."""
         fields: dict[FieldT, EncodableT] = {"o": self.origin}
         fields.update(event)
+        if len(self._outbox) == self._outbox.maxlen:
+            self._m.labels("publish", "dropped").inc()  # the oldest gives way
+        self._outbox.append((what, key, record, fields))
+        self._idle.clear()
+        self._queued.set()
+
+    async def _publish_loop(self) -> None:
+        while True:
+            if not self._outbox:
+                self._idle.set()
+                if self._closing:
+                    return
+                self._queued.clear()
+                await self._queued.wait()
+                continue
+            self._idle.clear()
+            batch = [self._outbox.popleft() for _ in range(min(_BATCH, len(self._outbox)))]
+            await self._send(batch)
+
+    async def published(self) -> None:
+        """Until every publication queued so far has been sent (or has failed)."""
+        if self._outbox:
+            self._idle.clear()
+            self._queued.set()
+        await self._idle.wait()
+
+    async def _send(self, batch: list[Publication]) -> None:
+        """One round trip for the batch (records and events in order). A Redis failure is
+        logged and counted, never raised: the local index already has the changes."""
         try:
             if isinstance(self.redis, RedisCluster):
-                # Two commands, not a cluster pipeline: a plain command that meets a dead node
-                # makes the client re-read the slot map (and so find the promoted replica);
-                # redis-py's cluster pipeline kept dialling the dead primary.
-                if record is None:
-                    await self.redis.hdel(self.entries_key, key)
-                else:
-                    await self.redis.hset(self.entries_key, key, record)
-                await self.redis.xadd(
-                    self.stream_key, fields, maxlen=STREAM_MAXLEN, approximate=True
-                )
+                # Plain commands, not a cluster pipeline: a plain command that meets a dead
+                # node makes the client re-read the slot map (and so find the promoted
+                # replica); redis-py's cluster pipeline kept dialling the dead primary.
+                for _what, key, record, fields in batch:
+                    if record is None:
+                        await self.redis.hdel(self.entries_key, key)
+                    else:
+                        await self.redis.hset(self.entries_key, key, record)
+                    await self.redis.xadd(
+                        self.stream_key, fields, maxlen=STREAM_MAXLEN, approximate=True
+                    )
             else:
                 async with self.redis.pipeline(transaction=False) as p:
-                    if record is None:
-                        p.hdel(self.entries_key, key)
-                    else:
-                        p.hset(self.entries_key, key, record)
-                    p.xadd(self.stream_key, fields, maxlen=STREAM_MAXLEN, approximate=True)
+                    for _what, key, record, fields in batch:
+                        if record is None:
+                            p.hdel(self.entries_key, key)
+                        else:
+                            p.hset(self.entries_key, key, record)
+                        p.xadd(self.stream_key, fields, maxlen=STREAM_MAXLEN, approximate=True)
                     await p.execute()
-            self._m.labels("publish", "ok").inc()
+            self._m.labels("publish", "ok").inc(len(batch))
             self._publish_log.ok()
         except Exception as exc:  # (a client-library fault mid-failover too: see RedisTier._guard)
-            self._m.labels("publish", "error").inc()
-            self._publish_log.failed(f"{what}: {exc}; kept locally")
+            self._m.labels("publish", "error").inc(len(batch))
+            what = batch[0][0] + (f" and {len(batch) - 1} more" if len(batch) > 1 else "")
+            self._publish_log.failed(f"{what}: {exc}; kept locally", len(batch))
 
     def _apply(self, fields: dict[bytes, bytes]) -> None:
         if fields.get(b"o", b"").decode() == self.origin:

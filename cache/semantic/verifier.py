@@ -24,7 +24,14 @@ import numpy as np
 
 from cache.semantic.cross_encoder import DEFAULT_ARTIFACT as CE_ARTIFACT
 from cache.semantic.cross_encoder import CrossEncoder, read_meta
-from cache.semantic.features import FEATURES_VERSION, Idf, TextInfo, pair_features, restates
+from cache.semantic.features import (
+    FEATURES_VERSION,
+    Idf,
+    TextInfo,
+    contradicts,
+    pair_features,
+    restates,
+)
 
 DEFAULT_ARTIFACT = Path(__file__).with_name("verifier.npz")
 COSINE_THRESHOLD = 0.90  # verifier off, no threshold configured
@@ -90,7 +97,8 @@ class CosineVerifier:
     ) -> Decision:
         for i, c in enumerate(cand_cos):
             need = max(self.floor, tighten[i] if i < len(tighten) else 0.0)
-            if c >= need:
+            # (cosine alone still never serves a question its minimal opposite's answer)
+            if c >= need and not contradicts(query, cands[i]):
                 return Decision(i, float(c), i)
         return Decision(-1, float(cand_cos[0]) if len(cand_cos) else 0.0, 0)
 
@@ -103,7 +111,8 @@ class CosineVerifier:
         cand_cos: np.ndarray,
     ) -> np.ndarray:
         cos = np.asarray(cand_cos, np.float32)
-        return np.where(cos >= self.floor, cos, -1.0).astype(np.float32)
+        other = np.array([contradicts(query, c) for c in cands], dtype=bool)
+        return np.where((cos >= self.floor) & ~other, cos, -1.0).astype(np.float32)
 
 
 class MlpVerifier:
@@ -220,12 +229,15 @@ def build_matrix(cos: np.ndarray, lex: np.ndarray, u: np.ndarray, v: np.ndarray)
 
 
 def restated(prob: np.ndarray, query: TextInfo, cands: Sequence[TextInfo]) -> np.ndarray:
-    """Scores with every candidate that restates the query (features.restates) at 1.0."""
+    """Scores with every candidate that restates the query (features.restates) at 1.0, and
+    every one that asks its minimal opposite (features.contradicts) at 0.0."""
     same = [j for j, c in enumerate(cands) if restates(query, c)]
-    if not same:
+    other = [j for j, c in enumerate(cands) if contradicts(query, c)]
+    if not same and not other:
         return prob
     out = np.array(prob, dtype=np.float32, copy=True)
     out[same] = 1.0
+    out[other] = 0.0
     return out
 
 

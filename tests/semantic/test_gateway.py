@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -140,13 +141,15 @@ def test_a_miss_embeds_its_question_once(gw: ServerThread) -> None:
     assert embeds_so_far(gw.url) - before == 3
 
 
-def admin_post(url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(
-        f"{url}{path}",
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"},
-    )
+def admin_post(
+    url: str, path: str, body: dict[str, Any], coding: str | None = None
+) -> tuple[int, dict[str, Any]]:
+    data = json.dumps(body).encode()
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"}
+    if coding is not None:
+        headers["Content-Encoding"] = coding
+        data = gzip.compress(data) if coding == "gzip" else data
+    req = urllib.request.Request(f"{url}{path}", data=data, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, json.loads(r.read())
@@ -160,10 +163,14 @@ def test_wrong_hit_feedback_tightens_that_entry(gw: ServerThread) -> None:
     _, h = ask(c, "How can I reset my password?", temperature=0)
     assert h["x-cache"] == "semantic-hit"
     body = {"entry": h["x-cache-entry"], "score": float(h["x-cache-score"])}
-    assert admin_post(gw.url, "/admin/cache/semantic/wrong-hit", body)[0] == 200
+    # a coding the server did not decode is refused, not read as JSON; gzip is read decoded
+    status, doc = admin_post(gw.url, "/admin/cache/semantic/wrong-hit", body, "x-custom")
+    assert status == 415 and "x-custom" in doc["error"]["message"]
+    assert admin_post(gw.url, "/admin/cache/semantic/wrong-hit", body, "gzip")[0] == 200
     assert ask(c, "How can I reset my password?", temperature=0)[1]["x-cache"] == "miss"
     assert admin_post(gw.url, "/admin/cache/semantic/wrong-hit", {"entry": "nope"})[0] == 404
     assert admin_post(gw.url, "/admin/cache/semantic/wrong-hit", {"score": 1})[0] == 400
+    assert admin_post(gw.url, "/admin/cache/semantic/wrong-hit", {"entry": "\ud800"})[0] == 400
 
 
 @pytest.mark.slow

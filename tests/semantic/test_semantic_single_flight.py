@@ -34,6 +34,20 @@ def upstream_calls(upstream: ServerThread) -> int:
     return int(doc["requests"].get("/v1/chat/completions", 0))
 
 
+def paraphrase_during_flight(
+    gw: ServerThread, question: str, leader_extra: dict[str, Any] | None = None
+) -> tuple[str, Any]:
+    """Q goes upstream (with leader_extra) and, once its flight is registered, `question` is
+    asked by the same tenant: its text and headers."""
+    extra = leader_extra or {}
+    leader = threading.Thread(target=lambda: ask(client_for(gw.url), Q, temperature=0, **extra))
+    leader.start()
+    wait_for(lambda: admin_state(gw.url)["pending_flights"] == 1, "the leader in flight")
+    answer = ask(client_for(gw.url), question, temperature=0)
+    leader.join()
+    return answer
+
+
 def test_a_paraphrase_waits_for_the_miss_in_flight(
     slow_upstream: ServerThread, start_gateway: Callable[..., ServerThread]
 ) -> None:
@@ -58,11 +72,7 @@ def test_an_unrelated_question_does_not_wait(
     slow_upstream: ServerThread, start_gateway: Callable[..., ServerThread]
 ) -> None:
     gw = start_gateway(semantic_config(slow_upstream.url))
-    leader = threading.Thread(target=lambda: ask(client_for(gw.url), Q, temperature=0))
-    leader.start()
-    wait_for(lambda: admin_state(gw.url)["pending_flights"] == 1, "the leader in flight")
-    text, headers = ask(client_for(gw.url), "How do I delete my account?", temperature=0)
-    leader.join()
+    text, headers = paraphrase_during_flight(gw, "How do I delete my account?")
     assert headers["x-cache"] == "miss" and "delete my account" in text
     assert upstream_calls(slow_upstream) == 2
 
@@ -114,3 +124,30 @@ def test_a_paraphrase_does_not_get_the_leaders_error(
         assert upstream_calls(failing) == 2
     finally:
         failing.stop()
+
+
+@pytest.mark.parametrize("said", ["no-cache", "max-age=0"])
+def test_a_paraphrase_does_not_get_an_answer_the_upstream_said_not_to_keep(
+    slow_upstream: ServerThread, start_gateway: Callable[..., ServerThread], said: str
+) -> None:
+    """The leader's answer comes with Cache-Control: no-cache (or max-age=0): it is not stored,
+    so it is no semantic hit for a paraphrase waiting on it either; that one goes upstream."""
+    gw = start_gateway(semantic_config(slow_upstream.url))
+    keep_out = {"extra_headers": {"X-Test-Cache-Control": said}}
+    text, headers = paraphrase_during_flight(gw, PARA, keep_out)
+    assert headers["x-cache"] == "miss" and "can I reset" in text
+    assert upstream_calls(slow_upstream) == 2
+
+
+def test_a_paraphrase_does_not_get_an_answer_too_large_to_keep(
+    slow_upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """An answer over max_entry_bytes is not stored, so it is no semantic hit either."""
+    cfg = semantic_config(slow_upstream.url)
+    for r in cfg["routes"]:
+        if r["name"] == "chat":
+            r["cache"]["exact"]["max_entry_bytes"] = 300  # the echo's answers are larger
+    gw = start_gateway(cfg)
+    text, headers = paraphrase_during_flight(gw, PARA)
+    assert headers["x-cache"] == "miss" and "can I reset" in text
+    assert upstream_calls(slow_upstream) == 2

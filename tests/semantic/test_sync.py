@@ -83,6 +83,7 @@ async def test_redis_outage_keeps_local_lookups(embedder: Embedder, verifier: Ml
         await stage.add("ns", Q, "before", ttl=60)
         server.kill()
         await stage.add("ns", "What is the capital of France?", "during", ttl=60)
+        await sync.published()  # (publishing is off the request path)
         assert (await stage.lookup("ns", PARA, verifier)) is not None
         assert (await stage.lookup("ns", "What's the capital of France?", verifier)) is not None
         assert stage.metrics.sync.labels("publish", "error")._value.get() >= 1

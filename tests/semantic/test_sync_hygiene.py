@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 
 import pytest
+from redis.asyncio import Redis
 
 from cache.embedder import Embedder
 from cache.semantic.sync import RedisSync
@@ -55,6 +58,7 @@ async def test_outage_is_logged_once_and_counted_per_failure(
         server.kill()
         for i in range(40):
             await stage.add("ns", f"question {i}", f"k{i}", ttl=60, vector=vec)
+        await sync.published()  # (publishing is off the request path)
         await asyncio.sleep(0.5)  # the tail fails a few times too
         lines = [r.getMessage() for r in caplog.records]
         assert sum("publishing to Redis failing" in m for m in lines) == 1, lines
@@ -63,8 +67,54 @@ async def test_outage_is_logged_once_and_counted_per_failure(
         assert len(stage.entries) == 40  # kept locally
         server.start()
         await stage.add("ns", "question after", "k-after", ttl=60, vector=vec)
+        await sync.published()
         lines = [r.getMessage() for r in caplog.records]
         assert any("publishing to Redis recovered after 40 failures" in m for m in lines), lines
     finally:
         await sync.aclose()
+        server.stop()
+
+
+async def test_a_hung_redis_never_holds_an_add_and_bad_records_do_not_stop_a_rebuild(
+    embedder: Embedder,
+) -> None:
+    """A Redis that stops answering (SIGSTOP: no reset, no refusal) used to hold every semantic
+    miss for the publishing client's socket timeout; publishing is now off the request path.
+    And a record this version cannot read, left in the shared hash, is skipped at start-up
+    instead of leaving the process without a semantic cache."""
+    server = RedisServer().start()
+    settings = default_settings(server.url)
+    stage = new_stage(embedder)
+    sync = RedisSync.from_settings(stage, settings, block_ms=100)
+    await sync.start()
+    published = stage.metrics.sync.labels("publish", "ok")
+    failed = stage.metrics.sync.labels("publish", "error")
+    try:
+        vec = await stage.embed("How do I reset my password?")
+        await stage.add("ns", "How do I reset my password?", "k-ok", ttl=60, vector=vec)
+        await sync.published()
+        assert published._value.get() == 1
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        await stage.add("ns", "How do I change my email?", "k-hung", ttl=60, vector=vec)
+        # the add returned before Redis could answer either way: it did not wait on it
+        assert (published._value.get(), failed._value.get()) == (1, 0)
+        assert len(stage.entries) == 2
+        await sync.published()  # the publisher's own wait ends in its socket timeout
+        assert failed._value.get() == 1
+        os.kill(server.proc.pid, signal.SIGCONT)
+        await sync.aclose()
+
+        redis = Redis.from_url(server.url)
+        await redis.hset(sync.entries_key, "k-garbage", b"\x93\x01")  # truncated msgpack
+        readable = await redis.hlen(sync.entries_key) - 1  # (k-hung too, once Redis resumed)
+        await redis.aclose()
+        fresh = new_stage(embedder)
+        again = RedisSync.from_settings(fresh, settings, block_ms=100)
+        assert readable >= 1 and await again.rebuild() == readable
+        assert fresh.metrics.sync.labels("rebuild", "skipped")._value.get() == 1
+        await again.aclose()
+    finally:
+        if server.proc is not None:
+            os.kill(server.proc.pid, signal.SIGCONT)
         server.stop()

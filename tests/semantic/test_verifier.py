@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cache.embedder import Embedder
-from cache.semantic.features import restates, text_info
+from cache.semantic.features import contradicts, restates, text_info
 from cache.semantic.verifier import (
     COSINE_THRESHOLD,
     CosineVerifier,
@@ -24,6 +24,19 @@ SWAPS = [
     ("Who was the first president of France?", "Who was the first president of Finland?"),
     ("Does a dog chase a cat?", "Does a cat chase a dog?"),
     ("Can I take ibuprofen with alcohol?", "Can I not take ibuprofen with alcohol?"),
+]
+# Minimal opposites the learned score put over its bar (cosine 0.96-0.99; found by review):
+# refused by features.contradicts whatever the score.
+OPPOSITES = [
+    ("Is it safe to take ibuprofen with alcohol?", "Is it unsafe to take ibuprofen with alcohol?"),
+    (
+        "Is it legal to drive with headphones in California?",
+        "Is it illegal to drive with headphones in California?",
+    ),
+    ("Is it possible to undo a git commit?", "Is it impossible to undo a git commit?"),
+    ("When was the Eiffel Tower built?", "Where was the Eiffel Tower built?"),
+    ("Where was Mozart born?", "When was Mozart born?"),
+    ("Is it safe to eat raw eggs?", "Is it not safe to eat raw eggs?"),
 ]
 PARAPHRASES = [
     ("How do I reset my password?", "How can I reset my password?"),
@@ -44,10 +57,35 @@ def test_refuses_swaps_that_cosine_alone_serves(
     assert decide(verifier, embedder, asked, cached) == -1
 
 
+@pytest.mark.parametrize(("cached", "asked"), OPPOSITES)
+def test_refuses_minimal_opposites_whatever_the_score(
+    verifier: Verifier, embedder: Embedder, cached: str, asked: str
+) -> None:
+    assert contradicts(text_info(asked), text_info(cached))
+    assert decide(verifier, embedder, asked, cached) == -1
+    # verifier "off" (cosine alone) too
+    assert decide(CosineVerifier(0.9), embedder, asked, cached) == -1
+
+
+def test_a_contradiction_is_one_swap_not_any_difference() -> None:
+    same = [
+        ("What is the best way to learn Python?", "Which is the best way to learn Python?"),
+        ("What is the best time to visit India?", "When is the best time to visit India?"),
+        ("Why is the sky blue?", "How is the sky blue?"),
+        ("How do I reset my password?", "How can I reset my password?"),
+        ("Who did you call?", "Whom did you call?"),
+        ("Is it safe to eat raw eggs?", "Is it safe to eat raw eggs"),
+    ]
+    for a, b in same:
+        assert not contradicts(text_info(a), text_info(b)), (a, b)
+
+
 def test_cosine_alone_would_serve_most_swaps(embedder: Embedder) -> None:
     # The reason the verifier exists: at GPTCache's default (cosine >= 0.6) these all hit.
-    served = sum(decide(CosineVerifier(0.6), embedder, a, c) == 0 for c, a in SWAPS)
-    assert served >= len(SWAPS) - 1
+    # (minimal opposites, "Can I" / "Can I not", are refused even there: features.contradicts)
+    swaps = [(c, a) for c, a in SWAPS if not contradicts(text_info(a), text_info(c))]
+    served = sum(decide(CosineVerifier(0.6), embedder, a, c) == 0 for c, a in swaps)
+    assert len(swaps) == len(SWAPS) - 1 and served >= len(swaps) - 1
 
 
 @pytest.mark.parametrize(("cached", "asked"), PARAPHRASES)
