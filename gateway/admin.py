@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from cache import identity_from_purge
+from gateway.codings import read_body
 from gateway.errors import BadRequest, GatewayError, NotFound, Unauthorized, error_body
 from gateway.readiness import readiness
 from gateway.redact import redact
@@ -102,11 +103,13 @@ async def admin_cache_purge(request: web.Request) -> web.Response:
     if cache is None:
         raise NotFound("no cache is configured")
     try:
-        doc = json.loads(await request.read() or b"{}")
+        doc = json.loads(await read_body(request) or b"{}")
     except (ValueError, RecursionError):  # JSON, UTF-8, or an integer out of range
         raise BadRequest("the purge body must be a JSON object") from None
     if not isinstance(doc, dict) or set(doc) - {"route", "model", "tenant", "all"}:
         raise BadRequest("the purge body takes route, model, tenant or all")
+    if not utf8(doc):
+        raise BadRequest("the purge body holds a string that is not valid Unicode")
     tenant = None
     if doc.get("tenant") is not None:
         tenant = identity_from_purge(doc["tenant"])
@@ -125,6 +128,26 @@ async def admin_cache_purge(request: web.Request) -> web.Response:
         tell(signal.SIGUSR1)
         removed = {**removed, "other_workers": "memory tier dropped"}
     return _json({"purged": removed})
+
+
+def utf8(value: object) -> bool:
+    """Every string in a decoded JSON body is UTF-8-encodable (JSON's \ud800 escape decodes
+    to a lone surrogate, which hashing and Redis keys cannot take). Iterative: a body nested
+    as deep as the JSON decoder allows must not exhaust the stack here."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return True
 
 
 def register(app: web.Application) -> None:

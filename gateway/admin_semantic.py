@@ -17,18 +17,21 @@ from typing import Any
 from aiohttp import web
 
 from cache import SemanticRoute, SemanticSetup
-from gateway.admin import guarded
+from gateway.admin import guarded, utf8
+from gateway.codings import read_body
 from gateway.errors import BadRequest, NotFound
 
 
 def register(app: web.Application, semantic: SemanticSetup) -> None:
     async def wrong_hit(request: web.Request) -> web.Response:
         try:
-            doc = json.loads(await request.read())
+            doc = json.loads(await read_body(request))
         except (ValueError, RecursionError):  # JSON, UTF-8, or an integer out of range
             raise BadRequest("the body must be a JSON object") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("entry"), str):
             raise BadRequest("'entry' (the X-Cache-Entry header of the wrong hit) is required")
+        if not utf8(doc):
+            raise BadRequest("the body holds a string that is not valid Unicode")
         score = reported_score(doc.get("score"))
         if not await semantic.stage.report_wrong(doc["entry"], score):
             raise NotFound("no semantic entry with that key")

@@ -97,7 +97,10 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
         for r in routes:
             rc = cache.for_route(r.name, r.cache.exact)
             if rc is not None:
-                flows[r.name] = CacheFlow(rc, by_route.get(r.name, no_semantic), flights)
+                # a reload that turns a route's semantic cache off takes effect at once (its
+                # other semantic settings need a restart: reload.semantic_kept)
+                sr = by_route.get(r.name, no_semantic) if r.cache.semantic.enabled else no_semantic
+                flows[r.name] = CacheFlow(rc, sr, flights)
         return flows
 
     flows = Flows(build_flows(settings.routes))

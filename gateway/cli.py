@@ -10,6 +10,7 @@ import sys
 from backends import preflight
 from cache import semantic_preflight
 from gateway.config import ConfigError, ListenerSettings, Settings, load_settings
+from gateway.early_signals import remember_early
 from gateway.redact import install_redaction
 from gateway.version import version
 
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.path}: ok")
         return 0
 
+    early = remember_early()  # a reload asked for while this starts is not its end
     try:
         settings = _apply_flags(load_settings(args.config), args)
     except ConfigError as err:
@@ -128,4 +130,4 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.server import run
 
     install_redaction(settings)
-    return run(settings, workers=args.workers, config_path=args.config)
+    return run(settings, workers=args.workers, config_path=args.config, early=early)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from aiohttp import compression_utils
+from aiohttp import compression_utils, web
 
-from gateway.errors import UnsupportedMediaType
+from gateway.errors import GatewayError, NotImplementedCoding, UnsupportedMediaType
 
 DECODED = (
     ("gzip", "deflate")
@@ -25,8 +25,25 @@ DECODED = (
 _PLAIN = frozenset({"", "identity"})
 
 
-def coding_error(headers: Mapping[str, str]) -> UnsupportedMediaType | None:
-    """The 415 for a request body in a coding the server did not decode, or None."""
+def coding_error(headers: Mapping[str, str]) -> GatewayError | None:
+    """The 415 for a request body in a coding the server did not decode, the 501 for a transfer
+    coding besides chunked (aiohttp reads "gzip, chunked" as chunked and passes the body on
+    still compressed, its label gone with the hop-by-hop header), or None."""
+    if "Transfer-Encoding" in headers:
+        getall = getattr(headers, "getall", None)
+        lines = (
+            getall("Transfer-Encoding") if getall is not None else [headers["Transfer-Encoding"]]
+        )
+        extra = [
+            c
+            for c in (c.strip(" \t").lower() for v in lines for c in v.split(","))
+            if c not in ("chunked", "")
+        ]
+        if extra:
+            return NotImplementedCoding(
+                f"request Transfer-Encoding {', '.join(extra)!r} is not supported: send the "
+                "body chunked or with a Content-Length (a Content-Encoding may compress it)"
+            )
     raw = headers.get("Content-Encoding")
     if raw is None:
         return None
@@ -45,3 +62,12 @@ def coding_error(headers: Mapping[str, str]) -> UnsupportedMediaType | None:
         f"plain or in one of {', '.join(DECODED)}",
         headers={"Accept-Encoding": ", ".join(DECODED)},
     )
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The body of a request the gateway reads itself (admin calls): as aiohttp decoded it, or
+    the 415 for a coding it did not (a gzip body is not JSON, and must not be read as if it
+    were)."""
+    if request.body_exists and (refused := coding_error(request.headers)) is not None:
+        raise refused
+    return await request.read()

@@ -44,6 +44,14 @@ def turned_away() -> web.Response:
 def unless_draining(state: AppState, handler: Handler) -> Handler:
     async def guarded(request: web.Request) -> web.StreamResponse:
         if state.draining:
+            # counted like any answer, under the route it would have taken: a rollout's 503s
+            # belong in the dashboard's error ratio
+            candidates, _ = state.pipeline.router.resolve(request.method, request.path)
+            # (routes told apart by model: which one is in the body, not read here)
+            route = candidates[0] if len(candidates) == 1 else None
+            state.metrics.observe_request(
+                route.name if route else "-", route.backend if route else "-", 503, 0.0
+            )
             return turned_away()
         return await handler(request)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from cache import CallerGone
+
 
 class GatewayError(Exception):
     status = 500
@@ -48,6 +50,13 @@ class UnsupportedMediaType(GatewayError):
     error_type = "unsupported_media_type"
 
 
+class NotImplementedCoding(GatewayError):
+    """A request transfer coding the server does not implement (RFC 9112 6.1: 501)."""
+
+    status = 501
+    error_type = "not_implemented"
+
+
 class Unauthorized(GatewayError):
     status = 401
     error_type = "unauthorized"
@@ -68,7 +77,7 @@ class GatewayTimeout(GatewayError):
     error_type = "upstream_timeout"
 
 
-class ClientClosed(GatewayError):
+class ClientClosed(GatewayError, CallerGone):
     """The client hung up before its answer (nginx's 499): the access log says so; nobody reads
     the body."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -19,6 +20,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 
 from backends import Backend, BackendSettings
+from cache import SECRET_ENV, SemanticSetup
 from gateway.admin import guarded
 from gateway.config import ConfigError, Settings, load_settings
 from gateway.routing import Router
@@ -128,11 +130,14 @@ class Reloader:
     async def _swap(self, new: Settings, current: Runtime) -> ReloadResult:
         old = self.state.settings
         kept_settings = {
-            k: getattr(old, k) for k in _START_ONLY if getattr(old, k) != getattr(new, k)
+            k: getattr(old, k)
+            for k in _START_ONLY
+            if _effective(k, getattr(old, k)) != _effective(k, getattr(new, k))
         }
         if old.admin.listener != new.admin.listener:
             kept_settings["admin"] = new.admin.model_copy(update={"listener": old.admin.listener})
         merged = new.model_copy(update=kept_settings)
+        merged, semantic_restart = semantic_kept(merged, self.state.semantic)
         reused = {
             name: current.backends[name]
             for name, spec in new.backends.items()
@@ -175,6 +180,7 @@ class Reloader:
         restart = sorted(k for k in kept_settings if k != "admin")
         if "admin" in kept_settings:
             restart.append("admin.listener")
+        restart += semantic_restart
         log.info(
             "config reloaded: generation %d (%d backends replaced, %d kept)%s",
             runtime.generation,
@@ -227,6 +233,37 @@ class Reloader:
 
 
 RELOADER: web.AppKey[Reloader] = web.AppKey("latentgate_reloader", Reloader)
+
+
+def _effective(section: str, value: Any) -> Any:
+    """A start-only section as it takes effect: the cache's tenant secret is the one the
+    process hashes with, the configured one or else the one it generated into the environment
+    at start (`${LATENTGATE_TENANT_SECRET:-}` in a file reads empty at start, and that one at
+    a reload: the same secret, no restart)."""
+    if section == "cache" and not value.tenant_secret:
+        return value.model_copy(update={"tenant_secret": os.environ.get(SECRET_ENV) or None})
+    return value
+
+
+def semantic_kept(new: Settings, semantic: SemanticSetup | None) -> tuple[Settings, list[str]]:
+    """A route's semantic stage is built at start-up (its verifier, bar, budget): a reload
+    applies only turning it off. A route whose new semantic policy is on but differs from the
+    running one keeps the running one (or stays without one), named in restart_required, so
+    that /admin/config shows what serves."""
+    running = semantic.routes if semantic is not None else {}
+    restart, routes = [], []
+    for r in new.routes:
+        want = r.cache.semantic
+        have = running.get(r.name)
+        # (without the exact cache a route has no semantic stage, at start-up or after one)
+        if want.enabled and r.cache.exact.enabled and (have is None or have.policy != want):
+            restart.append(f"routes.{r.name}.cache.semantic")
+            kept = have.policy if have is not None else want.model_copy(update={"enabled": False})
+            r = r.model_copy(update={"cache": r.cache.model_copy(update={"semantic": kept})})
+        routes.append(r)
+    if not restart:
+        return new, []
+    return new.model_copy(update={"routes": routes}), restart
 
 
 async def admin_reload(request: web.Request) -> web.Response:

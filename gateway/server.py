@@ -19,6 +19,7 @@ from gateway.app import build_app
 from gateway.config import Settings
 from gateway.connections import ConnectionGuard, GuardedAppRunner
 from gateway.dispatch import model_traffic_handler
+from gateway.early_signals import remember_early
 from gateway.grpc import GRPC
 from gateway.listeners import bind_unix, make_sites
 from gateway.middleware.listener_roles import ROLES
@@ -42,7 +43,10 @@ async def serve(
     unix_socks: dict[str, socket.socket] | None = None,
     reuse_port: bool = False,
     config_path: str | None = None,
+    early: list[int] | None = None,
 ) -> None:
+    """early: SIGHUP / SIGUSR1 that arrived before this process could act on them (see
+    `run`); acted on once the handlers below are in place."""
     app = build_app(settings, config_path)
     state = app[STATE]
     grpc_listeners = app.get(GRPC)
@@ -87,6 +91,12 @@ async def serve(
         state.tell_workers = lambda sig: os.kill(parent, sig)
         # (always handled: SIGUSR1's default action would end the worker)
         loop.add_signal_handler(signal.SIGUSR1, _drop_memory, state.cache)
+    # (read after the handlers are in: a signal now goes to them, one before is in the list)
+    for signum in sorted(set(early or ())):
+        if signum == signal.SIGHUP:
+            app[RELOADER].schedule("SIGHUP during start-up")
+        elif signum == signal.SIGUSR1 and reuse_port:
+            _drop_memory(state.cache)
     await stop.wait()
     log.info(
         "draining: /readyz says 503 and new requests get 503 (listeners stay open); waiting up "
@@ -149,14 +159,24 @@ def _tune_gc() -> None:
     gc.set_threshold(max(gen0, 14_000), gen1, gen2)
 
 
-def run(settings: Settings, workers: int = 1, config_path: str | None = None) -> int:
+def run(
+    settings: Settings,
+    workers: int = 1,
+    config_path: str | None = None,
+    early: list[int] | None = None,
+) -> int:
+    """early: the list gateway.early_signals filled since the command started (None: remember
+    from here on)."""
     # Before any fork: every worker must hash tenants with the same secret, or a worker could
     # neither read its siblings' entries in Redis nor purge them.
     share_generated_secret(settings.cache.tenant_secret, os.environ)
+    # (acted on once the handlers are in: serve's `early`, the parent's forward below)
+    if early is None:
+        early = remember_early()
     if workers <= 1:
         try:
             with asyncio.Runner(loop_factory=_new_loop) as runner:
-                runner.run(serve(settings, config_path=config_path))
+                runner.run(serve(settings, config_path=config_path, early=early))
         except CannotListen as exc:
             log.error("%s", exc)
             return 2
@@ -172,7 +192,13 @@ def run(settings: Settings, workers: int = 1, config_path: str | None = None) ->
             try:
                 with asyncio.Runner(loop_factory=_new_loop) as runner:
                     runner.run(
-                        serve(settings, unix_socks, reuse_port=True, config_path=config_path)
+                        serve(
+                            settings,
+                            unix_socks,
+                            reuse_port=True,
+                            config_path=config_path,
+                            early=early,
+                        )
                     )
             except CannotListen as exc:
                 log.error("%s", exc)
@@ -193,6 +219,9 @@ def run(settings: Settings, workers: int = 1, config_path: str | None = None) ->
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, forward)  # each worker reloads its own copy
     signal.signal(signal.SIGUSR1, forward)  # a purge one worker took: the others drop memory
+    for signum in sorted(set(early)):  # what came while the workers were being forked
+        forward(signum, None)
+    early.clear()
     failed = 0
     for ended in range(1, len(children) + 1):  # as they end: a death is said when it happens
         pid, status = os.wait()

@@ -100,6 +100,16 @@ async def test_sigterm_drains_in_flight_requests_and_streams(
             assert r.status == 503 and r.headers["Retry-After"] == "1"
             assert r.headers["Connection"].lower() == "close"
             assert (await r.json())["error"]["type"] == "unavailable"
+        # ... and counted: a rollout's 503s show in the error ratio, under the route
+        async with aiohttp.ClientSession() as fresh, fresh.get(gw.url + "/metrics") as r:
+            metrics = await r.text()
+        turned = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("latentgate_requests_total{") and 'status="503"' in line
+        ]
+        assert len(turned) == 1 and 'route="chat"' in turned[0], turned
+        assert float(turned[0].rsplit(" ", 1)[1]) == 1.0
 
         (code, answer), events = await asyncio.gather(slow_task, stream_task)
     writer.close()

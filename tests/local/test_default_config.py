@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -242,3 +242,88 @@ async def test_work_for_a_client_that_hung_up_is_dropped(default_gateway: Server
     done = _items_embedded(url) - before
     # what was already in a running batch is finished; the rest of the queue is not
     assert done < 2048, done
+
+
+async def test_a_leader_that_hangs_up_hands_its_flight_to_a_waiter(
+    default_gateway: ServerThread,
+) -> None:
+    """Two clients ask for the same 2,048 embeddings (one flight); the first gives up. The
+    second, still connected, gets its answer: a waiter takes the flight over (it used to get
+    the first client's 499)."""
+    import aiohttp
+
+    url = default_gateway.url
+    texts = [f"a shared request, text number {i}" for i in range(2048)]
+    body = {"model": "all-MiniLM-L6-v2", "input": texts}
+    async with aiohttp.ClientSession() as s:
+
+        async def leader() -> None:
+            quick = aiohttp.ClientTimeout(total=0.4)
+            with contextlib.suppress(TimeoutError):
+                async with s.post(url + "/v1/embeddings", json=body, timeout=quick) as r:
+                    await r.read()
+
+        async def waiter() -> tuple[int, object]:
+            await asyncio.sleep(0.1)  # the leader's flight is open
+            async with s.post(url + "/v1/embeddings", json=body) as r:
+                return r.status, await r.json()
+
+        _, (status, doc) = await asyncio.gather(leader(), waiter())
+    assert status == 200, doc
+    assert isinstance(doc, dict) and len(doc["data"]) == 2048
+
+
+def test_request_metrics_name_the_route_the_model_chose(default_gateway: ServerThread) -> None:
+    """/v1/embeddings for another model goes upstream on `openai-embeddings` (here a dead
+    upstream: a 502): the request is counted there, not on `local-embeddings` before it."""
+    import urllib.request
+
+    def count(route: str, status: str) -> float:
+        with urllib.request.urlopen(default_gateway.url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("latentgate_requests_total{")
+            and f'route="{route}"' in line
+            and f'status="{status}"' in line
+        )
+
+    before = count("openai-embeddings", "502"), count("local-embeddings", "502")
+    status, _ = http(
+        "POST",
+        default_gateway.url + "/v1/embeddings",
+        {"model": "text-embedding-3-small", "input": "counted where it went"},
+    )
+    assert status == 502
+    after = count("openai-embeddings", "502"), count("local-embeddings", "502")
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 0)
+
+
+async def test_a_model_no_route_takes_is_counted_on_no_route(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """Two routes on one path told apart by model, and a third model: the 404 is nobody's (it
+    was counted on the first route and its backend)."""
+    import aiohttp
+
+    from tests.conftest import base_config
+
+    cfg = base_config(upstream.url)
+    chat = next(r for r in cfg["routes"] if r["name"] == "chat")
+    a = {**chat, "name": "chat-a", "match": {**chat["match"], "model": "model-a"}}
+    b = {**chat, "name": "chat-b", "match": {**chat["match"], "model": "model-b"}}
+    cfg["routes"] = [a, b]
+    gw = start_gateway(cfg)
+    body = {"model": "model-zzz", "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(gw.url + "/v1/chat/completions", json=body) as r:
+            assert r.status == 404
+        async with s.get(gw.url + "/metrics") as r:
+            text = await r.text()
+    lines = [
+        ln
+        for ln in text.splitlines()
+        if ln.startswith("latentgate_requests_total{") and 'status="404"' in ln
+    ]
+    assert len(lines) == 1 and 'route="-"' in lines[0] and 'backend="-"' in lines[0], lines

@@ -4,6 +4,7 @@ through the real gateway to the real test upstream."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ import pytest
 
 from gateway.app import build_app
 from gateway.config import Settings
-from tests.integration.cache.conftest import ADMIN_TOKEN, cache_config
+from tests.integration.cache.conftest import ADMIN_TOKEN, anthropic_route, cache_config
 from tests.support.servers import ServerThread
 from tests.support.upstream import build_upstream
 
@@ -23,7 +24,9 @@ CHAT = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":
 @pytest.fixture(scope="module")
 def gw() -> Iterator[ServerThread]:
     up = ServerThread(build_upstream).start()
-    settings = Settings.model_validate(cache_config(up.url))
+    cfg = cache_config(up.url)
+    cfg["routes"].insert(0, anthropic_route())
+    settings = Settings.model_validate(cfg)
     server = ServerThread(lambda: build_app(settings)).start()
     yield server
     server.stop()
@@ -72,6 +75,86 @@ def test_a_five_thousand_digit_integer_is_a_400(gw: ServerThread) -> None:
         body=b'{"route": %s}' % huge,
     )
     assert_json_error(status, doc, 400)
+
+
+@pytest.mark.parametrize("depth", [200, 600, 900, 1100])
+def test_deeply_nested_bodies_are_a_400_on_every_cached_protocol(
+    gw: ServerThread, depth: int
+) -> None:
+    """Depths the JSON decoder takes (to ~990) but a walk over the body (the cache key's) may
+    not: a JSON 400 saying so, or served when shallow enough, never a 500."""
+    deep = b"[" * depth + b"]" * depth
+    bodies = {
+        b"/v1/chat/completions": b'{"model":"m","temperature":0,"messages":[{"role":"user",'
+        b'"content":"hi"}],"metadata":%s}' % deep,
+        b"/v1/messages": b'{"model":"m","max_tokens":5,"temperature":0,"messages":[{"role":'
+        b'"user","content":"hi"}],"tools":%s}' % deep,
+        b"/v2/models/m/infer": b'{"inputs":[{"name":"x","datatype":"INT64","shape":[1],'
+        b'"data":[1]}],"parameters":{"p":%s}}' % deep,
+    }
+    for target, body in bodies.items():
+        status, _, doc = send(gw, target, body=body)
+        if status != 200:
+            assert_json_error(status, doc, 400)
+            err = doc["error"]  # v2 says it as a string, OpenAI and Anthropic in an object
+            assert "nested too deeply" in (err if isinstance(err, str) else err["message"]), doc
+        else:
+            assert isinstance(doc, dict) and depth < 1000, (target, depth)  # answered
+
+
+def test_a_lone_surrogate_in_an_admin_body_is_a_400(gw: ServerThread) -> None:
+    auth = b"Authorization: Bearer %s\r\n" % ADMIN_TOKEN.encode()
+    for body in (
+        b'{"tenant": "\\ud800"}',
+        b'{"route": "r\\udfff"}',
+        b'{"tenant": {"Authorization": "\\ud800"}}',
+    ):
+        status, _, doc = send(gw, b"/admin/cache/purge", headers=auth, body=body)
+        assert_json_error(status, doc, 400)
+        assert "Unicode" in doc["error"]["message"], body
+    # and a body nested as deep as the JSON decoder takes is a 400 too, not a 500
+    deep = b'{"route": %s}' % (b"[" * 900 + b"]" * 900)
+    status, _, doc = send(gw, b"/admin/cache/purge", headers=auth, body=deep)
+    assert_json_error(status, doc, 400)
+
+
+@pytest.mark.parametrize("path", [b"/any/echo", b"/v1/chat/completions"])
+def test_a_transfer_coding_besides_chunked_is_a_501(gw: ServerThread, path: bytes) -> None:
+    """aiohttp reads "gzip, chunked" as chunked and would pass the body on still compressed
+    under no label at all (Transfer-Encoding is hop-by-hop): refused as RFC 9112 6.1 says."""
+    packed = gzip.compress(CHAT)
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(packed), packed)
+    for coding, expected in ((b"gzip, chunked", 501), (b"chunked", None)):
+        status, _, doc = _send_chunked(gw, path, coding, chunked if expected else _chunk(CHAT))
+        if expected is None:
+            assert status == 200, doc
+        else:
+            assert_json_error(status, doc, expected)
+            assert "gzip" in doc["error"]["message"]
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data)
+
+
+def _send_chunked(gw: ServerThread, path: bytes, coding: bytes, body: bytes) -> Any:
+    head = (
+        b"POST %s HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: %s\r\n\r\n" % (path, coding)
+    )
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=20) as s:
+        s.sendall(head + body)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head_b, _, payload = data.partition(b"\r\n\r\n")
+    status = int(head_b.split(b" ")[1])
+    if b"transfer-encoding: chunked" in head_b.lower():
+        payload = payload.split(b"\r\n", 1)[1].rsplit(b"\r\n0\r\n", 1)[0]
+    try:
+        return status, {}, json.loads(payload)
+    except ValueError:
+        return status, {}, payload
 
 
 def test_non_utf8_headers_are_a_400_and_a_401_on_admin(gw: ServerThread) -> None:

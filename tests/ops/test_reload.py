@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -21,7 +23,7 @@ from gateway.config import load_settings
 from gateway.state import STATE
 from tests.conftest import base_config
 from tests.ops.conftest import ADMIN_TOKEN, http, http_json
-from tests.support.servers import GatewayProcess, ServerThread
+from tests.support.servers import ROOT, GatewayProcess, ServerThread, wait_port
 from tests.support.upstream import build_upstream
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -277,6 +279,39 @@ def test_sighup_reaches_every_worker(
     assert gw.stop() == 0
 
 
+def test_a_sighup_while_the_workers_start_is_a_reload_not_their_end(
+    upstream: ServerThread, second_upstream: ServerThread
+) -> None:
+    """`systemctl reload` right after a start: a SIGHUP that reaches the workers before their
+    handlers are in used to end them (its default action); it is remembered and becomes the
+    reload it asked for once they are."""
+    cfg = _two_backend_config(upstream.url, second_upstream.url, "upstream")
+    gw = GatewayProcess(cfg, workers=2)
+    moved = yaml.safe_load(Path(gw.config_path).read_text())
+    for route in moved["routes"]:
+        if route["name"] == "chat":
+            route["backend"] = "second"
+    Path(gw.config_path).write_text(yaml.safe_dump(moved))
+    gw._log = open(gw.log_path, "wb")  # noqa: SIM115 - closed by stop()
+    gw.proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--config", gw.config_path, "--workers", "2"],
+        cwd=ROOT,
+        env=gw.env,
+        stdout=gw._log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while "started 2 workers" not in gw.log() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gw.proc.send_signal(signal.SIGHUP)  # the workers are still building their apps
+        wait_port("127.0.0.1", gw.port, 60)
+        _wait_until_every_worker_answers_from_second(gw)
+        assert "killed by signal" not in gw.log(), gw.log()
+    finally:
+        assert gw.stop() == 0, gw.log()
+
+
 def test_reload_swaps_a_routes_cache_policy(
     upstream: ServerThread, in_process: Callable[..., InProcess]
 ) -> None:
@@ -370,3 +405,39 @@ def _chat_cache(cfg: dict[str, Any], policy: dict[str, Any]) -> None:
     for route in cfg["routes"]:
         if route["name"] == "chat":
             route["cache"] = policy
+
+
+def test_a_route_that_cannot_have_a_semantic_stage_is_no_restart_to_report() -> None:
+    """semantic on but the exact cache off: the stage skips the route at start-up (it needs
+    the exact cache), so an unchanged reload has nothing to restart and shows the file as is."""
+    from gateway.config import Settings
+    from gateway.reload import semantic_kept
+
+    cfg = base_config("http://127.0.0.1:9")
+    _chat_cache(cfg, {"exact": {"enabled": False}, "semantic": {"enabled": True}})
+    settings = Settings.model_validate(cfg)
+    kept, restart = semantic_kept(settings, None)
+    assert restart == [] and kept is settings
+
+
+def test_the_generated_tenant_secret_read_back_at_a_reload_is_no_restart(
+    upstream: ServerThread,
+    in_process: Callable[..., InProcess],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The default config says `tenant_secret: ${LATENTGATE_TENANT_SECRET:-}`: empty at start,
+    so the server generates one into the environment, and a reload reads that one back. The
+    same secret: no restart to report (every unchanged reload of `make run` said "restart needed
+    for cache"). Another secret is one."""
+    generated = "ab" * 32
+    monkeypatch.setenv("LATENTGATE_TENANT_SECRET", generated)
+    cfg = base_config(upstream.url, admin={"token": ADMIN_TOKEN})
+    gw = in_process(cfg)  # started without a configured secret
+    cfg["cache"] = {**cfg.get("cache", {}), "tenant_secret": generated}
+    gw.write(cfg)
+    status, doc = gw.reload()
+    assert status == 200 and doc["restart_required"] == [], doc
+    cfg["cache"]["tenant_secret"] = "cd" * 32
+    gw.write(cfg)
+    status, doc = gw.reload()
+    assert status == 200 and doc["restart_required"] == ["cache"], doc

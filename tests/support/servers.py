@@ -257,6 +257,14 @@ class GatewayProcess:
         )
         try:
             wait_port("127.0.0.1", self.port, 60)
+            # with --workers N the port answers once the first worker listens; tests that
+            # spread connections over the workers need every one of them
+            deadline = time.monotonic() + 60
+            main = f"listening on http://127.0.0.1:{self.port} ("
+            while self.log().count(main) < self.workers:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise TimeoutError
+                time.sleep(0.05)
         except TimeoutError:
             self.stop()
             raise RuntimeError("gateway did not start:\n" + self.log()) from None
