@@ -132,7 +132,7 @@ class Claim:
     async def release(self) -> None:
         redis, token = self._redis, self._token
         self._redis = self._token = None
-        if redis is not None and token is not None:
+        if redis is not None and token:
             await redis.release_lease(self._key, token)
 
 

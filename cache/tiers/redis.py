@@ -204,15 +204,23 @@ class RedisTier:
             pass
 
     async def acquire_lease(self, key: str, ttl_ms: int) -> str | None:
-        """A token when this process now holds the lease; None if another does, or on error."""
+        """None only when Redis said another process holds the lease; otherwise a token, and
+        this process computes ('' when nothing was sent, the breaker being open: nothing to
+        release).
+
+        A SET NX that failed or timed out may still land once Redis catches up (the command
+        went out), under this token: taking that for "another holds it" left the process
+        waiting the lease's ttl for a peer that did not exist. The caller's release deletes the
+        lease only if it carries this token, so one that never landed costs nothing.
+        """
         if not self.breaker.allow():
-            return None
+            return ""
         token = secrets.token_hex(8)
         try:
             async with self._guard("lease"):
                 got = await self.client.set(self.lock_prefix + key, token, nx=True, px=ttl_ms)
         except TierError:
-            return None
+            return token
         return token if got else None
 
     async def lease_held(self, key: str) -> bool:
@@ -224,14 +232,24 @@ class RedisTier:
         except TierError:
             return False
 
-    async def release_lease(self, key: str, token: str) -> None:
-        if not self.breaker.allow():
+    async def release_lease(self, key: str, token: str, retry: bool = True) -> None:
+        """Compare-and-delete: only a lease that carries this token goes. One that could not be
+        released now (Redis slow or down) is tried once more in the background, so that other
+        sidecars are not left to wait out its ttl."""
+        if not token:
             return
         try:
+            if not self.breaker.allow():
+                raise TierError("redis is marked down (breaker open)")
             async with self._guard("lease"):
                 await self._release(keys=[self.lock_prefix + key], args=[token])
         except TierError:
-            pass
+            if retry:
+                self._spawn(self._release_later(key, token))
+
+    async def _release_later(self, key: str, token: str) -> None:
+        await asyncio.sleep(max(self.settings.breaker.open_s, self._op * 10))
+        await self.release_lease(key, token, retry=False)
 
     async def purge(self, selector: Selector) -> int:
         """SCAN the selector's pattern and UNLINK in batches; raises TierError if Redis fails."""

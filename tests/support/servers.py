@@ -183,6 +183,9 @@ class RedisServer:
                 self.dir,
                 "--protected-mode",
                 "no",
+                # the fault tests stall the server with DEBUG SLEEP (refused by default since 7.0)
+                "--enable-debug-command",
+                "local",
                 *self.extra,
             ],
             stdout=subprocess.DEVNULL,

@@ -7,6 +7,7 @@ import logging
 import time
 
 import pytest
+from redis.asyncio import Redis
 
 from cache.codec import CacheEntry
 from cache.errors import TierError
@@ -207,7 +208,7 @@ async def test_a_client_library_fault_is_an_outage_not_an_exception(
     tier.client.set = torn_down  # type: ignore[method-assign]
     tier.client.exists = torn_down  # type: ignore[method-assign]
     try:
-        assert await tier.acquire_lease("k.other", 1000) is None
+        assert await tier.acquire_lease("k.other", 1000) is not None  # unknown: it computes
         assert await tier.lease_held("k.other") is False
         await tier.put("k.entry", entry)  # no exception: the store is skipped and counted
         assert metrics.redis_errors.labels("lease", "AttributeError")._value.get() == 2
@@ -245,3 +246,58 @@ async def test_an_absent_key_is_none_when_checked(
     found = await layered.lookup("a.b.c.2", checked=True)
     assert found is not None and found[1] == "redis"
     await l2.aclose()
+
+
+async def test_a_lease_asked_while_redis_stalls_is_this_processs_not_a_stranger(
+    redis_server: RedisServer, metrics: CacheMetrics
+) -> None:
+    """A SET NX that times out can still land once Redis catches up (the command was sent). CI
+    saw it under load: the gateway took the timeout for "another process holds the lease" and
+    then waited the lease's 10 s for a peer that did not exist, while its own SET held the key.
+    Now the process that could not tell computes, and its release deletes the lease if it did
+    land (compare-and-delete on its own token), so no sidecar waits on it."""
+    tier = RedisTier(redis_settings(redis_server.url), metrics)
+    sleeper = Redis.from_url(redis_server.url)  # no socket timeout: it sleeps the server
+    try:
+        assert await tier.lease_held("k.warm") is False  # the pool has a connection
+        stall = asyncio.ensure_future(sleeper.execute_command("DEBUG", "SLEEP", "0.5"))
+        await asyncio.sleep(0.05)
+        token = await tier.acquire_lease("k.stalled", 10_000)
+        assert token is not None  # unknown is not "held by another": this process computes
+        await stall
+        lock = tier.lock_prefix + "k.stalled"
+        assert await sleeper.get(lock) == token.encode()  # the timed-out SET landed
+        await tier.release_lease("k.stalled", token)
+        assert await sleeper.exists(lock) == 0
+        # and a definite answer still says so: the lease is another's, no token
+        other = await tier.acquire_lease("k.held", 10_000)
+        assert other is not None and await tier.acquire_lease("k.held", 10_000) is None
+    finally:
+        await tier.aclose()
+        await sleeper.aclose()
+
+
+async def test_a_lease_that_could_not_be_released_is_released_once_redis_answers(
+    redis_server: RedisServer, metrics: CacheMetrics
+) -> None:
+    """A release skipped while the breaker was open (Redis flapping) left the lease for its
+    whole ttl: every other sidecar asking that key waited it out. It is tried again later."""
+    tier = RedisTier(
+        redis_settings(redis_server.url, breaker={"failures": 1, "open_s": 0.3}), metrics
+    )
+    probe = Redis.from_url(redis_server.url)
+    try:
+        token = await tier.acquire_lease("k.flap", 10_000)
+        assert token
+        lock = tier.lock_prefix + "k.flap"
+        tier.breaker.failure()  # an outage opened it while the answer was computed
+        await tier.release_lease("k.flap", token)
+        assert await probe.exists(lock) == 1  # not sent
+        for _ in range(60):
+            if await probe.exists(lock) == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert await probe.exists(lock) == 0
+    finally:
+        await tier.aclose()
+        await probe.aclose()
