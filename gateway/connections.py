@@ -12,11 +12,15 @@ import ipaddress
 import json
 import logging
 from collections import Counter as Tally
+from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
 from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import StreamResponse
 from aiohttp.web_server import Server
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -25,17 +29,18 @@ from gateway.config import LimitSettings
 log = logging.getLogger("latentgate.connections")
 
 
+def _error_json(status: int, reason: str, message: str) -> bytes:
+    error = {
+        "message": message,
+        "type": reason.lower().replace(" ", "_"),
+        "param": None,
+        "code": status,
+    }
+    return json.dumps({"error": error}).encode()
+
+
 def _response(status: int, reason: str, message: str) -> bytes:
-    body = json.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": reason.lower().replace(" ", "_"),
-                "param": None,
-                "code": status,
-            }
-        }
-    ).encode()
+    body = _error_json(status, reason, message)
     head = (
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
@@ -72,6 +77,38 @@ class ConnectionGuard:
             self.refused.labels(reason)
 
 
+class JsonErrorHandler(RequestHandler):
+    """aiohttp answers a request it could not parse (its request line, a header, the chunked
+    framing) or a handler that raised, itself, in text/plain; a client of this gateway gets the
+    JSON error body every other error has, whatever stage refused it."""
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> StreamResponse:
+        plain = super().handle_error(request, status, exc, message)  # logs; raises if sent
+        try:
+            reason = HTTPStatus(status).phrase
+        except ValueError:
+            reason = "Error"
+        # the parser's message is its first line ("Invalid header token:"), then the bytes
+        said = (message or "").split("\n", 1)[0].strip().rstrip(":")
+        if isinstance(exc, LineTooLong):  # its message quotes the line back
+            said = "a request line or header field is too long"
+        text = said if status < 500 and said else reason
+        resp = web.Response(
+            status=status,
+            body=_error_json(status, reason, text),
+            content_type="application/json",
+            headers={k: v for k, v in plain.headers.items() if k.lower() == "retry-after"},
+        )
+        resp.force_close()
+        return resp
+
+
 class GuardedServer(Server):
     """aiohttp's connection manager plus the guard's accounting for each connection."""
 
@@ -81,6 +118,9 @@ class GuardedServer(Server):
         self._per_client: Tally[str] = Tally()
         self._client_of: dict[RequestHandler, str | None] = {}
         self._deadlines: dict[RequestHandler, asyncio.TimerHandle] = {}
+
+    def __call__(self) -> RequestHandler:
+        return JsonErrorHandler(self, loop=self._loop, **self._kwargs)
 
     def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
         super().connection_made(handler, transport)
