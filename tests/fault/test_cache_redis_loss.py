@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Callable
 
@@ -73,8 +74,10 @@ async def test_redis_killed_under_load_no_failed_requests(
             ) as r:
                 stats = await r.json()
         assert "latentgate_cache_redis_errors_total" in text
-        assert "latentgate_cache_redis_breaker_state 1.0" in text
-        assert stats["tiers"]["redis"]["breaker"] == "open"
+        # open, or half-open when open_s has passed since and a request may probe: either way
+        # Redis is not used (a slow machine reaches this line after open_s)
+        assert re.search(r"^latentgate_cache_redis_breaker_state [12]\.0$", text, re.M), text
+        assert stats["tiers"]["redis"]["breaker"] in ("open", "half-open")
         assert "error" in stats["tiers"]["redis"]
         # Redis comes back: the breaker probes it and closes; L2 is used again
         redis.start()
