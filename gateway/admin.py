@@ -35,7 +35,11 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = request.app[STATE].metrics.render()
+    state = request.app[STATE]
+    if state.worker_metrics is not None:  # --workers N: every worker's series
+        body = await state.worker_metrics.render()
+    else:
+        body = state.metrics.render()
     return web.Response(
         body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
     )

@@ -7,9 +7,11 @@ import contextlib
 import gc
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 
 from aiohttp import web
 
@@ -25,6 +27,7 @@ from gateway.listeners import bind_unix, make_sites
 from gateway.middleware.listener_roles import ROLES
 from gateway.reload import RELOADER
 from gateway.state import STATE
+from gateway.worker_metrics import WorkerMetrics, Workers
 
 log = logging.getLogger("latentgate.server")
 
@@ -44,11 +47,16 @@ async def serve(
     reuse_port: bool = False,
     config_path: str | None = None,
     early: list[int] | None = None,
+    workers: Workers | None = None,
 ) -> None:
     """early: SIGHUP / SIGUSR1 that arrived before this process could act on them (see
-    `run`); acted on once the handlers below are in place."""
+    `run`); acted on once the handlers below are in place. workers: this one's place among
+    --workers N (None: a single process)."""
     app = build_app(settings, config_path)
     state = app[STATE]
+    if workers is not None:
+        state.worker_metrics = WorkerMetrics(workers, state.metrics.render)
+        await state.worker_metrics.start()
     grpc_listeners = app.get(GRPC)
     if grpc_listeners is not None:
         grpc_listeners.reuse_port = reuse_port
@@ -121,6 +129,8 @@ async def serve(
     for site in sites:
         await site.stop()
     await runner.cleanup()
+    if state.worker_metrics is not None:
+        await state.worker_metrics.close()
     for lst in [*settings.listeners, settings.admin.listener]:
         if lst is not None and lst.unix is not None:
             with contextlib.suppress(FileNotFoundError):
@@ -185,7 +195,9 @@ def run(
     every = [*settings.listeners, settings.admin.listener]
     unix_socks = {lst.unix: bind_unix(lst.unix) for lst in every if lst is not None and lst.unix}
     children: list[int] = []
-    for _ in range(workers):
+    # each worker's own /metrics socket, for its siblings (private: mkdtemp makes it 0700)
+    sockets = tempfile.mkdtemp(prefix="latentgate-workers-")
+    for index in range(workers):
         pid = os.fork()
         if pid == 0:
             code = 0
@@ -198,6 +210,7 @@ def run(
                             reuse_port=True,
                             config_path=config_path,
                             early=early,
+                            workers=Workers(index, workers, sockets),
                         )
                     )
             except CannotListen as exc:
@@ -230,6 +243,7 @@ def run(
             failed += 1
             how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
             log.error("worker %d ended (%s); %d still serving", pid, how, len(children) - ended)
+    shutil.rmtree(sockets, ignore_errors=True)
     sys.stdout.flush()
     # non-zero when any worker did not end cleanly: a supervisor's Restart=on-failure acts
     return 1 if failed else 0

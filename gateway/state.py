@@ -12,6 +12,7 @@ from cache import Cache, SemanticSetup
 from gateway.config import Settings
 from gateway.metrics import Metrics
 from gateway.pipeline import Pipeline
+from gateway.worker_metrics import WorkerMetrics
 
 
 @dataclass
@@ -26,6 +27,8 @@ class AppState:
     # With --workers N: signals every worker (through the parent, which forwards it), so that an
     # admin call one worker took reaches the others. None in a single process.
     tell_workers: Callable[[int], None] | None = None
+    # With --workers N: /metrics gathers every worker's series (gateway/worker_metrics.py).
+    worker_metrics: WorkerMetrics | None = None
 
 
 STATE: web.AppKey[AppState] = web.AppKey("latentgate_state", AppState)

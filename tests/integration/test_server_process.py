@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import base_config
 from tests.support.servers import GatewayProcess, ServerThread
@@ -139,6 +140,18 @@ async def test_two_workers_share_one_port(
         for _ in range(20):
             async with s.post(gw.url + "/v1/chat/completions", json=CHAT) as r:
                 assert r.status == 200
+        # a scrape lands on either worker and holds both: every series labelled by its worker,
+        # their sum the gateway's count (one worker's alone used to jump from scrape to scrape)
+        for _ in range(4):
+            async with s.get(gw.url + "/metrics") as r:
+                families = {f.name: f for f in text_string_to_metric_families(await r.text())}
+            served = [
+                x for x in families["latentgate_requests"].samples if x.name.endswith("_total")
+            ]
+            assert {x.labels["worker"] for x in served} == {"0", "1"}
+            assert sum(x.value for x in served) == 20
+            workers = {x.labels["state"]: x.value for x in families["latentgate_workers"].samples}
+            assert workers == {"answered": 2, "missing": 0}
     rc = await asyncio.to_thread(gw.stop, signal.SIGTERM, 20)
     assert rc == 0, gw.log()
     assert not any(_is_running(pid) for pid in children)
