@@ -281,7 +281,7 @@ class CacheFlow:
         if why and 200 <= up.status < 300:
             self.rc.not_stored(why)
         storable = ask.directives.store and ttl > 0
-        shareable = response_shareable(up.status, up.headers)
+        shareable = response_shareable(up.status, up.headers, self.rc.vary_ok)
         kept = kept_headers(up.headers)
         reason = "" if ask.directives.lookup else "no-cache"
         if up.body is not None or up.stream is None:

@@ -131,12 +131,31 @@ def response_storable(status: int, headers: Iterable[tuple[str, str]]) -> bool:
     return True
 
 
-def response_shareable(status: int, headers: Iterable[tuple[str, str]]) -> bool:
+def response_shareable(
+    status: int, headers: Iterable[tuple[str, str]], keyed: Collection[str] = ()
+) -> bool:
     """May waiters of a single flight receive this answer? Errors yes; private answers no; nor
-    a 206 or a 304, which answer one request's Range or precondition."""
+    a 206 or a 304, which answer one request's Range or precondition; nor an answer that Varies
+    on a request header the key does not hold (`keyed`, lower case): a waiter that sent another
+    value of it would get an answer chosen for someone else's header."""
+    headers = list(headers)
+    if varies_unkeyed(headers, keyed):
+        return False
     if 200 <= status < 300 or status == 304:
         return response_storable(status, headers)
     return not any(k.lower() == "set-cookie" for k, _ in headers)
+
+
+def varies_unkeyed(headers: Iterable[tuple[str, str]], keyed: Collection[str]) -> bool:
+    """Does the answer name, in Vary, a request header the key does not hold? Accept-Encoding
+    does not count: cached routes ask the upstream for identity."""
+    for k, v in headers:
+        if k.lower() == "vary":
+            for name in v.split(","):
+                name = name.strip().lower()
+                if name and name != "accept-encoding" and name not in keyed:
+                    return True
+    return False
 
 
 def _freshness(headers: Iterable[tuple[str, str]], now: float) -> float | None:
@@ -224,11 +243,8 @@ def storable_ttl(
             return 0.0, "cache-control"
         if lk == "content-encoding" and v.strip().lower() not in ("", "identity"):
             return 0.0, "content-encoding"
-        if lk == "vary":
-            for name in v.split(","):
-                name = name.strip().lower()
-                if name and name != "accept-encoding" and name not in keyed:
-                    return 0.0, "vary"
+    if varies_unkeyed(headers, keyed):
+        return 0.0, "vary"
     fresh = _freshness(headers, time.time() if now is None else now)
     if fresh is not None and fresh < 1.0:
         return 0.0, "stale"

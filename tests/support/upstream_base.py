@@ -51,4 +51,8 @@ def extra_headers(request: web.Request) -> dict[str, str]:
         h["Cache-Control"] = v
     if v := request.headers.get("X-Test-Age"):
         h["Age"] = v
+    if v := request.headers.get("X-Test-Vary"):
+        # the answer depends on that request header: Vary names it, X-Varied-Value shows it
+        h["Vary"] = v
+        h["X-Varied-Value"] = request.headers.get(v, "")
     return h

@@ -62,3 +62,23 @@ async def test_a_waiter_never_gets_another_clients_304(
     plain = await _get(gw.url)
     assert plain[:3] == (200, "miss", DOCUMENT)
     assert (await conditional)[0] == 304
+
+
+async def test_a_waiter_never_gets_an_answer_chosen_for_another_clients_header(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """The replica's answer Varies on Accept-Language, which the key does not hold: it is
+    neither stored nor handed to a waiter of the same flight that asked in another language."""
+    gw = start_gateway(cache_config(upstream.url, tiers=["memory"]))
+
+    async def ask(lang: str, delay: str) -> tuple[str, str]:
+        headers = {"Accept-Language": lang, "X-Test-Vary": "Accept-Language", "X-Test-Delay": delay}
+        async with aiohttp.ClientSession() as s, s.get(gw.url + DOC, headers=headers) as r:
+            await r.read()
+            return r.headers.get("X-Varied-Value", ""), r.headers.get("X-Cache", "")
+
+    german = asyncio.create_task(ask("de", "0.5"))
+    await asyncio.sleep(0.1)  # the German request is with the replica
+    assert (await ask("fr", "0"))[0] == "fr"
+    assert (await german)[0] == "de"
+    assert await ask("fr", "0") == ("fr", "miss")  # and nothing was stored
