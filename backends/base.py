@@ -38,6 +38,9 @@ class UpstreamResponse:
     body: bytes | None = None
     stream: AsyncIterator[bytes] | None = None
     replica: str = ""
+    # when a streamed body must have ended (time.monotonic(); the route's total): a client
+    # that stops reading cannot hold the replica's stream past it
+    deadline: float | None = None
     _release: list[object] = field(default_factory=list)
 
     async def read(self) -> bytes:

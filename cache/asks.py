@@ -6,6 +6,7 @@ are what the flow answers; `Clock` and `Answers` are what the flow asks of the e
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -79,6 +80,16 @@ class Ask:
     # stored questions that contest a paraphrase in flight (None: the lookup did not finish,
     # so no flight is joined)
     semantic_rivals: int | None = None
+    # when the client's answer is due (time.monotonic(); None: no bound but the waits' own):
+    # waits for another request's answer end by then
+    deadline: float | None = None
+
+    def wait_s(self, most: float) -> float:
+        """How long this request may wait for another's answer: `most`, or less when its
+        deadline is nearer (never below 0)."""
+        if self.deadline is None:
+            return most
+        return max(0.0, min(most, self.deadline - time.monotonic()))
 
 
 @dataclass(slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ from cache.errors import TierError
 from cache.keys import CacheKey, KeyBuilder, Selector
 from cache.metrics import CacheMetrics
 from cache.policy import DEFAULT, RequestDirectives
+from cache.purge_fanout import PurgeFanout
 from cache.settings import CacheSettings, ExactPolicy
 from cache.singleflight import SingleFlight
 from cache.tenant import TenantHasher, credential_headers, resolve_secret
@@ -39,6 +41,16 @@ class Cache:
         self.memory = MemoryTier(settings.memory.max_bytes, self.metrics)
         redis = settings.redis
         self.redis = RedisTier(redis, self.metrics) if redis is not None and redis.url else None
+        # other sidecars on this Redis drop what a purge here removes from their memory tier
+        self.fanout = (
+            PurgeFanout.from_settings(
+                redis,
+                self.memory.purge,
+                lambda kind: self.metrics.redis_errors.labels("purge_fanout", kind).inc(),
+            )
+            if redis is not None and self.redis is not None
+            else None
+        )
         self.flights: SingleFlight[Any] = SingleFlight(self.metrics)
         self.counts = {"lookups": 0, "memory": 0, "redis": 0, "misses": 0, "bypasses": 0}
         self.routes: dict[str, RouteCache] = {}
@@ -56,6 +68,8 @@ class Cache:
         return rc
 
     async def open(self) -> None:
+        if self.fanout is not None:
+            self.fanout.start()
         if self.redis is not None:
             log.info("exact cache: memory (%d bytes) + redis", self.memory.max_bytes)
         else:
@@ -64,6 +78,8 @@ class Cache:
             )
 
     async def aclose(self) -> None:
+        if self.fanout is not None:
+            await self.fanout.aclose()
         await self.memory.aclose()
         if self.redis is not None:
             await self.redis.aclose()
@@ -81,6 +97,8 @@ class Cache:
                 out["redis"] = await self.redis.purge(selector)
             except TierError as exc:
                 out["redis"] = {"error": str(exc)}
+        if self.fanout is not None:
+            out["other_processes"] = await self.fanout.announce(selector)
         return out
 
     async def stats(self) -> dict[str, object]:
@@ -265,14 +283,17 @@ class RouteCache:
             return None, False
         return found[0], False
 
-    async def claim(self, key: CacheKey, directives: RequestDirectives = DEFAULT) -> Claim:
+    async def claim(
+        self, key: CacheKey, directives: RequestDirectives = DEFAULT, wait_s: float = math.inf
+    ) -> Claim:
         """Cross-process single flight through Redis, best effort.
 
         The claim's `peer` is the entry another process stored while this one waited for its
         lease, when it answers this request (its max-age and min-fresh; for no-cache, an entry
         stored after the wait began, not the one that was there before); otherwise this process
         computes, holding the lease (when Redis could grant one) until `release()`, which the
-        caller owes once its answer is stored.
+        caller owes once its answer is stored. A peer is waited for at most `wait_s` (what is
+        left of the request's deadline).
         """
         redis = self.cache.redis
         lease = redis.settings.lease if redis is not None else None
@@ -281,7 +302,7 @@ class RouteCache:
         token = await redis.acquire_lease(key.value, lease.ttl_ms)
         if token is None:
             peer = await self._await_peer(
-                redis, key, directives, lease.ttl_ms / 1000, lease.poll_ms / 1000
+                redis, key, directives, min(wait_s, lease.ttl_ms / 1000), lease.poll_ms / 1000
             )
             if peer is not None:
                 if self.tiers.l1 is not None:

@@ -161,7 +161,7 @@ class CacheFlow:
                 and isinstance(sr, SemanticRoute)
                 and rivals is not None
             ):
-                wait_s = self.rc.policy.coalesce_wait_s
+                wait_s = ask.wait_s(self.rc.policy.coalesce_wait_s)
                 joined = await flow_hooks.join_flight(
                     sr,
                     self.flights,
@@ -234,7 +234,9 @@ class CacheFlow:
                     with flow_hooks.announced(self.semantic, ask.call, ask.key, vector):
                         return await self._lead(ask, compute, x_cache, vector, lead)
                 try:
-                    shared = await self.flights.wait(ask.key.value, self.rc.policy.coalesce_wait_s)
+                    shared = await self.flights.wait(
+                        ask.key.value, ask.wait_s(self.rc.policy.coalesce_wait_s)
+                    )
                 except LeaderGone:
                     continue
                 except TimeoutError:
@@ -260,7 +262,7 @@ class CacheFlow:
                 if entry is not None and ask.answers.serves(entry):
                     _settle(lead, entry)
                     return Hit(entry, "hit")
-            claim = await self.rc.claim(ask.key, ask.directives)
+            claim = await self.rc.claim(ask.key, ask.directives, ask.wait_s(float("inf")))
             if claim.peer is not None and ask.answers.serves(claim.peer):
                 _settle(lead, claim.peer)
                 return Hit(claim.peer, x_cache)

@@ -43,6 +43,7 @@ from gateway import hit_lane, responses
 from gateway.client_left import unless_client_left
 from gateway.codings import coding_error
 from gateway.config import LimitSettings
+from gateway.deadline import route_budget_s, within
 from gateway.errors import (
     BadGateway,
     BadRequest,
@@ -271,6 +272,7 @@ class Pipeline:
         upstream_request: Callable[[], UpstreamRequest],
         alias: AliasKey | None,
     ) -> web.StreamResponse:
+        arrived = time.monotonic() - (time.perf_counter() - timing.start)
         headers = request.headers
         directives = request_directives(
             field(headers, "Cache-Control"),
@@ -302,6 +304,7 @@ class Pipeline:
         v2 = call.protocol == "v2"
         if alias is not None and not v2:  # (None: the fast path never looks, e.g. by model)
             flow.aliases.remember(alias, key, framing)
+        budget = route_budget_s(route, self.backends[route.backend])
         ask = Ask(
             key=key,
             directives=directives,
@@ -310,9 +313,13 @@ class Pipeline:
             answers=framing,
             clock=timing,
             compute_stage=stage,
+            deadline=arrived + budget if budget is not None else None,
+        )
+        compute = within(
+            ask.deadline, budget, upstream_request, lambda req: self._send(route, req, request)
         )
         try:
-            result = await flow.run(ask, lambda: self._send(route, upstream_request(), request))
+            result = await flow.run(ask, compute)
         except UpstreamError as exc:  # the leader's stream broke: its waiters get a 502 too
             raise BadGateway(f"upstream {route.backend} failed: {exc}") from None
         except NotCached as exc:

@@ -10,7 +10,9 @@ ends the write quietly, while a recording still reads on for the flight's waiter
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 
@@ -133,19 +135,23 @@ async def upstream(
     chunks: AsyncIterator[bytes] = recording.chunks() if recording is not None else up.stream
     client_ok = True
     try:
-        await resp.prepare(request)
-        async for chunk in chunks:
+        # The route's total bounds the whole exchange: a client that stops reading (its
+        # writes block) does not hold the replica's stream, pool connection and in-flight
+        # slot past it.
+        async with asyncio.timeout(None if up.deadline is None else up.deadline - time.monotonic()):
+            await resp.prepare(request)
+            async for chunk in chunks:
+                if client_ok:
+                    try:
+                        await resp.write(chunk)
+                    except ConnectionError:
+                        client_ok = False
+                if not client_ok and (recording is None or not recording.wanted):
+                    break  # nobody left to serve and nothing to store
             if client_ok:
-                try:
-                    await resp.write(chunk)
-                except ConnectionError:
-                    client_ok = False
-            if not client_ok and (recording is None or not recording.wanted):
-                break  # nobody left to serve and nothing to store
-        if client_ok:
-            await resp.write_eof()
-    except UpstreamError as exc:
-        log.warning("upstream stream broke mid-way: %s", exc)
+                await resp.write_eof()
+    except (UpstreamError, TimeoutError) as exc:
+        log.warning("upstream stream cut mid-way: %s", str(exc) or "past the route's total timeout")
         on_cut()
         if request.transport is not None:
             request.transport.close()

@@ -39,7 +39,9 @@ class Breaker:
         msg = f"backend {self._name} is over {limit} ({detail})"
         return Overloaded(msg, self._settings.retry_after_s)
 
-    async def acquire(self) -> None:
+    async def acquire(self, timeout_s: float | None = None) -> None:
+        """Take an in-flight slot, queueing (at most `timeout_s`: TimeoutError) when all are
+        taken; Overloaded when the queue is full too."""
         s = self._settings
         if self._connections() >= s.max_connections:
             raise self._reject("max_connections", str(s.max_connections))
@@ -53,11 +55,12 @@ class Breaker:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
         try:
-            await fut  # release() hands its slot over: in_flight already counts us
+            async with asyncio.timeout(timeout_s):
+                await fut  # release() hands its slot over: in_flight already counts us
         except BaseException:
             if fut.done() and not fut.cancelled():
                 self.release()  # we were handed a slot but will not use it
-            else:
+            elif fut in self._waiters:  # (a release() may have dropped it, cancelled, already)
                 self._waiters.remove(fut)
             raise
 

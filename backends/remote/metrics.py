@@ -49,7 +49,8 @@ class RemoteMetrics:
         )
         self.breaker_rejections = Counter(
             "latentgate_upstream_breaker_rejections",
-            "Fast 503s from the circuit breaker, by limit",
+            "Requests the circuit breaker refused, by limit (a fast 503; queue_deadline: a 504 for "
+            "one queued for a slot past its deadline)",
             ["backend", "limit"],
             registry=r,
         )

@@ -151,19 +151,28 @@ class Pool:
     # send --------------------------------------------------------------------------------------
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
         policy = request.policy or _DEFAULT_POLICY
-        await self.breaker.acquire()
+        total = policy.timeouts.total or self.settings.timeouts.total
+        if request.deadline_s is not None:
+            total = min(total, request.deadline_s)
+        # the deadline counts from here: time queued for an in-flight slot is part of it
+        deadline = time.monotonic() + total
+        try:
+            await self.breaker.acquire(timeout_s=total)
+        except TimeoutError:
+            self.metrics.breaker_rejections.labels(self.name, "queue_deadline").inc()
+            raise UpstreamTimeout(
+                f"no in-flight slot on {self.name} within the {total:g}s deadline"
+            ) from None
         self.budget.request_started()
         on_end = [self.breaker.release, self.budget.request_finished]
         handed_off = False
         try:
-            total = policy.timeouts.total or self.settings.timeouts.total
-            if request.deadline_s is not None:
-                total = min(total, request.deadline_s)
             start = time.monotonic()
-            resp = await self._send_hedged(request, policy, start + total)
+            resp = await self._send_hedged(request, policy, deadline)
             self.latencies.add(time.monotonic() - start)
             if resp.stream is not None:
                 resp.stream = _TrackedBody(resp.stream, on_end)
+                resp.deadline = deadline
                 handed_off = True
             return resp
         finally:

@@ -238,6 +238,40 @@ async def test_breaker_answers_fast_503_with_retry_after(
     assert await metric(gw.url, "latentgate_upstream_breaker_rejections_total") == 3
 
 
+async def test_requests_queued_for_a_slot_keep_their_deadline(
+    replicas: Replicas, start_gateway: StartGateway
+) -> None:
+    """A request waiting behind max_in_flight spends its route's total there: it gets its 504
+    when the deadline passes, and the replica never gets work its client has given up on."""
+    rep = replicas.start(("--delay", "5"))[0]
+
+    def route(name: str, path: str, total: float) -> dict[str, Any]:
+        return {
+            "name": name,
+            "match": {"path": path, "methods": ["POST"]},
+            "protocol": "openai",
+            "backend": "pool",
+            "upstream": {"timeouts": {"total": total}, "retries": {"max": 0}},
+        }
+
+    # the slots are held by calls with a longer deadline than the queued ones have
+    routes = [route("long", "/v1/chat/completions", 4), route("short", "/v1/completions", 1)]
+    gw = start_gateway(
+        pool_config([rep.url], routes, breaker={"max_in_flight": 2, "max_pending": 100})
+    )
+    holders = asyncio.create_task(load(gw.url, 2, 2))
+    for _ in range(100):
+        if (await rep.stats())["requests"].get("/v1/chat/completions", 0) == 2:
+            break
+        await asyncio.sleep(0.05)
+    queued = await load(gw.url, 4, 4, path="/v1/completions", body={"model": "m", "prompt": "x"})
+    assert queued.statuses == [504] * 4
+    assert (await rep.stats())["requests"].get("/v1/completions", 0) == 0
+    limit = "queue_deadline"
+    assert await metric(gw.url, "latentgate_upstream_breaker_rejections_total", limit=limit) == 4
+    assert (await holders).statuses == [504, 504]
+
+
 async def test_health_checks_and_deadline_header(
     replicas: Replicas, start_gateway: StartGateway
 ) -> None:

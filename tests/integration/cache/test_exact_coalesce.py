@@ -6,7 +6,9 @@ In one process (200 requests) and across two gateway processes sharing a Redis l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
 from collections.abc import Callable
 
 import aiohttp
@@ -128,6 +130,42 @@ async def test_a_peer_process_lease_never_hands_back_an_answer_the_request_refus
                 _, age = await ask(b, refusal)
                 await leader
                 assert age <= 1, (refusal, age)  # a's fresh answer, not the 2 s old one
+    finally:
+        a.stop()
+        b.stop()
+
+
+@pytest.mark.slow
+async def test_a_wait_for_another_processs_lease_ends_at_the_requests_deadline(
+    upstream: ServerThread, redis_server: RedisServer
+) -> None:
+    """The process holding the lease dies with it: a request waiting on that lease in another
+    process gets its 504 at its route's total, not after the lease's 10 s, and sends no call
+    upstream past its deadline."""
+    cfg = cache_config(upstream.url, redis_server.url)
+    cfg["cache"]["redis"]["timeouts"] = {"op": 1.0, "connect": 2.0}
+    for r in cfg["routes"]:
+        r["upstream"] = {"timeouts": {"total": 1.5}, "retries": {"max": 0}}
+    a, b = GatewayProcess(cfg).start(), GatewayProcess(cfg).start()
+    slow = {"X-Test-Delay": "5"}
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+
+            async def ask(gw: GatewayProcess) -> int:
+                async with s.post(gw.url + "/v1/chat/completions", json=BODY, headers=slow) as r:
+                    await r.read()
+                    return r.status
+
+            leader = asyncio.create_task(ask(a))
+            for _ in range(100):
+                if await _calls(upstream) == 1:
+                    break
+                await asyncio.sleep(0.05)
+            a.stop(signal.SIGKILL)  # its lease stays in Redis for the lease's ttl
+            with contextlib.suppress(aiohttp.ClientError):
+                await leader
+            assert await ask(b) == 504
+        assert await _calls(upstream) == 1
     finally:
         a.stop()
         b.stop()

@@ -226,6 +226,25 @@ async def test_breaker_queues_up_to_max_pending_then_rejects() -> None:
     assert rejected[-1] == "max_connections"
 
 
+async def test_a_queued_acquire_gives_up_at_its_timeout_and_leaves_the_queue_sound() -> None:
+    b = Breaker("b", BreakerSettings(max_in_flight=1, max_pending=10), lambda: 0, lambda _: None)
+    await b.acquire()
+    with pytest.raises(TimeoutError):
+        await b.acquire(timeout_s=0.01)
+    assert b.pending == 0 and b.in_flight == 1
+    # a waiter cancelled as the slot is released (the release passes over it): no error, and
+    # the next waiter gets the slot
+    first = asyncio.create_task(b.acquire(timeout_s=5))
+    second = asyncio.create_task(b.acquire(timeout_s=5))
+    await asyncio.sleep(0)
+    first.cancel()
+    b.release()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await second
+    assert b.in_flight == 1 and b.pending == 0
+
+
 # hedging ---------------------------------------------------------------------------------------
 def _resp(status: int, replica: str) -> UpstreamResponse:
     return UpstreamResponse(status, "", [], body=b"", replica=replica)

@@ -1,0 +1,140 @@
+"""A purge on one sidecar reaches the memory tier of every sidecar sharing its Redis.
+
+The purging process deletes the Redis keys itself; what the others still hold is their own
+memory tier, which keeps serving an entry until its TTL unless they are told. Each purge's
+selector (route, model and tenant hashes, never a credential) is appended to a Redis Stream,
+`{<prefix>}purge`, that every process tails, as the semantic index sync does. A stream, not
+pub/sub: a reader that lost its connection resumes from the last purge it applied, so a purge
+made during a blip still arrives, and streams work the same on a standalone Redis, Sentinel
+and Cluster (one key, one slot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from redis.asyncio import RedisCluster
+
+from cache.keys import Selector
+from cache.outage import OutageLog
+from cache.redis_client import REDIS_ERRORS, AnyRedis, connect
+from cache.settings import RedisSettings
+
+log = logging.getLogger("latentgate.cache.purge")
+
+# Purges are rare admin calls: a short history covers any reader's reconnect.
+_STREAM_MAXLEN = 1000
+_FIELDS = (b"r", b"m", b"t")
+
+
+class PurgeFanout:
+    """Announces this process's purges and applies the other processes' to `apply`."""
+
+    def __init__(
+        self,
+        redis: AnyRedis,
+        apply: Callable[[Selector], Awaitable[object]],
+        prefix: str = "lg:",
+        block_ms: int = 500,
+        on_error: Callable[[str], None] = lambda _kind: None,
+    ) -> None:
+        """on_error(kind) counts each failed Redis call (the cache's redis_errors counter)."""
+        self.redis = redis
+        self.on_error = on_error
+        self.apply = apply
+        self.stream_key = f"{{{prefix}}}purge"
+        self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.block_ms = block_ms
+        self.last_id: str | None = None  # None: not read yet (start after the newest purge)
+        self.applied = 0
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        hint = 'latentgate_cache_redis_errors_total{op="purge_fanout"}'
+        self._tail_log = OutageLog(log, "purge fan-out: the stream tail", hint)
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: RedisSettings,
+        apply: Callable[[Selector], Awaitable[object]],
+        on_error: Callable[[str], None],
+    ) -> PurgeFanout:
+        t = settings.timeouts
+        # the tail blocks in XREAD for block_ms: its socket timeout is above that
+        client = connect(settings, socket_timeout=0.5 + 1.0 + t.connect, max_connections=2)
+        return cls(client, apply, settings.key_prefix, on_error=on_error)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._tail(), name="purge-fanout")
+
+    async def aclose(self) -> None:
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.redis.aclose()
+
+    async def announce(self, selector: Selector) -> str:
+        """Tell the other processes; what the admin answer says about it."""
+        fields: dict[Any, Any] = {
+            b"o": self.origin,
+            b"r": selector.route_h or "",
+            b"m": selector.model_h or "",
+            b"t": selector.tenant_h or "",
+        }
+        try:
+            await self.redis.xadd(self.stream_key, fields, maxlen=_STREAM_MAXLEN, approximate=True)
+        except REDIS_ERRORS as exc:
+            self.on_error(type(exc).__name__)
+            log.warning("purge fan-out: could not announce a purge (%s)", exc)
+            return f"not announced: {exc}"
+        return "announced"
+
+    async def _tail(self) -> None:
+        backoff = 0.1
+        while not self._closing:
+            try:
+                if isinstance(self.redis, RedisCluster):
+                    await self.redis.initialize()  # a no-op unless a failure closed it
+                if self.last_id is None:
+                    newest: Any = await self.redis.xrevrange(self.stream_key, count=1)
+                    self.last_id = newest[0][0].decode() if newest else "0-0"
+                resp: Any = await self.redis.xread(
+                    {self.stream_key: self.last_id}, block=self.block_ms, count=100
+                )
+                backoff = 0.1
+                self._tail_log.ok()
+                for _stream, items in resp or []:
+                    for ident, fields in items:
+                        self.last_id = ident.decode()
+                        await self._apply(fields)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis and client-library faults: retried, never fatal
+                task = asyncio.current_task()
+                if self._closing or (task is not None and task.cancelling()):
+                    raise asyncio.CancelledError from exc
+                self.on_error(type(exc).__name__)
+                self._tail_log.failed(f"{exc}; retrying with backoff up to 5 s")
+                if isinstance(self.redis, RedisCluster):
+                    with contextlib.suppress(*REDIS_ERRORS):
+                        await self.redis.aclose()  # re-reads the slot map on initialize()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _apply(self, fields: dict[bytes, bytes]) -> None:
+        if fields.get(b"o", b"").decode() == self.origin:
+            return
+        route_h, model_h, tenant_h = (fields.get(f, b"").decode() or None for f in _FIELDS)
+        try:
+            await self.apply(Selector(route_h, model_h, tenant_h))
+            self.applied += 1
+        except Exception:  # one bad record does not stop the tail
+            log.exception("purge fan-out: applying a purge failed")
