@@ -25,17 +25,27 @@ class AliasMap:
     __slots__ = ("_bytes", "_map")
 
     def __init__(self) -> None:
-        self._map: dict[AliasKey, tuple[CacheKey, Answers]] = {}
+        # alias -> (key, framing, pin): pin is the created_at of the one entry the alias may
+        # serve as stored (None: any entry under the key)
+        self._map: dict[AliasKey, tuple[CacheKey, Answers, float | None]] = {}
         self._bytes = 0
 
-    def get(self, alias: AliasKey) -> tuple[CacheKey, Answers] | None:
+    def get(self, alias: AliasKey) -> tuple[CacheKey, Answers, float | None] | None:
         return self._map.get(alias)
 
-    def remember(self, alias: AliasKey, key: CacheKey, framing: Answers) -> None:
+    def remember(
+        self, alias: AliasKey, key: CacheKey, framing: Answers, pin: float | None = None
+    ) -> None:
+        """pin: for answers that echo something of the request the key leaves out (a v2 `id`),
+        the entry known to carry this request's value; a refill under the same key (after a
+        purge or the TTL, by a request with another id) is then not served by the alias."""
         body = alias[-1]
-        if len(body) > MAX_BODY or alias in self._map:
+        if len(body) > MAX_BODY:
             return
-        self._map[alias] = (key, framing)
+        if alias in self._map:
+            self._map[alias] = (key, framing, pin)  # (a re-pin after a refill)
+            return
+        self._map[alias] = (key, framing, pin)
         self._bytes += len(body) + _OVERHEAD
         while self._bytes > _MAX_BYTES:
             old = next(iter(self._map))

@@ -87,10 +87,12 @@ class CacheFlow:
         known = self.aliases.get(alias)
         if known is None:
             return None
-        key, framing = known
+        key, framing, pin = known
         entry = self.rc.lookup_l1(key, _DEFAULT)
         if entry is None or not framing.serves(entry):
             return None
+        if pin is not None and entry.created_at != pin:
+            return None  # refilled since: it may echo another request's id
         return entry, framing
 
     async def bypass(

@@ -299,8 +299,8 @@ class Pipeline:
         else:
             key = flow.key(call.model, call.key_fields, headers)
         # A v2 answer echoes its request's id, which the key leaves out: these bytes may take
-        # the alias lane (which serves the entry as stored) only once the entry is known to
-        # carry this request's id (below).
+        # the alias lane (which serves the entry as stored) only for an entry known to carry
+        # this request's id (below, pinned to that entry).
         v2 = call.protocol == "v2"
         if alias is not None and not v2:  # (None: the fast path never looks, e.g. by model)
             flow.aliases.remember(alias, key, framing)
@@ -330,11 +330,10 @@ class Pipeline:
                 if v2
                 else None
             )
-            if v2 and own is None and alias is not None:  # the entry already says this id
-                flow.aliases.remember(alias, key, framing)
+            if v2 and own is None and alias is not None:
+                # this entry says this id: the alias serves it, and no later refill of the key
+                flow.aliases.remember(alias, key, framing, pin=result.entry.created_at)
             return responses.cached(request, result, framing, timing, own)
-        if v2 and alias is not None and result.x_cache == "miss":
-            flow.aliases.remember(alias, key, framing)  # what it stores carries this id
         return await responses.fresh(request, result, timing, self._count_cut)
 
     def _count_cut(self) -> None:

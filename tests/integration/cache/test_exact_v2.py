@@ -135,3 +135,37 @@ def test_another_tenant_is_not_served_a_v2_entry_by_its_id_or_alias(
     assert [post("alice") for _ in range(3)] == [("miss", "r"), ("hit", "r"), ("hit", "r")]
     assert post("bob") == ("miss", "r")
     assert upstream.call(_stats(upstream.url))["requests"]["/v2/models/double/infer"] == 2
+
+
+def test_an_entry_refilled_under_another_id_still_echoes_each_callers_id(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """After a purge (or the TTL) a request with another id stores the entry again: the bytes of
+    an id-"a" request, which the alias lane had learned, must not get that entry's id "b"."""
+    cfg = cache_config(upstream.url)
+    gw = start_gateway(cfg)
+    arr = np.arange(4, dtype=np.float32)
+
+    def infer(rid: str) -> str:
+        client = _client(gw.url)
+        try:
+            inp = httpclient.InferInput("INPUT0", [4], "FP32")
+            inp.set_data_from_numpy(arr, binary_data=False)
+            out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)
+            res = client.infer("double", [inp], outputs=[out], request_id=rid)
+            return str(res.get_response().get("id"))
+        finally:
+            client.close()
+
+    assert [infer("a"), infer("a"), infer("a")] == ["a", "a", "a"]  # the alias lane knows "a"
+    purge = urllib.request.Request(
+        gw.url + "/admin/cache/purge",
+        data=b'{"all": true}',
+        method="POST",
+        headers={"Authorization": f"Bearer {cfg['admin']['token']}"},
+    )
+    with urllib.request.urlopen(purge) as r:
+        assert json.loads(r.read())["purged"]["memory"] == 1
+    assert [infer("b"), infer("b")] == ["b", "b"]  # refilled under id "b"
+    assert [infer("a"), infer("a")] == ["a", "a"]
+    assert upstream.call(_stats(upstream.url))["requests"]["/v2/models/double/infer"] == 2
