@@ -53,6 +53,12 @@ def unless_draining(state: AppState, handler: Handler) -> Handler:
                 route.name if route else "-", route.backend if route else "-", 503, 0.0
             )
             return turned_away()
-        return await handler(request)
+        resp = await handler(request)
+        if state.draining:
+            # an answer finished during the drain closes its connection (a response not yet
+            # sent says so in Connection: close): the client's next request goes to a fresh
+            # connection, which the load balancer sends elsewhere, not to a 503 here
+            resp.force_close()
+        return resp
 
     return guarded

@@ -65,6 +65,8 @@ async def test_sigterm_drains_in_flight_requests_and_streams(
             async with s.post(
                 gw.url + "/v1/chat/completions", json=CHAT, headers={"X-Test-Delay": "1.5"}
             ) as r:
+                # finished during the drain: its keep-alive connection is not reused
+                assert r.headers.get("Connection", "").lower() == "close"
                 return r.status, await r.json()
 
         async def stream() -> list[bytes]:
