@@ -71,15 +71,19 @@ CONDITIONAL_HEADERS = (
 
 
 def request_directives(
-    cache_control: str | None, pragma: str | None = None, conditional: bool = False
+    cache_control: str | None,
+    pragma: str | None = None,
+    conditional: bool = False,
+    head: bool = False,
 ) -> RequestDirectives:
     """no-cache: skip the lookup but store; no-store: skip both; max-age=N: bound the hit's age;
     min-fresh=N: the hit must stay fresh N seconds more; only-if-cached: a hit or nothing.
-    conditional (a Range or a precondition header): neither looked up nor stored, nor joined
-    to another request's flight."""
-    if conditional:
+    conditional (a Range or a precondition header) and head (a HEAD request, whose answer has
+    no body to store): neither looked up nor stored, nor joined to another request's flight."""
+    if conditional or head:
         only = "only-if-cached" in _directives(cache_control)
-        return RequestDirectives(False, False, only_if_cached=only, reason="conditional")
+        reason = "conditional" if conditional else "head"
+        return RequestDirectives(False, False, only_if_cached=only, reason=reason)
     if not cache_control and not pragma:
         return DEFAULT
     d = _directives(cache_control)

@@ -278,6 +278,7 @@ class Pipeline:
             field(headers, "Cache-Control"),
             field(headers, "Pragma"),
             any(h in headers for h in CONDITIONAL_HEADERS),
+            head=request.method == "HEAD",
         )
         stage = self.backends[route.backend].timing_stage
         # sampled and no-store calls never touch the cache: no key, no alias
