@@ -212,7 +212,20 @@ class Reloader:
             # Also on shutdown (cancelled): replaced backends are closed exactly once, here.
             for backend in backends:
                 await backend.aclose()
+            self._drop_gone_series(backends)
             log.info("generation %d retired; %d old backends closed", old.generation, len(backends))
+
+    def _drop_gone_series(self, retired: list[Backend]) -> None:
+        """Per-replica gauges of replicas that no live backend serves are removed."""
+        live: set[tuple[str, str]] = set()
+        for b in self.state.backends.values():
+            series = getattr(b, "replica_series", None)
+            if series is not None:
+                live |= series()
+        for b in retired:
+            series, drop = getattr(b, "replica_series", None), getattr(b, "drop_series", None)
+            if series is not None and drop is not None:
+                drop(series() - live)
 
     def schedule(self, why: str) -> None:
         """Start a reload from a signal handler; the outcome goes to the log."""

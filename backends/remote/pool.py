@@ -148,6 +148,18 @@ class Pool:
         for tr in self.transports:
             await tr.aclose()
 
+    def replica_series(self) -> set[tuple[str, str]]:
+        """(backend, replica) of every per-replica gauge this pool set."""
+        return {(self.name, r.url) for r in self.replicas}
+
+    def drop_series(self, gone: set[tuple[str, str]]) -> None:
+        """Remove the gauges of replicas no pool serves any more (a reload dropped them): a
+        replica that is gone must not show as healthy. Counters stay: they are history."""
+        for labels in gone & self.replica_series():
+            for gauge in (self.metrics.healthy, self.metrics.ejected):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*labels)
+
     # send --------------------------------------------------------------------------------------
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
         policy = request.policy or _DEFAULT_POLICY

@@ -120,6 +120,17 @@ def test_admin_reload_swaps_the_routes_backend(
     status, body = gw.reload()
     assert status == 200 and body["backends_replaced"] == ["second"]
     assert _chat_upstream(gw.server.url) == "up"
+    # once the old pool retires, the replica it dropped no longer shows as a healthy replica
+    gone = (
+        f'latentgate_upstream_replica_healthy{{backend="second",replica="{second_upstream.url}"}}'
+    )
+    now = f'latentgate_upstream_replica_healthy{{backend="second",replica="{upstream.url}"}}'
+    for _ in range(100):
+        metrics = http("GET", gw.server.url + "/metrics")[2].decode()
+        if gone not in metrics:
+            break
+        time.sleep(0.05)
+    assert gone not in metrics and now in metrics
 
 
 def test_admin_reload_needs_the_token(
