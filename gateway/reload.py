@@ -8,12 +8,14 @@ reported as `restart_required` and the running values are kept.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -76,6 +78,7 @@ class Reloader:
         self.swap_policies = swap_policies
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
+        self._echo: tuple[str | None, float] | None = None  # (file digest, until)
         registry = state.metrics.registry
         self.reloads = Counter(
             "latentgate_config_reloads",
@@ -227,10 +230,24 @@ class Reloader:
             if series is not None and drop is not None:
                 drop(series() - live)
 
+    def expect_echo(self) -> None:
+        """This worker reloaded on an admin call and asked the parent to SIGHUP every worker,
+        itself included: that echo is skipped if the file is still the one it just loaded."""
+        self._echo = (_file_digest(self.config_path), time.monotonic() + _ECHO_S)
+
+    def _is_echo(self) -> bool:
+        echo, self._echo = self._echo, None
+        if echo is None or time.monotonic() > echo[1]:
+            return False
+        return echo[0] is not None and echo[0] == _file_digest(self.config_path)
+
     def schedule(self, why: str) -> None:
         """Start a reload from a signal handler; the outcome goes to the log."""
 
         async def run() -> None:
+            if why == "SIGHUP" and self._is_echo():
+                log.info("SIGHUP: this worker already serves this file (its admin reload)")
+                return
             result = await self.reload()
             if not result.ok:
                 log.error("%s reload rejected: %s", why, result.errors)
@@ -246,6 +263,15 @@ class Reloader:
 
 
 RELOADER: web.AppKey[Reloader] = web.AppKey("latentgate_reloader", Reloader)
+# how long the SIGHUP a worker's admin reload sends round to itself is expected
+_ECHO_S = 10.0
+
+
+def _file_digest(path: str | None) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
+    except OSError:
+        return None
 
 
 def _effective(section: str, value: Any) -> Any:
@@ -283,6 +309,7 @@ async def admin_reload(request: web.Request) -> web.Response:
     result = await request.app[RELOADER].reload()
     tell = request.app[STATE].tell_workers
     if result.ok and tell is not None:
+        request.app[RELOADER].expect_echo()
         tell(signal.SIGHUP)  # the other workers reload the same file (as on a SIGHUP)
     status = result.status
     body: Mapping[str, Any] = result.as_json()

@@ -373,6 +373,20 @@ def test_an_admin_reload_reaches_every_worker(
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     assert http("POST", gw.url + "/admin/reload", headers=auth)[0] == 200
     _wait_until_every_worker_answers_from_second(gw)
+    # the SIGHUP the parent sends every worker comes back to the one that took the call: that
+    # worker skips it (the file is the one it loaded), so each worker reloaded once
+    for _ in range(200):
+        if "already serves this file" in gw.log():
+            break
+        time.sleep(0.05)
+    assert "already serves this file" in gw.log()
+    metrics = http("GET", gw.url + "/metrics")[2].decode()
+    generations = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("latentgate_config_generation{")
+    ]
+    assert generations == [1.0, 1.0], generations
     assert gw.stop() == 0
 
 
