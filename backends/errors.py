@@ -19,9 +19,13 @@ class BackendError(Exception):
 
 
 class UpstreamError(BackendError):
-    def __init__(self, message: str, replica: str | None = None) -> None:
+    def __init__(
+        self, message: str, replica: str | None = None, pushback_ms: str | None = None
+    ) -> None:
         super().__init__(message)
         self.replica = replica
+        # a gRPC replica's grpc-retry-pushback-ms with the failure (gRFC A6), as sent
+        self.pushback_ms = pushback_ms
 
 
 class UpstreamConnectError(UpstreamError, ConnectionError):

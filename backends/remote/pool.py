@@ -24,6 +24,7 @@ from backends.remote.metrics import RemoteMetrics
 from backends.remote.replica import Replica
 from backends.remote.retry import (
     IDEMPOTENT_METHODS,
+    PUSHBACK_HEADER,
     RetryBudget,
     Waits,
     backoff_s,
@@ -254,12 +255,17 @@ class Pool:
                     resp = await self._attempt(replica, request, policy, deadline)
                 except BackendError as exc:
                     error = exc
+                pushback_ok = True  # gRFC A6: a negative pushback says "do not retry"
                 if resp is not None:
                     asked.note(replica, resp.header("retry-after"))
+                    pushback_ok = asked.note_pushback(replica, resp.header(PUSHBACK_HEADER))
+                elif error is not None:
+                    pushback_ok = asked.note_pushback(replica, getattr(error, "pushback_ms", None))
                 if holding:
                     self.budget.release()
                     holding = False
                 retry = replayable and attempt < retries.max and deadline > time.monotonic()
+                retry = retry and pushback_ok
                 if error is not None:
                     retry = retry and retryable_error(error)
                 elif resp is not None:

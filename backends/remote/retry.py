@@ -97,6 +97,10 @@ def retry_after_s(value: str | None, now: float) -> float | None:
     return max(0.0, when.timestamp() - now)
 
 
+# gRFC A6: a gRPC replica's trailer asking for a wait before the call is retried
+PUSHBACK_HEADER = "grpc-retry-pushback-ms"
+
+
 class Waits:
     """What each replica's Retry-After asked of one request's retries (RFC 9110 10.2.3: it
     speaks for the replica that sent it): when, on the monotonic clock, each wait ends."""
@@ -108,6 +112,17 @@ class Waits:
         wait = retry_after_s(retry_after, time.time())
         if wait is not None:
             self._until[id(replica)] = time.monotonic() + wait
+
+    def note_pushback(self, replica: object, pushback_ms: str | None) -> bool:
+        """A gRPC replica's grpc-retry-pushback-ms (gRFC A6): a wait like Retry-After's; a
+        negative or unreadable one asks that the call not be retried (False)."""
+        if pushback_ms is None:
+            return True
+        value = pushback_ms.strip()
+        if not (value.isascii() and value.isdigit()):
+            return False
+        self._until[id(replica)] = time.monotonic() + int(value) / 1000.0
+        return True
 
     def left(self, replica: object, now: float) -> float:
         return max(0.0, self._until.get(id(replica), 0.0) - now)

@@ -233,3 +233,22 @@ def test_only_if_cached_metadata_is_a_hit_or_unavailable_without_going_upstream(
     again = _infer(via, headers=only)
     np.testing.assert_array_equal(again.as_numpy("OUTPUT0"), stored.as_numpy("OUTPUT0"))
     assert grpc_upstream.model.calls["ModelInfer"] == 1
+
+
+def test_a_replicas_retry_pushback_is_honoured(
+    grpc_upstream: GrpcUpstreamThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """gRFC A6: an UNAVAILABLE with grpc-retry-pushback-ms -1 is not retried; one asking a
+    wait past the route's deadline goes back to the client at once, not after the wait."""
+    route = {"upstream": {"retries": {"max": 2}, "timeouts": {"total": 2}}}
+    gw = start_gateway(grpc_config([f"grpc://{grpc_upstream.target}"], route=route))
+    c = client(gw)
+    for pushback, tries in (("-1", 1), ("60000", 1), (None, 3)):
+        headers = {"x-test-status": "UNAVAILABLE"}
+        if pushback is not None:
+            headers["x-test-pushback-ms"] = pushback
+        calls = grpc_upstream.model.calls["ModelInfer"]
+        with pytest.raises(InferenceServerException) as err:
+            _infer(c, headers=headers, scale=float(tries))
+        assert err.value.status() == "StatusCode.UNAVAILABLE"
+        assert grpc_upstream.model.calls["ModelInfer"] - calls == tries, pushback

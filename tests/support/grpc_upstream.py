@@ -8,6 +8,7 @@ deadline the call arrived with, -1 without one), so tests see balancing and dead
 Behaviour on demand through call metadata:
   x-test-delay: S        sleep S seconds before answering
   x-test-status: NAME    fail with that status code (e.g. UNAVAILABLE, INVALID_ARGUMENT)
+  x-test-pushback-ms: V  ... with the trailer grpc-retry-pushback-ms: V (gRFC A6)
 Run standalone: python -m tests.support.grpc_upstream --port 9001 [--name NAME] [--delay S]
 """
 
@@ -51,7 +52,9 @@ class Model(pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             await asyncio.sleep(delay)
         status = md.get("x-test-status")
         if status:
-            await context.abort(getattr(grpc.StatusCode, status), f"test status {status}")
+            pushback = md.get("x-test-pushback-ms")
+            trailers = (("grpc-retry-pushback-ms", pushback),) if pushback is not None else ()
+            await context.abort(getattr(grpc.StatusCode, status), f"test status {status}", trailers)
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return pb2.ServerLiveResponse(live=True)

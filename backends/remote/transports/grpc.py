@@ -22,6 +22,7 @@ import grpc.aio
 
 from backends.base import GRPC_MESSAGE_HEADER, GRPC_STATUS_HEADER, UpstreamRequest, UpstreamResponse
 from backends.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
+from backends.remote.retry import PUSHBACK_HEADER
 from backends.settings import PoolLimits, Timeouts
 
 # gRPC code → the HTTP status the pool reasons with (retry on_status, outlier 5xx counting).
@@ -144,11 +145,16 @@ class GrpcTransport:
     def _failed(self, exc: grpc.aio.AioRpcError) -> UpstreamResponse:
         code = exc.code()
         details = exc.details() or code.name
+        pushback = _pushback(exc)
         if code == grpc.StatusCode.UNAVAILABLE:
-            raise UpstreamConnectError(f"{self.url} unavailable: {details}", self.url) from exc
+            raise UpstreamConnectError(
+                f"{self.url} unavailable: {details}", self.url, pushback
+            ) from exc
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             raise UpstreamTimeout(f"{self.url} did not answer in time", self.url) from exc
         headers = [(GRPC_STATUS_HEADER, str(code.value[0])), (GRPC_MESSAGE_HEADER, details)]
+        if pushback is not None:
+            headers.append((PUSHBACK_HEADER, pushback))
         return UpstreamResponse(
             HTTP_OF_CODE.get(code, 500), code.name, headers, body=b"", replica=self.url
         )
@@ -174,3 +180,11 @@ class GrpcTransport:
             channel, self._channel = self._channel, None
             self._methods.clear()
             await channel.close()
+
+
+def _pushback(exc: grpc.aio.AioRpcError) -> str | None:
+    """The replica's grpc-retry-pushback-ms trailer (gRFC A6), as sent; None without one."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == PUSHBACK_HEADER:
+            return value.decode("latin-1") if isinstance(value, bytes) else str(value)
+    return None
