@@ -39,6 +39,10 @@ def _check_binary_size(name: str, datatype: str, shape: list[int], raw: bytes) -
         )
 
 
+# the JSON value types each datatype family takes (by its first letter: INT*, UINT*, FP*, BOOL)
+_JSON_TYPES: dict[str, set[type]] = {"I": {int}, "U": {int}, "F": {int, float}, "B": {bool}}
+
+
 def tensor_from_json(
     name: str, datatype: str, shape: list[int], data: Any
 ) -> tuple[bytes, list[bytes] | None]:
@@ -64,6 +68,12 @@ def tensor_from_json(
             else:
                 raise BadRequest(f"input '{name}': BYTES data must be strings")
         return b"".join(struct.pack("<I", len(e)) + e for e in elems), elems
+    # JSON values of another type are refused, not coerced: numpy would truncate 1.5 to the
+    # INT64 1 (or read "1" or true as 1), and that request would share the key, and the cached
+    # answer, of one that sent 1
+    allowed = _JSON_TYPES.get(datatype[0] if datatype != "BF16" else "F")
+    if allowed is not None and not set(map(type, flat)) <= allowed:
+        raise BadRequest(f"input '{name}': data does not fit datatype {datatype}")
     try:
         if datatype == "BF16":
             as32 = np.asarray(flat, dtype=np.float32)

@@ -253,3 +253,20 @@ def test_the_remembered_body_shortcut_checks_the_binary_header_like_a_fresh_pars
             gw, b"/v2/models/m/infer", b"Inference-Header-Content-Length: %s\r\n" % bad, body
         )
         assert status == 400 and "error" in doc, bad
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data"),
+    [("INT64", [1.5]), ("INT32", ["1"]), ("UINT8", [True]), ("FP32", ["0.5"]), ("BOOL", [1])],
+)
+def test_v2_json_data_of_another_type_is_a_400_not_coerced(
+    gw: ServerThread, datatype: str, data: list[Any]
+) -> None:
+    """1.5 sent as INT64 is not the 1 numpy would make of it: coerced, it shared the key (and
+    the cached answer) of a request that sent 1."""
+    doc = {"inputs": [{"name": "x", "datatype": datatype, "shape": [1], "data": data}]}
+    status, _, body = send(gw, b"/v2/models/m/infer", body=json.dumps(doc).encode())
+    assert status == 400, body
+    assert f"does not fit datatype {datatype}" in body["error"]  # (v2 errors are strings)
+    fine = {"inputs": [{"name": "x", "datatype": "INT64", "shape": [2], "data": [1, -2]}]}
+    assert send(gw, b"/v2/models/m/infer", body=json.dumps(fine).encode())[0] == 200
