@@ -46,7 +46,7 @@ Compute = Callable[[], Awaitable[UpstreamResponse]]
 _HANDOVERS = 3
 # Semantic skip reasons a client is told (X-Cache-Semantic-Skip); the others are the route's
 # policy doing what it says (no semantic stage, a sampled call, a short text).
-_TOLD = frozenset({"too_long"})
+_TOLD = frozenset({"too_long", "not_unicode"})
 # Response headers an entry never keeps: per-response facts, and what the gateway sets itself.
 
 

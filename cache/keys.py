@@ -35,7 +35,7 @@ _LONG_TEXT = 64 << 10
 def normalise(value: Any) -> Any:
     """Same content → same structure: integral floats become ints, bytes become tagged hex."""
     if isinstance(value, dict):
-        return {str(k): normalise(v) for k, v in value.items()}
+        return {_escaped(str(k)): normalise(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [normalise(v) for v in value]
     if isinstance(value, float):
@@ -51,6 +51,13 @@ def normalise(value: Any) -> Any:
         # msgpack's bin type has no JSON twin; a tagged form keeps it apart from any string.
         return {"\x00bin": hashlib.blake2b(bytes(value), digest_size=_DIGEST).hexdigest()}
     return value
+
+
+def _escaped(key: str) -> str:
+    """A client's key that starts with NUL gets one more: the tagged forms above ("\x00str",
+    "\x00bin") start with exactly one, so no request body can spell a digested value (a
+    client that sent {"\x00str": <digest of a long text>} shared that text's key)."""
+    return "\x00" + key if key.startswith("\x00") else key
 
 
 def canonical(value: Any) -> bytes:

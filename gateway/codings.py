@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from aiohttp import compression_utils, web
+from aiohttp.web_protocol import RequestPayloadError
 
-from gateway.errors import GatewayError, NotImplementedCoding, UnsupportedMediaType
+from gateway.errors import BadRequest, GatewayError, NotImplementedCoding, UnsupportedMediaType
 
 DECODED = (
     ("gzip", "deflate")
@@ -70,4 +71,18 @@ async def read_body(request: web.Request) -> bytes:
     were)."""
     if request.body_exists and (refused := coding_error(request.headers)) is not None:
         raise refused
-    return await request.read()
+    try:
+        return await request.read()
+    except RequestPayloadError as exc:
+        raise undecodable(request) from exc
+
+
+def undecodable(request: web.Request) -> BadRequest:
+    """aiohttp decodes gzip/deflate request bodies as they arrive; one that does not decode is
+    the client's error, said as such (not a 500 with the connection dropped)."""
+    coding = request.headers.get("Content-Encoding", "")
+    return BadRequest(
+        f"the request body does not decode as its Content-Encoding ({coding or 'none'}) says"
+        if coding
+        else "the request body could not be read"
+    )

@@ -41,7 +41,7 @@ from cache import (
 )
 from gateway import hit_lane, responses
 from gateway.client_left import unless_client_left
-from gateway.codings import coding_error
+from gateway.codings import coding_error, undecodable
 from gateway.config import LimitSettings
 from gateway.deadline import route_budget_s, within
 from gateway.errors import (
@@ -406,14 +406,3 @@ class Pipeline:
                 yield chunk
         except RequestPayloadError as exc:
             raise RequestBodyError(undecodable(request)) from exc
-
-
-def undecodable(request: web.Request) -> BadRequest:
-    """aiohttp decodes gzip/deflate request bodies as they arrive; one that does not decode is
-    the client's error, said as such (not a 500 with the connection dropped)."""
-    coding = request.headers.get("Content-Encoding", "")
-    return BadRequest(
-        f"the request body does not decode as its Content-Encoding ({coding or 'none'}) says"
-        if coding
-        else "the request body could not be read"
-    )

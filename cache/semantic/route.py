@@ -48,7 +48,8 @@ class SemanticRoute:
         """Why the stage does not look this call up (None: it does). Reasons: "disabled",
         "no_text" (no final user text), "too_short" (< min_chars), "too_long" (> max_chars,
         decided on the length alone: nothing is tokenised), "sampled" (not deterministic),
-        "loading" (the embedder is not loaded yet)."""
+        "loading" (the embedder is not loaded yet), "not_unicode" (a lone surrogate, which JSON
+        lets through and no tokeniser takes)."""
         text = call.semantic_text
         if not self.stage.ready:
             return "loading"  # the embedder loads in the background after start-up
@@ -62,6 +63,11 @@ class SemanticRoute:
             return "too_short"
         if not call.deterministic and self.policy.only_deterministic:
             return "sampled"
+        if not text.isascii():
+            try:
+                text.encode()
+            except UnicodeEncodeError:
+                return "not_unicode"
         return None
 
     def applies(self, call: CallLike) -> bool:

@@ -116,6 +116,12 @@ def test_a_lone_surrogate_in_an_admin_body_is_a_400(gw: ServerThread) -> None:
     deep = b'{"route": %s}' % (b"[" * 900 + b"]" * 900)
     status, _, doc = send(gw, b"/admin/cache/purge", headers=auth, body=deep)
     assert_json_error(status, doc, 400)
+    # a body that does not decode as its Content-Encoding says is the client's 400, not a 500
+    # (every admin body is read by codings.read_body)
+    gz = auth + b"Content-Encoding: gzip\r\n"
+    status, _, doc = send(gw, b"/admin/cache/purge", headers=gz, body=b"garbage")
+    assert_json_error(status, doc, 400)
+    assert "does not decode" in doc["error"]["message"]
 
 
 @pytest.mark.parametrize("path", [b"/any/echo", b"/v1/chat/completions"])

@@ -292,3 +292,27 @@ def test_a_wrong_hit_score_may_come_as_the_header_text(gw: ServerThread) -> None
     body = {"entry": h["x-cache-entry"], "score": h["x-cache-score"]}  # a string
     assert admin_post(gw.url, "/admin/cache/semantic/wrong-hit", body)[0] == 200
     assert ask(c, "How can I reset my password?", temperature=0)[1]["x-cache"] == "miss"
+
+
+def test_a_lone_surrogate_skips_the_semantic_stage_quietly(
+    gw: ServerThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    """JSON lets "\\ud800" through; no tokeniser takes it. The call is answered (exact cache
+    only) and says why the semantic stage passed it by, with no error logged per request."""
+    body = (
+        b'{"model":"m","temperature":0,"messages":'
+        b'[{"role":"user","content":"\\ud800 how do I reset my password"}]}'
+    )
+    req = urllib.request.Request(
+        gw.url + "/v1/chat/completions",
+        data=body,
+        headers={"Content-Type": "application/json", "Authorization": "Bearer sk-alice"},
+    )
+    for expected in ("miss", "hit"):
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 200
+            assert r.headers["X-Cache"] == expected
+            if expected == "miss":
+                assert r.headers["X-Cache-Semantic-Skip"] == "not_unicode"
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [], [r.getMessage() for r in errors]

@@ -172,3 +172,19 @@ def test_bools_are_not_numbers_and_ints_are_not_strings() -> None:
     assert canonical({"a": 1}) != canonical({"a": "1"})
     assert canonical({"a": 1.5}) != canonical({"a": 1})
     assert canonical({"a": 1.0}) == canonical({"a": 1})
+
+
+def test_no_body_spells_a_digested_text_or_a_binary_value() -> None:
+    """Texts over 64 KiB and msgpack bin values are keyed by a tagged digest; a client that sends
+    the tag itself, with the right digest, must not get their key (and their cached answer)."""
+    import hashlib
+
+    text = "document " * 10_000
+    digest = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+    assert canonical({"content": text}) != canonical({"content": {"\x00str": digest}})
+    blob = b"\x01\x02"
+    forged = {"\x00bin": hashlib.blake2b(blob, digest_size=16).hexdigest()}
+    assert canonical({"b": blob}) != canonical({"b": forged})
+    # an escaped key is still told apart from its unescaped neighbour
+    assert canonical({"\x00a": 1}) != canonical({"\x00\x00a": 1})
+    assert canonical({"\x00a": 1}) == canonical({"\x00a": 1.0})
