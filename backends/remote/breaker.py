@@ -27,7 +27,12 @@ class Breaker:
         self._on_reject = on_reject
         self.in_flight = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self.rejected: dict[str, int] = {"max_in_flight": 0, "max_pending": 0, "max_connections": 0}
+        self.rejected: dict[str, int] = {
+            "max_in_flight": 0,
+            "max_pending": 0,
+            "max_connections": 0,
+            "queue_deadline": 0,  # queued past the request's deadline (a 504, not a 503)
+        }
 
     @property
     def pending(self) -> int:
@@ -57,11 +62,14 @@ class Breaker:
         try:
             async with asyncio.timeout(timeout_s):
                 await fut  # release() hands its slot over: in_flight already counts us
-        except BaseException:
+        except BaseException as exc:
             if fut.done() and not fut.cancelled():
                 self.release()  # we were handed a slot but will not use it
             elif fut in self._waiters:  # (a release() may have dropped it, cancelled, already)
                 self._waiters.remove(fut)
+            if isinstance(exc, TimeoutError):
+                self.rejected["queue_deadline"] += 1
+                self._on_reject("queue_deadline")
             raise
 
     def release(self) -> None:

@@ -171,8 +171,7 @@ class Pool:
         deadline = time.monotonic() + total
         try:
             await self.breaker.acquire(timeout_s=total)
-        except TimeoutError:
-            self.metrics.breaker_rejections.labels(self.name, "queue_deadline").inc()
+        except TimeoutError:  # (counted by the breaker: breaker_rejections{limit=queue_deadline})
             raise UpstreamTimeout(
                 f"no in-flight slot on {self.name} within the {total:g}s deadline"
             ) from None

@@ -231,7 +231,7 @@ async def test_a_queued_acquire_gives_up_at_its_timeout_and_leaves_the_queue_sou
     await b.acquire()
     with pytest.raises(TimeoutError):
         await b.acquire(timeout_s=0.01)
-    assert b.pending == 0 and b.in_flight == 1
+    assert b.pending == 0 and b.in_flight == 1 and b.rejected["queue_deadline"] == 1
     # a waiter cancelled as the slot is released (the release passes over it): no error, and
     # the next waiter gets the slot
     first = asyncio.create_task(b.acquire(timeout_s=5))
