@@ -6,7 +6,9 @@ are what the flow answers; `Clock` and `Answers` are what the flow asks of the e
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -80,16 +82,31 @@ class Ask:
     # stored questions that contest a paraphrase in flight (None: the lookup did not finish,
     # so no flight is joined)
     semantic_rivals: int | None = None
-    # when the client's answer is due (time.monotonic(); None: no bound but the waits' own):
-    # waits for another request's answer end by then
-    deadline: float | None = None
+    # The route's upstream total (None: none): time spent waiting for another request's answer
+    # (a flight, a paraphrase's flight, another gateway's lease) comes off it, so a fruitless
+    # wait does not add a whole total to the client's wait. Only waits count: reading the body,
+    # parsing and the semantic lookup do not.
+    budget_s: float | None = None
+    waited_s: float = 0.0
 
-    def wait_s(self, most: float) -> float:
-        """How long this request may wait for another's answer: `most`, or less when its
-        deadline is nearer (never below 0)."""
-        if self.deadline is None:
+    def wait_s(self, most: float, share: float = 1.0) -> float:
+        """How long this request may wait for another's answer: `most`, or less when `share` of
+        its budget, less what it already waited, is less (never below 0)."""
+        if self.budget_s is None:
             return most
-        return max(0.0, min(most, self.deadline - time.monotonic()))
+        return max(0.0, min(most, share * self.budget_s - self.waited_s))
+
+    def left_s(self) -> float | None:
+        """What its waits left of its budget (None: no budget)."""
+        return None if self.budget_s is None else self.budget_s - self.waited_s
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        t = time.monotonic()
+        try:
+            yield
+        finally:
+            self.waited_s += time.monotonic() - t
 
 
 @dataclass(slots=True)

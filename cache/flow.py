@@ -44,6 +44,7 @@ log = logging.getLogger("latentgate.cache.flow")
 
 Compute = Callable[[], Awaitable[UpstreamResponse]]
 _HANDOVERS = 3
+_LEASE_SHARE = 0.5  # of a request's budget, at most, spent waiting for another gateway
 # Semantic skip reasons a client is told (X-Cache-Semantic-Skip); the others are the route's
 # policy doing what it says (no semantic stage, a sampled call, a short text).
 _TOLD = frozenset({"too_long", "not_unicode"})
@@ -163,17 +164,17 @@ class CacheFlow:
                 and isinstance(sr, SemanticRoute)
                 and rivals is not None
             ):
-                wait_s = ask.wait_s(self.rc.policy.coalesce_wait_s)
-                joined = await flow_hooks.join_flight(
-                    sr,
-                    self.flights,
-                    ask.call,
-                    ask.key.tenant_h,
-                    vector,
-                    wait_s,
-                    ask.key.value,
-                    rivals,
-                )
+                with ask.waiting():
+                    joined = await flow_hooks.join_flight(
+                        sr,
+                        self.flights,
+                        ask.call,
+                        ask.key.tenant_h,
+                        vector,
+                        ask.wait_s(self.rc.policy.coalesce_wait_s),
+                        ask.key.value,
+                        rivals,
+                    )
                 if joined is not None and ask.answers.serves(joined[0]):
                     return Hit(joined[0], "semantic-hit", joined[1])
         if not d.store:
@@ -236,9 +237,10 @@ class CacheFlow:
                     with flow_hooks.announced(self.semantic, ask.call, ask.key, vector):
                         return await self._lead(ask, compute, x_cache, vector, lead)
                 try:
-                    shared = await self.flights.wait(
-                        ask.key.value, ask.wait_s(self.rc.policy.coalesce_wait_s)
-                    )
+                    with ask.waiting():
+                        shared = await self.flights.wait(
+                            ask.key.value, ask.wait_s(self.rc.policy.coalesce_wait_s)
+                        )
                 except LeaderGone:
                     continue
                 except TimeoutError:
@@ -264,7 +266,12 @@ class CacheFlow:
                 if entry is not None and ask.answers.serves(entry):
                     _settle(lead, entry)
                     return Hit(entry, "hit")
-            claim = await self.rc.claim(ask.key, ask.directives, ask.wait_s(float("inf")))
+            # Another gateway's lease: its holder may have died with it, so at most half the
+            # budget goes to waiting, and the other half is left for this request's own call.
+            with ask.waiting():
+                claim = await self.rc.claim(
+                    ask.key, ask.directives, ask.wait_s(float("inf"), _LEASE_SHARE)
+                )
             if claim.peer is not None and ask.answers.serves(claim.peer):
                 _settle(lead, claim.peer)
                 return Hit(claim.peer, x_cache)

@@ -1,20 +1,26 @@
-"""A cached request's deadline: the route's upstream total, counted from when the request
-arrived. Waiting for another request's answer (the in-process flight, a paraphrase's flight,
-another gateway's Redis lease) spends it, so the upstream call that follows a fruitless wait
-gets what is left, and none when nothing is (a 504, not a second full timeout)."""
+"""A cached request's budget: the route's upstream total. Waiting for another request's answer
+(the in-process flight, a paraphrase's flight, another gateway's Redis lease) spends it, so the
+upstream call that follows a fruitless wait gets what is left, and none when nothing is (a 504,
+not a second full timeout). Only those waits count: reading the body, parsing and the semantic
+lookup are the request's own time, as they are on a route without a cache."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 
 from backends import UpstreamRequest, UpstreamResponse
+from cache import CallerGone
 from gateway.errors import GatewayTimeout
 from gateway.routing import Route
 
 # Below this much spent waiting, the upstream call keeps the route's plain total (and sends no
 # deadline header it would not have sent anyway).
 _SPENT_S = 0.05
+
+
+class BudgetSpent(GatewayTimeout, CallerGone):
+    """This request's waits used its whole budget before it could call upstream. A flight it
+    leads is abandoned, not failed: its waiters have budgets of their own."""
 
 
 def route_budget_s(route: Route, backend: object) -> float | None:
@@ -27,22 +33,22 @@ def route_budget_s(route: Route, backend: object) -> float | None:
 
 
 def within(
-    deadline: float | None,
+    left_s: Callable[[], float | None],
     budget_s: float | None,
     build: Callable[[], UpstreamRequest],
     send: Callable[[UpstreamRequest], Awaitable[UpstreamResponse]],
 ) -> Callable[[], Awaitable[UpstreamResponse]]:
-    """The flow's compute: the upstream request built when the flow calls, carrying what is
-    left of `deadline` (time.monotonic()) once waits have spent part of `budget_s`."""
+    """The flow's compute: the upstream request built when the flow calls, carrying what the
+    request's waits left of `budget_s` (`left_s()`, None: no budget)."""
 
     async def compute() -> UpstreamResponse:
         req = build()
-        if deadline is not None and budget_s is not None:
-            left = deadline - time.monotonic()
+        left = left_s()
+        if left is not None and budget_s is not None:
             if left <= 0:
-                raise GatewayTimeout(
-                    f"the request's {budget_s:g}s deadline passed while it waited for "
-                    "another request's answer"
+                raise BudgetSpent(
+                    f"the request's {budget_s:g}s budget went on waiting for another "
+                    "request's answer"
                 )
             if left < budget_s - _SPENT_S:
                 req.deadline_s = left if req.deadline_s is None else min(req.deadline_s, left)

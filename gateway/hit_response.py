@@ -50,7 +50,8 @@ class HitResponse(web.StreamResponse):
 
     @property
     def keep_alive(self) -> bool:
-        return True  # `prefer` let only keep-alive requests here
+        # `prefer` let only keep-alive requests here; force_close() (a drain) still ends it
+        return self._keep_alive is not False
 
     @property
     def body_length(self) -> int:
@@ -74,6 +75,8 @@ class HitResponse(web.StreamResponse):
             # as web.Response's write would: the handler treats it as an early disconnect
             raise ConnectionResetError("the client went away before its hit was written")
         extra = "".join([f"{k}: {v}\r\n" for k, v in self._extra])
+        if not self.keep_alive:
+            extra += "Connection: close\r\n"
         head = (
             f"HTTP/1.1 {self.status} {self.reason}\r\n{self._block}{extra}"
             f"Date: {rfc822_formatted_time()}\r\n{_SERVER}\r\n"

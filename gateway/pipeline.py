@@ -272,7 +272,6 @@ class Pipeline:
         upstream_request: Callable[[], UpstreamRequest],
         alias: AliasKey | None,
     ) -> web.StreamResponse:
-        arrived = time.monotonic() - (time.perf_counter() - timing.start)
         headers = request.headers
         directives = request_directives(
             field(headers, "Cache-Control"),
@@ -314,10 +313,10 @@ class Pipeline:
             answers=framing,
             clock=timing,
             compute_stage=stage,
-            deadline=arrived + budget if budget is not None else None,
+            budget_s=budget,
         )
         compute = within(
-            ask.deadline, budget, upstream_request, lambda req: self._send(route, req, request)
+            ask.left_s, budget, upstream_request, lambda req: self._send(route, req, request)
         )
         try:
             result = await flow.run(ask, compute)

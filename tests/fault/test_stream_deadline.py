@@ -87,3 +87,34 @@ async def test_a_client_that_stops_reading_does_not_hold_the_replica(
         assert await metric(gw.url, "latentgate_upstream_errors_total", kind="stream_cut") == 1
     finally:
         stalled.close()
+
+
+async def test_a_slow_upload_on_a_cached_route_keeps_its_whole_budget(
+    upstream: ServerThread, start_gateway: StartGateway
+) -> None:
+    """The route's total bounds the upstream exchange and the waits for another request's
+    answer, not the client's own upload: a body that takes longer than the total to arrive is
+    answered, on a cached route as on any other."""
+    from tests.integration.cache.conftest import cache_config
+
+    cfg = cache_config(upstream.url, tiers=["memory"])
+    for r in cfg["routes"]:
+        r["upstream"] = {"timeouts": {"total": 1}}
+    gw = start_gateway(cfg)
+    body = b'{"model":"m","temperature":0,"messages":[{"role":"user","content":"slow upload"}]}'
+    host, port = gw.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:10]
+        )
+        await writer.drain()
+        await asyncio.sleep(1.5)  # longer than the route's total
+        writer.write(body[10:])
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    assert head.startswith(b"HTTP/1.1 200"), head

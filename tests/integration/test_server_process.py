@@ -35,6 +35,11 @@ async def _upstream_in_flight(s: aiohttp.ClientSession, upstream: ServerThread) 
         return int((await r.json())["in_flight"])
 
 
+async def _upstream_calls(upstream: ServerThread) -> int:
+    async with aiohttp.ClientSession() as s, s.get(upstream.url + "/_test/stats") as r:
+        return int((await r.json())["requests"].get("/v1/chat/completions", 0))
+
+
 async def _raw_get(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str
 ) -> tuple[int, bytes]:
@@ -123,6 +128,44 @@ async def test_sigterm_drains_in_flight_requests_and_streams(
     rc = await asyncio.to_thread(gw.proc.wait, 15)
     assert rc == 0, gw.log()
     assert time.monotonic() - sent < 15
+
+
+async def test_a_cached_answer_finished_during_the_drain_closes_its_connection(
+    upstream: ServerThread, procs: list[GatewayProcess]
+) -> None:
+    """A single-flight waiter's answer (written as one block, gateway/hit_response.py) that
+    goes out during the drain says Connection: close, as the leader's does: the client's next
+    request must not meet a 503 on the old connection."""
+    from tests.integration.cache.conftest import cache_config
+
+    cfg = cache_config(upstream.url, tiers=["memory"])
+    cfg.setdefault("limits", {})["shutdown_grace_s"] = 15
+    gw = GatewayProcess(cfg).start()
+    procs.append(gw)
+    assert gw.proc is not None
+    async with aiohttp.ClientSession() as s:
+
+        async def ask() -> tuple[int, str, str]:
+            async with s.post(
+                gw.url + "/v1/chat/completions",
+                json={**CHAT, "temperature": 0},  # deterministic: the two share one flight
+                headers={"X-Test-Delay": "1.5"},
+            ) as r:
+                await r.read()
+                return r.status, r.headers.get("X-Cache", ""), r.headers.get("Connection", "")
+
+        leader = asyncio.create_task(ask())
+        deadline = time.monotonic() + 10
+        while await _upstream_in_flight(s, upstream) < 1:
+            assert time.monotonic() < deadline, "the leader never reached the upstream"
+            await asyncio.sleep(0.02)
+        waiter = asyncio.create_task(ask())
+        await asyncio.sleep(0.3)  # the waiter has joined the leader's flight
+        gw.proc.send_signal(signal.SIGTERM)
+        results = await asyncio.gather(leader, waiter)
+    assert [(st, conn.lower()) for st, _, conn in results] == [(200, "close"), (200, "close")]
+    assert await _upstream_calls(upstream) == 1  # the waiter's answer was the leader's
+    assert await asyncio.to_thread(gw.proc.wait, 15) == 0
 
 
 async def test_two_workers_share_one_port(

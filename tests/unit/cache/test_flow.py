@@ -205,3 +205,42 @@ async def test_a_stream_cut_mid_way_fails_its_waiters() -> None:
     await leader.recording.close()
     with pytest.raises(AnswerIncomplete):
         await waiter
+
+
+async def test_a_leader_out_of_budget_hands_its_flight_to_a_waiter_with_budget_left() -> None:
+    """A leader whose waits spent its budget gets its own 504 (BudgetSpent), but its waiters,
+    whose budgets are their own, are not failed with it: one of them takes over and computes."""
+    from backends import UpstreamRequest
+    from gateway.deadline import BudgetSpent, within
+
+    flow = _flow()
+    sent: list[float | None] = []
+
+    async def send(req: UpstreamRequest) -> UpstreamResponse:
+        sent.append(req.deadline_s)
+        return UpstreamResponse(200, "OK", [], body=b"answer")
+
+    def build() -> UpstreamRequest:
+        return UpstreamRequest(method="POST", path_qs="/", headers=[], body=b"q")
+
+    spent = _ask(flow)
+    spent.budget_s, spent.waited_s = 2.0, 2.5  # its waits (elsewhere) took more than its budget
+    fresh = _ask(flow)
+    fresh.budget_s = 2.0
+    gate = asyncio.Event()
+    spent_compute = within(spent.left_s, 2.0, build, send)
+
+    async def lead() -> UpstreamResponse:
+        await gate.wait()  # until the waiter has joined the flight
+        return await spent_compute()
+
+    leader = asyncio.create_task(flow.run(spent, lead))
+    await asyncio.sleep(0.01)  # the spent request leads the flight
+    waiter = asyncio.create_task(flow.run(fresh, within(fresh.left_s, 2.0, build, send)))
+    await asyncio.sleep(0.01)  # the fresh one waits on it
+    gate.set()
+    with pytest.raises(BudgetSpent):
+        await leader
+    result = await waiter
+    assert isinstance(result, Fresh) and result.response.body == b"answer"
+    assert sent == [None]  # one upstream call, the waiter's, with its whole budget
