@@ -19,11 +19,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from redis.asyncio import RedisCluster
-
 from cache.keys import Selector
 from cache.outage import OutageLog
-from cache.redis_client import REDIS_ERRORS, AnyRedis, connect
+from cache.redis_client import REDIS_ERRORS, AnyRedis, connect, follow
 from cache.settings import RedisSettings
 
 log = logging.getLogger("latentgate.cache.purge")
@@ -98,36 +96,24 @@ class PurgeFanout:
         return "announced"
 
     async def _tail(self) -> None:
-        backoff = 0.1
-        while not self._closing:
-            try:
-                if isinstance(self.redis, RedisCluster):
-                    await self.redis.initialize()  # a no-op unless a failure closed it
-                if self.last_id is None:
-                    newest: Any = await self.redis.xrevrange(self.stream_key, count=1)
-                    self.last_id = newest[0][0].decode() if newest else "0-0"
-                resp: Any = await self.redis.xread(
-                    {self.stream_key: self.last_id}, block=self.block_ms, count=100
-                )
-                backoff = 0.1
-                self._tail_log.ok()
-                for _stream, items in resp or []:
-                    for ident, fields in items:
-                        self.last_id = ident.decode()
-                        await self._apply(fields)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # Redis and client-library faults: retried, never fatal
-                task = asyncio.current_task()
-                if self._closing or (task is not None and task.cancelling()):
-                    raise asyncio.CancelledError from exc
-                self.on_error(type(exc).__name__)
-                self._tail_log.failed(f"{exc}; retrying with backoff up to 5 s")
-                if isinstance(self.redis, RedisCluster):
-                    with contextlib.suppress(*REDIS_ERRORS):
-                        await self.redis.aclose()  # re-reads the slot map on initialize()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+        await follow(self.redis, self._read, lambda: self._closing, self._failed)
+
+    async def _read(self) -> None:
+        if self.last_id is None:
+            newest: Any = await self.redis.xrevrange(self.stream_key, count=1)
+            self.last_id = newest[0][0].decode() if newest else "0-0"
+        resp: Any = await self.redis.xread(
+            {self.stream_key: self.last_id}, block=self.block_ms, count=100
+        )
+        self._tail_log.ok()
+        for _stream, items in resp or []:
+            for ident, fields in items:
+                self.last_id = ident.decode()
+                await self._apply(fields)
+
+    def _failed(self, exc: Exception) -> None:
+        self.on_error(type(exc).__name__)
+        self._tail_log.failed(f"{exc}; retrying with backoff up to 5 s")
 
     async def _apply(self, fields: dict[bytes, bytes]) -> None:
         if fields.get(b"o", b"").decode() == self.origin:

@@ -14,6 +14,9 @@ recover instead.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -108,3 +111,39 @@ def connect(
         **opts,
     )
     return client
+
+
+async def follow(
+    redis: AnyRedis,
+    step: Callable[[], Awaitable[None]],
+    closing: Callable[[], bool],
+    failed: Callable[[Exception], None],
+) -> None:
+    """Run `step` (one blocking XREAD of a stream and what it read) until `closing()`. A failure
+    goes to `failed` and the step is retried after a backoff doubling up to 5 s: a stream tail
+    (the semantic sync, the purge fan-out) outlives any Redis outage and never ends on one."""
+    backoff = 0.1
+    while not closing():
+        try:
+            if isinstance(redis, RedisCluster):
+                await redis.initialize()  # a no-op unless the last failure closed it (below)
+            await step()
+            backoff = 0.1
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # Redis errors and client-library faults: retried, never fatal
+            task = asyncio.current_task()
+            if closing() or (task is not None and task.cancelling()):
+                # redis-py can turn a cancellation mid-read into a connection error:
+                # swallowing it here would leave the owner's aclose() waiting for ever.
+                raise asyncio.CancelledError from exc
+            failed(exc)
+            if isinstance(redis, RedisCluster):
+                # XREAD has movable keys: redis-py asks COMMAND GETKEYS of the default node it
+                # chose when it read the slot map, before its own "re-read the slot map" step,
+                # so with that node dead the tail retried it for ever. Closing the client and
+                # initialising it again (above) re-reads the map and picks a live default node.
+                with contextlib.suppress(*REDIS_ERRORS):
+                    await redis.aclose()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)

@@ -32,7 +32,7 @@ from redis.asyncio import RedisCluster
 from redis.typing import EncodableT, FieldT
 
 from cache.outage import OutageLog
-from cache.redis_client import REDIS_ERRORS, AnyRedis, connect
+from cache.redis_client import REDIS_ERRORS, AnyRedis, connect, follow
 from cache.semantic.records import Entry
 from cache.semantic.stage import SemanticStage
 from cache.settings import RedisSettings
@@ -265,38 +265,18 @@ class RedisSync:
         self._m.labels("apply", "ok").inc()
 
     async def _tail(self) -> None:
-        backoff = 0.1
-        while not self._closing:
-            try:
-                if isinstance(self.tail_redis, RedisCluster):
-                    # a no-op unless the last failure closed the client (below)
-                    await self.tail_redis.initialize()
-                resp: Any = await self.tail_redis.xread(
-                    {self.stream_key: self.last_id}, block=self.block_ms, count=500
-                )
-                backoff = 0.1
-                self._tail_log.ok()
-                for _stream, items in resp or []:
-                    for ident, fields in items:
-                        self.last_id = ident.decode()
-                        self._apply(fields)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # Redis errors and client-library faults: retried, never fatal
-                task = asyncio.current_task()
-                if self._closing or (task is not None and task.cancelling()):
-                    # redis-py can turn a cancellation mid-read into a connection error:
-                    # swallowing it here would leave aclose() waiting on this loop forever.
-                    raise asyncio.CancelledError from exc
-                self._m.labels("tail", "error").inc()
-                self._tail_log.failed(f"{exc}; retrying with backoff up to 5 s")
-                if isinstance(self.tail_redis, RedisCluster):
-                    # XREAD has movable keys: redis-py asks COMMAND GETKEYS of the default
-                    # node it chose when it read the slot map, before its own "re-read the slot
-                    # map" step, so with that node dead the tail retried it for ever. Closing
-                    # the client and initialising it again (above) re-reads the map and picks
-                    # a live default node.
-                    with contextlib.suppress(*REDIS_ERRORS):
-                        await self.tail_redis.aclose()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+        await follow(self.tail_redis, self._read, lambda: self._closing, self._tail_failed)
+
+    async def _read(self) -> None:
+        resp: Any = await self.tail_redis.xread(
+            {self.stream_key: self.last_id}, block=self.block_ms, count=500
+        )
+        self._tail_log.ok()
+        for _stream, items in resp or []:
+            for ident, fields in items:
+                self.last_id = ident.decode()
+                self._apply(fields)
+
+    def _tail_failed(self, exc: Exception) -> None:
+        self._m.labels("tail", "error").inc()
+        self._tail_log.failed(f"{exc}; retrying with backoff up to 5 s")
