@@ -1,8 +1,7 @@
-"""The answer text of a stored or fresh entry, and whether two answers agree.
+"""Whether two answers agree (their text: cache.semantic.answer_text).
 
 Labels for the error budget compare the answer a semantic hit would serve (the candidate's
-stored entry) with a fresh upstream answer to the asked question. Only the generated text is
-compared: ids, timestamps and usage differ between two calls that mean the same.
+stored entry) with a fresh upstream answer to the asked question.
 
 Agreement, per route (`cache.semantic.answer_match`):
 - `exact` (default): equal after whitespace normalisation (deterministic calls only);
@@ -13,74 +12,20 @@ Agreement, per route (`cache.semantic.answer_match`):
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import aiohttp
 import numpy as np
 
-from cache.codec import CacheEntry
+from cache.semantic.answer_text import reply_text
 
 _SPACE = re.compile(r"\s+")
 
 
 def normalise(text: str) -> str:
     return _SPACE.sub(" ", text).strip()
-
-
-def _choice_text(choice: Any, delta: bool) -> str:
-    if not isinstance(choice, dict):
-        return ""
-    if isinstance(choice.get("text"), str):  # completions
-        return str(choice["text"])
-    msg = choice.get("delta" if delta else "message")
-    if isinstance(msg, dict):
-        content = msg.get("content")
-        if isinstance(content, str):
-            return content
-        if isinstance(content, list):  # content parts
-            return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
-
-
-def _events_text(events: list[bytes]) -> str | None:
-    parts: list[str] = []
-    for event in events:
-        for line in event.split(b"\n"):
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if not data or data == b"[DONE]":
-                continue
-            try:
-                doc = json.loads(data)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                return None
-            if isinstance(doc, dict):
-                for choice in doc.get("choices") or []:
-                    if isinstance(choice, dict) and choice.get("index", 0) == 0:
-                        parts.append(_choice_text(choice, delta=True))
-    return "".join(parts)
-
-
-def answer_text(entry: CacheEntry) -> str | None:
-    """The generated text of a chat/completions entry (JSON body or SSE events); None when the
-    entry is not a successful answer of that shape (no label is taken from it)."""
-    if not 200 <= entry.status < 300:
-        return None
-    if entry.events is not None:
-        return _events_text(entry.events)
-    if entry.body is None:
-        return None
-    try:
-        doc = json.loads(entry.body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list) or not doc["choices"]:
-        return None
-    return _choice_text(doc["choices"][0], delta=False)
 
 
 class Matcher(Protocol):
@@ -139,6 +84,6 @@ class JudgeMatch:
             if r.status != 200:
                 return None
             doc = await r.json(content_type=None)
-        verdict = _choice_text((doc.get("choices") or [None])[0], delta=False)
+        verdict = reply_text(doc)
         word = normalise(verdict).lower().strip(".!")
         return True if word.startswith("yes") else False if word.startswith("no") else None

@@ -18,7 +18,8 @@ from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from cache.codec import CacheEntry
-from cache.semantic.answers import Matcher, answer_text
+from cache.semantic.answer_text import answer_text
+from cache.semantic.answers import ExactMatch, Matcher
 from cache.semantic.budget import REASONS, Bar, BudgetGrid
 from cache.semantic.metrics import SemanticMetrics
 from cache.semantic.records import Candidate, SemanticHit
@@ -53,6 +54,7 @@ class RouteBudget:
         self.grid = grid
         self.scorer = scorer  # the route's verifier, scoring from the grid's floor
         self.matcher = matcher
+        self.exact_match = isinstance(matcher, ExactMatch)
         self.stage = stage
         self.metrics = metrics
         self.audit_rate = audit_rate

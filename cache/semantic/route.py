@@ -28,6 +28,7 @@ class CallLike(Protocol):
 
     model: str | None
     deterministic: bool
+    greedy: bool
     semantic_text: str | None
     context: Any
 
@@ -152,8 +153,12 @@ class SemanticRoute:
         )
 
     def labels(self, call: CallLike) -> bool:
-        """Answers to this call may label: a budget, and a deterministic call."""
-        return self.budget is not None and call.deterministic
+        """Answers to this call may label: a budget, a deterministic call, and under exact
+        answer matching a greedy one (a seeded sampled answer to a rewording samples another
+        path: it would disagree whatever the question meant, and shut the bar for everyone)."""
+        if self.budget is None or not call.deterministic:
+            return False
+        return call.greedy or not self.budget.exact_match
 
     def label_after_miss(
         self, call: CallLike, candidate: Candidate | None, stored: Stored, fresh: CacheEntry

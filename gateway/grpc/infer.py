@@ -41,6 +41,7 @@ class _Call:
 
     model: str | None
     deterministic: bool = True
+    greedy: bool = True
     semantic_text: str | None = None
     context: Any = None
 

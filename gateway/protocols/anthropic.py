@@ -124,6 +124,7 @@ class AnthropicAdapter:
             stream=stream,
             kind=KIND,
             deterministic=zero_temperature(doc),
+            greedy=zero_temperature(doc),
         )
         last = messages[-1]
         # Only a final user turn is a question a semantic cache may answer; the namespace is

@@ -29,6 +29,9 @@ class Call:
     semantic_text: the text a semantic lookup embeds, or None when the call has none.
     context: what else defines the conversation for a semantic namespace (earlier turns,
         system prompt, tools, sampling parameters). Everything not in semantic_text.
+    greedy: decoded at temperature 0, so its answer follows from the question's meaning; a
+        seeded sampled call is deterministic (its request fixes its answer) but not greedy:
+        reworded, it samples another path, and only a greedy answer can label by exact match.
     """
 
     protocol: str
@@ -36,6 +39,7 @@ class Call:
     key_fields: Any
     stream: bool = False
     deterministic: bool = False
+    greedy: bool = False
     semantic_text: str | None = None
     context: Any = None
     kind: str = ""

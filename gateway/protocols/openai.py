@@ -76,7 +76,7 @@ class OpenAIAdapter:
                 "body": {k: v for k, v in fields.items() if k != "prompt"},
                 "target": target,
             }
-            call.deterministic = _deterministic(doc)
+            call.deterministic, call.greedy = _deterministic(doc), zero_temperature(doc)
         else:
             require("input" in doc, "'input' is required", "input")
             items = doc["input"]
@@ -85,7 +85,7 @@ class OpenAIAdapter:
                     f"'input' has {len(items)} items; this route takes at most {self._max_items}",
                     param="input",
                 )
-            call.deterministic = True
+            call.deterministic = call.greedy = True
             call.extra["input"] = doc["input"]
         return call
 
@@ -112,7 +112,7 @@ class OpenAIAdapter:
         # the last turn's other fields (its speaker's `name`, ...): only its text is the question
         context["last"] = {k: v for k, v in last.items() if k != "content"}
         call.context = {"body": context, "target": target}
-        call.deterministic = _deterministic(doc)
+        call.deterministic, call.greedy = _deterministic(doc), zero_temperature(doc)
 
 
 def _deterministic(doc: dict[str, Any]) -> bool:

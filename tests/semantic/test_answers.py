@@ -7,7 +7,8 @@ import json
 import numpy as np
 
 from cache.codec import CacheEntry
-from cache.semantic.answers import EmbeddingMatch, ExactMatch, answer_text
+from cache.semantic.answer_text import answer_text
+from cache.semantic.answers import EmbeddingMatch, ExactMatch
 
 
 def chat(content: str) -> CacheEntry:
@@ -85,3 +86,78 @@ async def test_judge_asks_a_chat_endpoint_and_reads_yes_or_no() -> None:
         assert await m.agree("broken?", "a", "b") is None  # no verdict: no label
         assert await m.agree("same?", "x", " x ") is True  # equal answers need no judge
     assert len(asked) == 3
+
+
+def tool_chat(arguments: str, content: str | None = None) -> CacheEntry:
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": arguments}}
+    msg = {"role": "assistant", "content": content, "tool_calls": [call]}
+    body = {"id": "x", "choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls"}]}
+    return CacheEntry(200, [], body=json.dumps(body).encode(), kind="chat")
+
+
+def tool_sse(*arg_pieces: str) -> CacheEntry:
+    first = {"index": 0, "id": "c1", "type": "function", "function": {"name": "look"}}
+    deltas = [{"tool_calls": [first]}, {"tool_calls": [{"index": 0, "function": {"name": "up"}}]}]
+    deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": p}}]} for p in arg_pieces]
+    docs = [{"id": "x", "choices": [{"index": 0, "delta": d}]} for d in deltas]
+    return CacheEntry(
+        200, [], events=[f"data: {json.dumps(d)}".encode() for d in docs], kind="chat"
+    )
+
+
+def test_a_tool_call_answer_is_its_name_and_arguments() -> None:
+    # Two answers calling one tool with other arguments are not one answer (they were both "").
+    paris, lyon = (
+        answer_text(tool_chat('{"city": "Paris"}')),
+        answer_text(tool_chat('{"city":"Lyon"}')),
+    )
+    assert paris == '[tool call] lookup({"city":"Paris"})' and paris != lyon
+    # key order and spacing of the arguments do not matter; a stream says the same as a body
+    same = tool_chat('{ "units": "metric",\n "city": "Paris" }')
+    assert answer_text(same) == answer_text(tool_chat('{"city": "Paris", "units": "metric"}'))
+    assert answer_text(tool_sse('{"city"', ': "Paris"}')) == paris
+    # text beside a tool call counts too
+    assert answer_text(tool_chat("{}", "Let me look.")) == "Let me look.\n[tool call] lookup({})"
+    legacy = {"choices": [{"index": 0, "message": {"content": None, "function_call": {
+        "name": "lookup", "arguments": '{"city": "Paris"}'}}}]}  # fmt: skip
+    assert answer_text(CacheEntry(200, [], body=json.dumps(legacy).encode())) == paris
+
+
+def anthropic_message(*blocks: dict[str, object]) -> CacheEntry:
+    body = {"id": "msg_1", "type": "message", "role": "assistant", "content": list(blocks)}
+    return CacheEntry(200, [], body=json.dumps(body).encode(), kind="messages")
+
+
+def anthropic_sse(text: str, tool_json: list[str]) -> CacheEntry:
+    docs: list[dict[str, object]] = [
+        {"type": "message_start", "message": {"id": "msg_1", "content": []}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking"}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta",
+                                                              "thinking": "hmm"}},
+        {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": text}},
+        {"type": "content_block_start", "index": 2, "content_block": {
+            "type": "tool_use", "id": "t1", "name": "lookup", "input": {}}},
+    ]  # fmt: skip
+    docs += [
+        {"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta",
+                                                              "partial_json": p}}
+        for p in tool_json
+    ]  # fmt: skip
+    docs += [{"type": "message_stop"}]
+    events = [f"event: {d['type']}\ndata: {json.dumps(d)}".encode() for d in docs]
+    return CacheEntry(200, [], events=events, kind="messages")
+
+
+def test_anthropic_messages_have_answer_text_as_a_body_and_as_a_stream() -> None:
+    body = anthropic_message(
+        {"type": "thinking", "thinking": "the user wants the weather", "signature": "s"},
+        {"type": "text", "text": "Checking."},
+        {"type": "tool_use", "id": "t1", "name": "lookup", "input": {"city": "Paris"}},
+    )
+    want = 'Checking.\n[tool call] lookup({"city":"Paris"})'
+    assert answer_text(body) == want
+    assert answer_text(anthropic_sse("Checking.", ['{"city": ', '"Paris"}'])) == want
+    assert answer_text(anthropic_message({"type": "text", "text": "Paris."})) == "Paris."
+    other = anthropic_message({"type": "tool_use", "id": "t", "name": "lookup", "input": {}})
+    assert answer_text(other) == "[tool call] lookup({})" != answer_text(body)

@@ -50,13 +50,13 @@ def class_upstream(answers: dict[str, str]) -> Iterator[ServerThread]:
     server.stop()
 
 
-def admin_state(url: str) -> dict[str, Any]:
+def admin_state(url: str, route: str = "chat") -> dict[str, Any]:
     req = urllib.request.Request(
         f"{url}/admin/semantic", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
     )
     with urllib.request.urlopen(req, timeout=5) as r:
         doc: dict[str, Any] = json.loads(r.read())
-    state: dict[str, Any] = doc["routes"]["chat"]
+    state: dict[str, Any] = doc["routes"][route]
     return state
 
 

@@ -31,6 +31,7 @@ from cache.settings import CacheSettings, ExactPolicy
 class FakeCall:
     model: str | None = "m"
     deterministic: bool = True
+    greedy: bool = True
     semantic_text: str | None = None
     context: Any = None
 
