@@ -234,8 +234,8 @@ class CacheFlow:
                 lead = self.flights.try_lead(ask.key.value)
                 if lead is not None:
                     # issue 14: paraphrases may wait on this flight while it computes
-                    with flow_hooks.announced(self.semantic, ask.call, ask.key, vector):
-                        return await self._lead(ask, compute, x_cache, vector, lead)
+                    with flow_hooks.announced(self.semantic, ask.call, ask.key, vector) as a:
+                        return a.lasting(await self._lead(ask, compute, x_cache, vector, lead))
                 try:
                     with ask.waiting():
                         shared = await self.flights.wait(

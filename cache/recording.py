@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -49,6 +49,9 @@ class Recording:
         self._claim = claim
         self._copy: bytearray | None = bytearray() if self._storable or shareable else None
         self._ended = False  # the upstream stream reached its end (not cut, not abandoned)
+        # Called once the recording has settled its flight (issue 14: the semantic flight a
+        # paraphrase may wait on stays announced until then).
+        self.on_close: Callable[[], None] | None = None
 
     @property
     def wanted(self) -> bool:
@@ -92,6 +95,8 @@ class Recording:
         finally:
             if self._lead is not None and self._lead.open:
                 self._lead.abandon()
+            if self.on_close is not None:
+                self.on_close()
             await self._claim.release()
 
     def _seal(self) -> CacheEntry | None:

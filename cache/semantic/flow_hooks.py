@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from cache.singleflight import LeaderGone, SingleFlight
 log = logging.getLogger("latentgate.semantic.flow")
 
 _ANY_AGE = RequestDirectives()
+R = TypeVar("R")
 
 
 class Sealer(Protocol):
@@ -65,20 +66,40 @@ def stored_loader(rc: Peek, exact_key: str) -> Callable[[], Awaitable[CacheEntry
     return load
 
 
+class Announcement:
+    """A leader's question announced to paraphrases (SemanticRoute.join) while its exact flight
+    is open: until the leader returns, or, for a streamed answer, until its recording closes
+    (the exact flight settles there, and a paraphrase waiting on it gets the whole stream)."""
+
+    def __init__(self, flight: Flight | None) -> None:
+        self.flight = flight
+        self.handed_over = False
+
+    def lasting(self, result: R) -> R:
+        recording = getattr(result, "recording", None)
+        if self.flight is not None and recording is not None:
+            recording.on_close = self.end
+            self.handed_over = True
+        return result
+
+    def end(self) -> None:
+        if self.flight is not None:
+            self.flight.finish(None)
+
+
 @contextlib.contextmanager
 def announced(
     sr: object, call: CallLike, key: CacheKey, vector: np.ndarray | None
-) -> Iterator[Flight | None]:
-    """While the leader of an exact flight that missed the semantic index computes, its
-    question is announced to paraphrases (SemanticRoute.join); withdrawn when it returns."""
+) -> Iterator[Announcement]:
     flight = None
     if vector is not None and isinstance(sr, SemanticRoute):
         flight = sr.begin(call, key.tenant_h, vector, key.value)
+    announcement = Announcement(flight)
     try:
-        yield flight
+        yield announcement
     finally:
-        if flight is not None:
-            flight.finish(None)
+        if not announcement.handed_over:
+            announcement.end()
 
 
 async def join_flight(

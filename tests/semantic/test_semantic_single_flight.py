@@ -151,3 +151,36 @@ def test_a_paraphrase_does_not_get_an_answer_too_large_to_keep(
     text, headers = paraphrase_during_flight(gw, PARA)
     assert headers["x-cache"] == "miss" and "can I reset" in text
     assert upstream_calls(slow_upstream) == 2
+
+
+def test_a_streamed_paraphrase_waits_for_a_streaming_miss_to_finish(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    # The leader's headers come at once and its events over ~3 s: its flight stays announced
+    # until the stream is recorded, not only until its headers arrive.
+    gw = start_gateway(semantic_config(upstream.url))
+
+    def stream(text: str, **extra: Any) -> tuple[str, str]:
+        raw = client_for(gw.url).chat.completions.with_raw_response.create(
+            model="m",
+            temperature=0,
+            stream=True,
+            messages=[{"role": "user", "content": text}],
+            **extra,
+        )
+        chunks = raw.parse()
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        return text, raw.headers["x-cache"]
+
+    got: dict[str, tuple[str, str]] = {}
+    leader = threading.Thread(
+        target=lambda: got.update(q=stream(Q, extra_headers={"X-Test-Event-Delay": "0.3"}))
+    )
+    leader.start()
+    wait_for(lambda: admin_state(gw.url)["pending_flights"] == 1, "the leader in flight")
+    wait_for(lambda: upstream_calls(upstream) == 1, "the leader's stream under way")
+    para = stream(PARA)
+    leader.join()
+    assert para == (got["q"][0], "semantic-hit") and got["q"][1] == "miss"
+    assert upstream_calls(upstream) == 1
+    assert admin_state(gw.url)["pending_flights"] == 0
