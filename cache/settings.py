@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cache.semantic.rivals import RIVAL_COSINE
 
@@ -40,9 +41,32 @@ class JudgeSettings(_Frozen):
     """`answer_match: judge`: an OpenAI-compatible chat endpoint asked "same answer? yes/no"."""
 
     url: str
-    model: str
+    model: str = Field(min_length=1)
     headers: dict[str, str] = {}
     timeout: float = Field(30.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        # checked here: a URL that cannot be called would fail every label later, quietly
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"judge url must be an http(s) URL with a host, not {url!r}")
+        return url
+
+
+_BUDGET_ONLY = frozenset(
+    {
+        "audit_rate",
+        "answer_match",
+        "answer_cosine",
+        "judge",
+        "error_confidence",
+        "prior",
+        "label_half_life",
+        "min_labels",
+    }
+)
 
 
 class SemanticPolicy(_Frozen):
@@ -95,6 +119,18 @@ class SemanticPolicy(_Frozen):
     def _judge_needs_endpoint(self) -> SemanticPolicy:
         if self.answer_match == "judge" and self.judge is None:
             raise ValueError("answer_match 'judge' needs a judge: {url, model}")
+        if self.judge is not None and self.answer_match != "judge":
+            raise ValueError(
+                f"a judge is set but answer_match is {self.answer_match!r}: set 'judge'"
+            )
+        if self.max_error_rate is None:
+            # these only mean something to a budget: set alone, they would do nothing, quietly
+            budget_only = _BUDGET_ONLY & self.model_fields_set
+            if budget_only:
+                raise ValueError(
+                    f"{', '.join(sorted(budget_only))} only apply with max_error_rate (the error "
+                    "budget); set max_error_rate or remove them"
+                )
         return self
 
 

@@ -104,6 +104,14 @@ def route_status(sr: SemanticRoute) -> dict[str, Any]:
         "lookups_with_a_candidate": round(float(g.volume.sum())),
         "semantic_hits": b.hits,
         "audits": b.audits,
+        # this process's, since it started (the counts above are the fleet's, faded)
+        "audits_by_outcome": {
+            o: b.audit_outcomes[o] for o in ("agree", "disagree", "unusable", "error")
+        },
+        "labels_by_source": {
+            s: {o: b.label_outcomes[s, o] for o in ("agree", "disagree", "unusable")}
+            for s in ("miss", "audit")
+        },
         "audit_rate": b.audit_rate,
         "confidence": sr.policy.error_confidence,
         # which development dataset the live labels look like (None: no prior in use)

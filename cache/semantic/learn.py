@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
@@ -60,6 +61,10 @@ class RouteBudget:
         self.audit_rate = audit_rate
         self.hits = 0
         self.audits = 0
+        # This process's outcomes (the grid's counts are the fleet's, faded): audits by outcome
+        # (agree, disagree, unusable, error), labels by source and outcome (and unusable ones).
+        self.audit_outcomes: Counter[str] = Counter()
+        self.label_outcomes: Counter[tuple[str, str]] = Counter()
         self._credit = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         # Called with (cosine, score, wrong, volume) deltas: the shared store's hook.
@@ -126,10 +131,10 @@ class RouteBudget:
                 fresh = await fetch()
             except Exception as exc:  # an audit that fails is no label, never an error
                 log.info("semantic audit on route %s: upstream failed (%s)", self.route, exc)
-                self.metrics.audits.labels(self.route, "error").inc()
+                self._audited("error")
                 return
             if fresh is None:
-                self.metrics.audits.labels(self.route, "error").inc()
+                self._audited("error")
                 return
             await self._label(
                 "audit", hit.exact_key, hit.similarity, hit.score, True, question, stored, fresh
@@ -181,16 +186,16 @@ class RouteBudget:
             b = answer_text(fresh)
             agree = None if a is None or b is None else await self.matcher.agree(question, a, b)
         except Exception as exc:  # a judge or embedder failure is no label
-            log.info("semantic label on route %s failed (%s)", self.route, exc)
+            # (a warning: a judge that never answers leaves the route without labels)
+            log.warning("semantic label on route %s failed (%s)", self.route, exc)
             agree = None
-        if agree is None:
-            if source == "audit":
-                self.metrics.audits.labels(self.route, "unusable").inc()
-            return
-        outcome = "agree" if agree else "disagree"
+        outcome = "unusable" if agree is None else "agree" if agree else "disagree"
         if source == "audit":
-            self.metrics.audits.labels(self.route, outcome).inc()
+            self._audited(outcome)
+        self.label_outcomes[source, outcome] += 1
         self.metrics.labels.labels(self.route, source, outcome).inc()
+        if agree is None:
+            return
         self.grid.label(cosine, score, agree)
         if self.on_count is not None:
             self.on_count(cosine, score, 0 if agree else 1, 1, 0)
@@ -200,6 +205,10 @@ class RouteBudget:
                 await self.stage.report_wrong(exact_key, score)
             except Exception:  # the stage logs and counts its own Redis failures
                 log.exception("semantic demotion failed on route %s", self.route)
+
+    def _audited(self, outcome: str) -> None:
+        self.audit_outcomes[outcome] += 1
+        self.metrics.audits.labels(self.route, outcome).inc()
 
     def _spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)

@@ -64,7 +64,8 @@ class SemanticMetrics:
         )
         self.labels = Counter(
             p + "labels",
-            "Labelled candidates by source (miss, audit) and outcome (agree, disagree)",
+            "Labelled candidates by source (miss, audit) and outcome (agree, disagree; unusable:"
+            " an answer or verdict that could not be compared, no label)",
             ["route", "source", "outcome"],
             registry=registry,
         )

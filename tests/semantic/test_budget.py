@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -95,8 +96,40 @@ def test_config_keys_are_validated() -> None:
         SemanticPolicy(max_error_rate=1.5)
     with pytest.raises(ValidationError):
         SemanticPolicy(audit_rate=0.2)  # audits never exceed 10 % of hits
-    ok = SemanticPolicy(answer_match="judge", judge={"url": "http://127.0.0.1:1/v1", "model": "j"})
+    judge = {"url": "http://127.0.0.1:1/v1", "model": "j"}
+    ok = SemanticPolicy(max_error_rate=0.05, answer_match="judge", judge=judge)
     assert ok.judge is not None and ok.judge.model == "j"
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        # a judge URL that cannot be called would fail every label later, quietly
+        ({"judge": {"url": "localhost:8000/v1/chat/completions", "model": "j"}}, "http(s) URL"),
+        ({"judge": {"url": "ftp://judge/v1", "model": "j"}}, "http(s) URL"),
+        ({"judge": {"url": "", "model": "j"}}, "http(s) URL"),
+        ({"judge": {"url": "http://judge/v1", "model": ""}}, "at least 1 character"),
+        # keys that only a budget reads, set without one, would do nothing: said at load
+        ({"max_error_rate": None}, "answer_match, judge only apply with max_error_rate"),
+        ({"max_error_rate": None, "audit_rate": 0.1}, "answer_match, audit_rate, judge only"),
+        ({"answer_match": "exact"}, "a judge is set but answer_match is 'exact'"),
+    ],
+)
+def test_budget_keys_that_would_do_nothing_are_refused(
+    keys: dict[str, object], message: str
+) -> None:
+    from pydantic import ValidationError
+
+    from cache.settings import SemanticPolicy
+
+    base: dict[str, object] = {
+        "max_error_rate": 0.05,
+        "answer_match": "judge",
+        "judge": {"url": "http://judge/v1", "model": "j"},
+    }
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        SemanticPolicy.model_validate({**base, **keys})
+    SemanticPolicy.model_validate(base)  # the base itself is fine
 
 
 # -- the prior: development tables, mixed by what the live labels look like ------------------

@@ -8,10 +8,11 @@ from typing import Any
 
 import anthropic
 import pytest
+from aiohttp import web
 
 from tests.conftest import base_config
 from tests.integration.cache.conftest import ADMIN_TOKEN, anthropic_route
-from tests.semantic.test_budget_gateway import BUDGET, PARA, Q, admin_state, wait_for
+from tests.semantic.test_budget_gateway import BUDGET, PARA, Q, admin_state, metric, wait_for
 from tests.semantic.test_gateway import client_for, semantic_config
 from tests.support.class_upstream import build_class_upstream
 from tests.support.sdk_clients import close_tracked_clients, track  # noqa: F401 (autouse)
@@ -127,4 +128,68 @@ def test_seeded_sampled_calls_give_no_exact_match_labels(
         state = admin_state(gw.url)["budget"]
         assert state["labels"] == 1 and state["lookups_with_a_candidate"] == 2
     finally:
+        up.stop()
+
+
+def judge_app(verdicts: list[str]) -> Callable[[], web.Application]:
+    """A chat endpoint that judges: answers with the next verdict ('500': fails)."""
+
+    def build() -> web.Application:
+        async def judge(request: web.Request) -> web.Response:
+            doc = await request.json()
+            assert "Answer A:" in doc["messages"][0]["content"] and doc["temperature"] == 0
+            verdict = verdicts[0]
+            if verdict == "500":
+                return web.json_response({"error": {"message": "down"}}, status=500)
+            msg = {"role": "assistant", "content": verdict}
+            return web.json_response({"choices": [{"index": 0, "message": msg}]})
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", judge)
+        return app
+
+    return build
+
+
+def test_a_judge_labels_answers_that_differ_and_a_failing_one_labels_nothing(
+    start_gateway: Callable[..., ServerThread],
+) -> None:
+    verdicts = ["Yes."]
+    answers = {Q: A, PARA: "Settings > Security > Reset."}  # the same answer, other words
+    up = ServerThread(lambda: build_class_upstream(answers)).start()
+    judge = ServerThread(judge_app(verdicts)).start()
+    try:
+        judged = {
+            **BUDGET,
+            "answer_match": "judge",
+            "judge": {"url": f"{judge.url}/v1/chat/completions", "model": "j", "timeout": 5},
+        }
+        gw = start_gateway(semantic_config(up.url, **judged))
+        for t in range(3):
+            c = client_for(gw.url, f"sk-t{t}")
+            for text in (Q, PARA):
+                c.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": text}], temperature=0
+                )
+        wait_for(lambda: admin_state(gw.url)["budget"]["bar"]["open"], "the judge's yes labels")
+        assert admin_state(gw.url)["budget"]["labels_by_source"]["miss"]["agree"] == 3
+
+        verdicts[0] = "500"  # the judge goes down: no label, and clients never notice
+        for t in range(3, 5):
+            c = client_for(gw.url, f"sk-t{t}")
+            c.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": Q + " Thanks."}], temperature=0
+            )
+            c.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": PARA + " Thanks."}], temperature=0
+            )
+        wait_for(
+            lambda: admin_state(gw.url)["budget"]["labels_by_source"]["miss"]["unusable"] >= 1,
+            "an unusable label counted",
+        )
+        unusable = 'latentgate_semantic_labels_total{outcome="unusable",route="chat",source="miss"}'
+        assert metric(gw.url, unusable) >= 1
+        assert admin_state(gw.url)["budget"]["labels"] == 3  # no label from a failed verdict
+    finally:
+        judge.stop()
         up.stop()
