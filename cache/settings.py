@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -38,21 +38,34 @@ class ExactPolicy(_Frozen):
 
 
 class JudgeSettings(_Frozen):
-    """`answer_match: judge`: an OpenAI-compatible chat endpoint asked "same answer? yes/no"."""
+    """`answer_match: judge`: a chat model asked "same answer? yes/no" (cache.semantic.judge):
+    one of the gateway's backends, called directly (never through a route's cache), or a URL."""
 
-    url: str
+    backend: str | None = None
+    path: str = "/v1/chat/completions"  # on the backend
+    url: str | None = None
     model: str = Field(min_length=1)
     headers: dict[str, str] = {}
     timeout: float = Field(30.0, gt=0)
+    # Merged into the judge's request body; a null removes a default (e.g. max_tokens: null
+    # with max_completion_tokens: 3, for models that take only that).
+    body: dict[str, Any] = {}
+    max_concurrent: int = Field(4, ge=1)  # verdicts in flight per route; more labels queue
 
     @field_validator("url")
     @classmethod
-    def _http_url(cls, url: str) -> str:
+    def _http_url(cls, url: str | None) -> str | None:
         # checked here: a URL that cannot be called would fail every label later, quietly
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        parts = urlsplit(url or "")
+        if url is not None and (parts.scheme not in ("http", "https") or not parts.hostname):
             raise ValueError(f"judge url must be an http(s) URL with a host, not {url!r}")
         return url
+
+    @model_validator(mode="after")
+    def _one_endpoint(self) -> JudgeSettings:
+        if (self.backend is None) == (self.url is None):
+            raise ValueError("a judge needs one of backend (a backend's name) or url")
+        return self
 
 
 _BUDGET_ONLY = frozenset(

@@ -109,7 +109,7 @@ def route_status(sr: SemanticRoute) -> dict[str, Any]:
             o: b.audit_outcomes[o] for o in ("agree", "disagree", "unusable", "error")
         },
         "labels_by_source": {
-            s: {o: b.label_outcomes[s, o] for o in ("agree", "disagree", "unusable")}
+            s: {o: b.label_outcomes[s, o] for o in ("agree", "disagree", "unusable", "shed")}
             for s in ("miss", "audit")
         },
         "audit_rate": b.audit_rate,

@@ -83,7 +83,13 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     router = build_router(settings)
     cache = Cache(settings.cache, metrics.registry)
     semantic = build_semantic(
-        settings.cache, metrics.registry, settings.routes, engine_metrics, engines
+        settings.cache,
+        metrics.registry,
+        settings.routes,
+        engine_metrics,
+        engines,
+        # a judge backend (answer_match: judge) is looked up when it judges: reloads swap them
+        lambda name: state.backends.get(name),
     )
     if semantic is not None:
         cache.purge_listeners.append(semantic.purge)

@@ -149,6 +149,15 @@ class Settings(_Frozen):
                 raise PydanticCustomError(
                     _BACKEND_REF, _http_to_grpc(route.name, route.protocol, route.backend)
                 )
+            judge = route.cache.semantic.judge
+            if judge is not None and judge.backend is not None:
+                spec = self.backends.get(judge.backend)
+                if spec is None or spec.kind != "remote" or getattr(spec, "wire", "") == "grpc":
+                    raise PydanticCustomError(
+                        _BACKEND_REF,
+                        f"route {route.name!r}: judge backend {judge.backend!r} must be a remote "
+                        f"HTTP backend under backends ({', '.join(sorted(self.backends))})",
+                    )
         for name in self.readiness.require:
             spec = self.backends.get(name)
             if spec is None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from typing import Literal
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Literal
 
 from cache.codec import CacheEntry
 from cache.semantic.answer_text import answer_text
@@ -31,6 +31,7 @@ log = logging.getLogger("latentgate.semantic.budget")
 
 AUDIT_CAP = 0.10  # audits per semantic hit, at most
 LEARNING_LABELS = 100  # the served region has fewer labels than this: audit twice as often
+MAX_PENDING = 256  # labels and audits in flight per route; more are shed (labels{outcome=shed})
 Source = Literal["miss", "audit"]
 Stored = CacheEntry | Callable[[], Awaitable[CacheEntry | None]] | None
 
@@ -140,7 +141,7 @@ class RouteBudget:
                 "audit", hit.exact_key, hit.similarity, hit.score, True, question, stored, fresh
             )
 
-        self._spawn(run())
+        self._spawn(run(), "audit")
 
     def label_audit(
         self, hit: SemanticHit, question: str, stored: Stored, fresh: CacheEntry
@@ -148,7 +149,8 @@ class RouteBudget:
         self._spawn(
             self._label(
                 "audit", hit.exact_key, hit.similarity, hit.score, True, question, stored, fresh
-            )
+            ),
+            "audit",
         )
 
     # -- labels from misses ----------------------------------------------------------------
@@ -166,7 +168,8 @@ class RouteBudget:
                 question,
                 stored,
                 fresh,
-            )
+            ),
+            "miss",
         )
 
     async def _label(
@@ -210,7 +213,14 @@ class RouteBudget:
         self.audit_outcomes[outcome] += 1
         self.metrics.audits.labels(self.route, outcome).inc()
 
-    def _spawn(self, work: Awaitable[None]) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None], source: Source) -> None:
+        if len(self._tasks) >= MAX_PENDING:
+            # a slow judge or upstream must not pile up work (and the entries each label
+            # holds) without bound: past this, labels are shed, and counted
+            work.close()
+            self.label_outcomes[source, "shed"] += 1
+            self.metrics.labels.labels(self.route, source, "shed").inc()
+            return
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -224,6 +234,9 @@ class RouteBudget:
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        close = getattr(self.matcher, "aclose", None)
+        if close is not None:
+            await close()
 
 
 def describe(b: Bar, budget: float) -> str:

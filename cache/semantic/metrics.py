@@ -65,7 +65,8 @@ class SemanticMetrics:
         self.labels = Counter(
             p + "labels",
             "Labelled candidates by source (miss, audit) and outcome (agree, disagree; unusable:"
-            " an answer or verdict that could not be compared, no label)",
+            " an answer or verdict that could not be compared, no label; shed: not attempted,"
+            " too many in flight)",
             ["route", "source", "outcome"],
             registry=registry,
         )

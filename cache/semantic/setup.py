@@ -21,12 +21,13 @@ from prometheus_client import CollectorRegistry
 from backends.local import LoadProgress
 from cache.embedder import Embedder, load_embedder
 from cache.keys import Selector
-from cache.semantic.answers import EmbeddingMatch, ExactMatch, JudgeMatch, Matcher
+from cache.semantic.answers import EmbeddingMatch, ExactMatch, Matcher
 from cache.semantic.budget import LEARN_FLOOR, BudgetGrid, grid_edges
 from cache.semantic.budget_prior import DEFAULT_PRIOR, digest, load_prior
 from cache.semantic.budget_store import BudgetStore
 from cache.semantic.cross_encoder import CrossEncoder
 from cache.semantic.index import VectorIndex
+from cache.semantic.judge import BackendNamed, JudgeMatch, backend_judge, url_judge
 from cache.semantic.learn import RouteBudget
 from cache.semantic.metrics import SemanticMetrics
 from cache.semantic.route import SemanticRoute
@@ -88,8 +89,12 @@ class SemanticSetup:
         routes: Sequence[RouteLike],
         engine_metrics: Callable[[], Any] | None = None,
         engines: Any = None,
+        backend_named: BackendNamed | None = None,
     ) -> None:
         s = settings.semantic
+        # a judge that is one of the app's backends finds it here when it judges (reloads swap
+        # the backends; the app factory's resolver reads the current ones)
+        self._backend_named: BackendNamed = backend_named or (lambda name: None)
         self._engines = engines  # backends.local.shared.EngineShare: one MiniLM session per app
         self.settings = settings
         self.registry = registry
@@ -169,7 +174,13 @@ class SemanticSetup:
         elif p.answer_match == "judge":
             assert p.judge is not None
             j = p.judge
-            matcher = JudgeMatch(j.url, j.model, j.headers, j.timeout)
+            close = None
+            if j.url is not None:
+                post, close = url_judge(j.url, j.headers, j.timeout)
+            else:
+                assert j.backend is not None
+                post = backend_judge(self._backend_named, j.backend, j.path, j.headers, j.timeout)
+            matcher = JudgeMatch(post, j.model, j.body, j.max_concurrent, close)
         context = label_context(scorer, ver, p, verifier_artifact)
         return RouteBudget(
             route, grid, matcher, self.stage, self.metrics, p.audit_rate, scorer, context
@@ -334,11 +345,12 @@ def build_semantic(
     routes: Sequence[RouteLike],
     engine_metrics: Callable[[], Any] | None = None,
     engines: Any = None,
+    backend_named: BackendNamed | None = None,
 ) -> SemanticSetup | None:
     enabled = [r for r in routes if r.cache.semantic.enabled]
     if not enabled:
         return None
-    return SemanticSetup(settings, registry, enabled, engine_metrics, engines)
+    return SemanticSetup(settings, registry, enabled, engine_metrics, engines, backend_named)
 
 
 def semantic_routes(setup: SemanticSetup | None) -> Mapping[str, SemanticRoute]:

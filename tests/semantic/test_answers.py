@@ -64,14 +64,14 @@ async def test_judge_asks_a_chat_endpoint_and_reads_yes_or_no() -> None:
     from aiohttp import web
     from aiohttp.test_utils import TestServer
 
-    from cache.semantic.answers import JudgeMatch
+    from cache.semantic.judge import JudgeMatch, url_judge
 
-    asked: list[str] = []
+    asked: list[dict[str, object]] = []
 
     async def judge(request: web.Request) -> web.Response:
         doc = await request.json()
         prompt = doc["messages"][0]["content"]
-        asked.append(prompt)
+        asked.append(doc)
         verdict = "Yes." if "Paris" in prompt and "capital of France" in prompt else "no"
         if "broken" in prompt:
             return web.json_response({"error": "x"}, status=500)
@@ -80,12 +80,27 @@ async def test_judge_asks_a_chat_endpoint_and_reads_yes_or_no() -> None:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", judge)
     async with TestServer(app, host="127.0.0.1") as server:
-        m = JudgeMatch(str(server.make_url("/v1/chat/completions")), "judge-model")
+        post, close = url_judge(str(server.make_url("/v1/chat/completions")), {}, 5.0)
+        # a null removes a default: models that take max_completion_tokens, not max_tokens
+        m = JudgeMatch(post, "judge-model", {"max_tokens": None, "max_completion_tokens": 3})
         assert await m.agree("capital of France?", "Paris.", "It is Paris") is True
         assert await m.agree("capital of Spain?", "Madrid", "Seville") is False
         assert await m.agree("broken?", "a", "b") is None  # no verdict: no label
         assert await m.agree("same?", "x", " x ") is True  # equal answers need no judge
+        await close()
     assert len(asked) == 3
+    assert "max_tokens" not in asked[0] and asked[0]["max_completion_tokens"] == 3
+    assert asked[0]["model"] == "judge-model" and asked[0]["temperature"] == 0
+
+
+def test_a_verdict_is_the_first_word_exactly() -> None:
+    from cache.semantic.judge import verdict
+
+    assert verdict("Yes.") is True and verdict("**no**, they differ") is False
+    assert verdict("YES") is True and verdict(" no") is False
+    # a reply that only starts like a verdict is none
+    for unclear in ("not sure", "none of them", "yesterday", "", "Maybe"):
+        assert verdict(unclear) is None, unclear
 
 
 def tool_chat(arguments: str, content: str | None = None) -> CacheEntry:

@@ -109,6 +109,8 @@ def test_config_keys_are_validated() -> None:
         ({"judge": {"url": "ftp://judge/v1", "model": "j"}}, "http(s) URL"),
         ({"judge": {"url": "", "model": "j"}}, "http(s) URL"),
         ({"judge": {"url": "http://judge/v1", "model": ""}}, "at least 1 character"),
+        ({"judge": {"url": "http://judge/v1", "backend": "b", "model": "j"}}, "one of backend"),
+        ({"judge": {"model": "j"}}, "one of backend"),
         # keys that only a budget reads, set without one, would do nothing: said at load
         ({"max_error_rate": None}, "answer_match, judge only apply with max_error_rate"),
         ({"max_error_rate": None, "audit_rate": 0.1}, "answer_match, audit_rate, judge only"),

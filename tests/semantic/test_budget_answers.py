@@ -151,7 +151,7 @@ def judge_app(verdicts: list[str]) -> Callable[[], web.Application]:
     return build
 
 
-def test_a_judge_labels_answers_that_differ_and_a_failing_one_labels_nothing(
+def test_a_judge_backend_labels_answers_that_differ_and_a_failing_one_labels_nothing(
     start_gateway: Callable[..., ServerThread],
 ) -> None:
     verdicts = ["Yes."]
@@ -159,12 +159,11 @@ def test_a_judge_labels_answers_that_differ_and_a_failing_one_labels_nothing(
     up = ServerThread(lambda: build_class_upstream(answers)).start()
     judge = ServerThread(judge_app(verdicts)).start()
     try:
-        judged = {
-            **BUDGET,
-            "answer_match": "judge",
-            "judge": {"url": f"{judge.url}/v1/chat/completions", "model": "j", "timeout": 5},
-        }
-        gw = start_gateway(semantic_config(up.url, **judged))
+        # the judge is one of the gateway's backends, called directly (never through a route)
+        judged = {**BUDGET, "answer_match": "judge", "judge": {"backend": "judge", "model": "j"}}
+        cfg = semantic_config(up.url, **judged)
+        cfg["backends"]["judge"] = {"kind": "remote", "replicas": [judge.url]}
+        gw = start_gateway(cfg)
         for t in range(3):
             c = client_for(gw.url, f"sk-t{t}")
             for text in (Q, PARA):
@@ -193,3 +192,23 @@ def test_a_judge_labels_answers_that_differ_and_a_failing_one_labels_nothing(
     finally:
         judge.stop()
         up.stop()
+
+
+@pytest.mark.parametrize("backend", ["nowhere", "embeddings_local"])
+def test_a_judge_backend_must_be_a_remote_http_backend(backend: str) -> None:
+    from pydantic import ValidationError
+
+    from gateway.config import Settings
+
+    cfg = semantic_config(
+        "http://127.0.0.1:9",
+        **BUDGET,
+        answer_match="judge",
+        judge={"backend": backend, "model": "j"},
+    )
+    cfg["backends"]["embeddings_local"] = {
+        "kind": "onnxruntime",
+        "model": "builtin:all-MiniLM-L6-v2",
+    }
+    with pytest.raises(ValidationError, match=f"judge backend '{backend}' must be a remote HTTP"):
+        Settings.model_validate(cfg)

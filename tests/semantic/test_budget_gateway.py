@@ -122,7 +122,12 @@ def test_labels_from_misses_open_the_bar_and_a_wrong_audit_closes_it(
     state = admin_state(gw.url)["budget"]
     assert state["audits"] == 1 and state["semantic_hits"] == 10  # 10 % of hits
     assert state["audits_by_outcome"] == {"agree": 0, "disagree": 1, "unusable": 0, "error": 0}
-    assert state["labels_by_source"]["audit"] == {"agree": 0, "disagree": 1, "unusable": 0}
+    assert state["labels_by_source"]["audit"] == {
+        "agree": 0,
+        "disagree": 1,
+        "unusable": 0,
+        "shed": 0,
+    }
     assert state["labels_by_source"]["miss"]["agree"] >= 3
     assert not state["bar"]["open"]  # 1 wrong in 4: the bound is over the budget: closed
     assert metric(gw.url, 'latentgate_semantic_error_rate{route="chat",stat="bound"}') > 0.5

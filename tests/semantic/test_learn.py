@@ -111,3 +111,34 @@ async def test_without_the_keys_search_is_todays_lookup(
     res = await sr.search(chat(PAIRS[0][1], temperature=0), "t")
     assert res.hit is not None and res.candidate is None and sr.budget is None
     assert not sr.should_audit(chat(PAIRS[0][1], temperature=0), res.hit)
+
+
+async def test_labels_past_the_in_flight_bound_are_shed_and_counted(
+    stage: SemanticStage, verifier: MlpVerifier
+) -> None:
+    # A judge that never answers: label work must not pile up without bound.
+    import asyncio
+
+    from cache.semantic.learn import MAX_PENDING
+    from cache.semantic.records import Candidate
+
+    stalled = asyncio.Event()
+
+    class Stalled:
+        async def agree(self, question: str, stored: str, fresh: str) -> bool | None:
+            await stalled.wait()
+            return True
+
+    metrics = stage.metrics
+    grid = BudgetGrid(0.5, verifier.floor, verifier.p_min, min_labels=3)
+    budget = RouteBudget("chat", grid, Stalled(), stage, metrics, 0.1, scorer=verifier)
+    cand = Candidate("k0", 0.95, 0.6, served_by_bar=False)
+    for _ in range(MAX_PENDING + 40):
+        budget.label_after_miss(cand, "q", answer("a"), answer("b"))
+    await asyncio.sleep(0)
+    assert len(budget._tasks) == MAX_PENDING
+    assert budget.label_outcomes["miss", "shed"] == 40
+    assert metrics.labels.labels("chat", "miss", "shed")._value.get() == 40
+    stalled.set()
+    await budget.drain()
+    assert grid.labels.sum() == MAX_PENDING  # the ones kept all landed
