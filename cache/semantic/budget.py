@@ -205,6 +205,11 @@ class BudgetGrid:
         w = self.prior.mixture(self.labels, self.wrong)
         return {n: float(x) for n, x in zip(self.prior.names, w, strict=True)}
 
+    @property
+    def stale(self) -> bool:
+        """The counts moved (a label, a load, a fade step) since the bar was last chosen."""
+        return self._bar is None
+
     def bar(self) -> Bar:
         if self._bar is None:
             self._bar = self._choose()

@@ -8,7 +8,9 @@ edges so a grid with other edges still reads them. An epoch is a quarter of the 
 half-life of wall-clock time: a count weighs 0.5 ** (its epoch's age / 4) when read, and epochs
 past 4 half-lives are deleted (so the hash stays small). A process counts locally and, every
 `interval` seconds, adds its new counts (HINCRBY) and reads the fleet's totals (HGETALL) in one
-pipeline: every process then derives the same bar from the same counts (and clocks). Plain hash
+pipeline: every process then derives the same bar from the same counts (and clocks). A route
+with nothing new here is read only every `idle_read` seconds: an idle fleet of sidecars does not
+pull every hash twice a second. Plain hash
 commands only, on the client the semantic sync publishes with (standalone, sentinel or cluster:
 one key per route, so a cluster pipeline sends each to its slot). A Redis failure is logged and
 counted; the counts stay local and go with the next flush.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -78,11 +81,14 @@ class BudgetStore:
         budgets: Mapping[str, RouteBudget],
         prefix: str = "lg:",
         interval: float = 0.5,
+        idle_read: float = 5.0,
     ) -> None:
         self.redis = redis
         self.budgets = dict(budgets)
         self.prefix = prefix
         self.interval = interval
+        self.idle_read = idle_read
+        self._read_at: dict[str, float] = {}  # time.monotonic() of each route's last read
         self._new: dict[str, Counter[str]] = {r: Counter() for r in budgets}
         self._task: asyncio.Task[None] | None = None
         for route, b in self.budgets.items():
@@ -109,9 +115,16 @@ class BudgetStore:
 
     async def flush(self) -> bool:
         """Add this process's new counts and load the fleet's totals; False on a Redis error."""
-        taken = {r: +c for r, c in self._new.items()}
-        for c in self._new.values():
-            c.clear()
+        now = time.monotonic()
+        taken = {
+            r: +c
+            for r, c in self._new.items()
+            if c or now - self._read_at.get(r, -math.inf) >= self.idle_read
+        }
+        if not taken:
+            return True
+        for r in taken:
+            self._new[r].clear()
         try:
             async with self.redis.pipeline(transaction=False) as p:
                 for route, counts in taken.items():
@@ -139,6 +152,7 @@ class BudgetStore:
             (labels, wrong, volume), stale = _arrays(b.grid, totals, epoch_of(b.grid, time.time()))
             b.grid.load(labels, wrong, volume)
             b.publish()
+            self._read_at[route] = now
             if stale:
                 with contextlib.suppress(*REDIS_ERRORS):  # the next flush tries again
                     await self.redis.hdel(self.key(route), *stale)

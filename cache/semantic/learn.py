@@ -80,6 +80,8 @@ class RouteBudget:
 
     def observe(self, cosine: float, score: float) -> None:
         self.grid.observe(cosine, score)
+        if self.grid.stale:  # labels faded (a label or a load publishes its own change)
+            self.publish()
         if self.on_count is not None:
             self.on_count(cosine, score, 0, 0, 1)
 

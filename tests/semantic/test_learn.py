@@ -142,3 +142,22 @@ async def test_labels_past_the_in_flight_bound_are_shed_and_counted(
     stalled.set()
     await budget.drain()
     assert grid.labels.sum() == MAX_PENDING  # the ones kept all landed
+
+
+async def test_metrics_follow_a_bar_that_moves_because_labels_faded(
+    stage: SemanticStage, verifier: MlpVerifier
+) -> None:
+    # No Redis: nothing reloads the counts, so the lookups themselves must republish.
+    now = [1000.0]
+    grid = BudgetGrid(
+        0.5, verifier.floor, verifier.p_min, min_labels=3, half_life=60.0, clock=lambda: now[0]
+    )
+    metrics = stage.metrics
+    budget = RouteBudget("chat", grid, ExactMatch(), stage, metrics, 0.1, scorer=verifier)
+    for _ in range(3):
+        grid.label(0.97, 0.6, agree=True)
+    budget.publish()
+    assert metrics.bar_open.labels("chat")._value.get() == 1
+    now[0] += 600.0  # ten half-lives: the three labels weigh 0.003 together
+    budget.observe(0.97, 0.6)
+    assert metrics.bar_open.labels("chat")._value.get() == 0
