@@ -10,7 +10,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from backends import UpstreamError, UpstreamResponse
 from cache.codec import CacheEntry
@@ -60,6 +60,12 @@ class Answers(Protocol):
     def seal(self, content_type: str, data: bytes) -> bytes | list[bytes] | None:
         """A finished recording as an entry's body (bytes) or events (list); None when the
         stream did not complete, so it is never stored or shared."""
+        ...
+
+    def follows_stream(self, leader: Any) -> bool:
+        """May this request wait out another request's streamed answer (`leader`: that
+        request's Answers)? Not when it streams itself (its first token would come only after
+        the other's last), nor when the recorded stream cannot be rendered for it."""
         ...
 
 

@@ -174,6 +174,7 @@ class CacheFlow:
                         ask.wait_s(self.rc.policy.coalesce_wait_s),
                         ask.key.value,
                         rivals,
+                        ask.answers,
                     )
                 if joined is not None and ask.answers.serves(joined[0]):
                     return Hit(joined[0], "semantic-hit", joined[1])
@@ -235,7 +236,8 @@ class CacheFlow:
                 if lead is not None:
                     # issue 14: paraphrases may wait on this flight while it computes
                     with flow_hooks.announced(self.semantic, ask.call, ask.key, vector) as a:
-                        return a.lasting(await self._lead(ask, compute, x_cache, vector, lead))
+                        led = await self._lead(ask, compute, x_cache, vector, lead)
+                        return a.lasting(led, ask.answers)
                 try:
                     with ask.waiting():
                         shared = await self.flights.wait(

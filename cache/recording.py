@@ -54,6 +54,17 @@ class Recording:
         self.on_close: Callable[[], None] | None = None
 
     @property
+    def will_share(self) -> bool:
+        """Will a complete recording be stored and handed to waiters (as far as known now)?"""
+        return self._storable and self._shareable and self._copy is not None
+
+    def _let_go(self) -> None:
+        """Nobody may wait on this recording any more: end what was held open for it."""
+        done, self.on_close = self.on_close, None
+        if done is not None:
+            done()
+
+    @property
     def wanted(self) -> bool:
         """Does anyone but the leader's client still want the rest (waiters, the store)?"""
         return self._copy is not None
@@ -67,6 +78,7 @@ class Recording:
                 copy += chunk
                 if len(copy) > limit:
                     self._copy, self._storable, self._shareable = None, False, False
+                    self._let_go()
             yield chunk
         self._ended = True
 
@@ -95,8 +107,7 @@ class Recording:
         finally:
             if self._lead is not None and self._lead.open:
                 self._lead.abandon()
-            if self.on_close is not None:
-                self.on_close()
+            self._let_go()
             await self._claim.release()
 
     def _seal(self) -> CacheEntry | None:

@@ -138,7 +138,9 @@ class SemanticPolicy(_Frozen):
             )
         if self.max_error_rate is None:
             # these only mean something to a budget: set alone, they would do nothing, quietly
-            budget_only = _BUDGET_ONLY & self.model_fields_set
+            # (a default written out, as /admin/config shows the policy, is not a mistake)
+            fields = type(self).model_fields
+            budget_only = {k for k in _BUDGET_ONLY if getattr(self, k) != fields[k].default}
             if budget_only:
                 raise ValueError(
                     f"{', '.join(sorted(budget_only))} only apply with max_error_rate (the error "

@@ -35,6 +35,14 @@ class Framing(NamedTuple):
     include_usage: bool = False
     kind: str = ""  # the call's kind: which stream codec says a recorded stream completed
 
+    def follows_stream(self, leader: object) -> bool:
+        """A one-body request may wait out a streamed answer it can be rendered from: an
+        OpenAI stream makes a JSON body only with its usage chunk (_render). A streaming one
+        does not wait: its first token would come after the other's last."""
+        if self.stream or not isinstance(leader, Framing):
+            return False
+        return leader.include_usage or self.kind not in _OPENAI_KINDS
+
     def serves(self, entry: CacheEntry) -> bool:
         return rendered(entry, self) is not None
 

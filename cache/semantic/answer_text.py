@@ -84,7 +84,8 @@ class _Parts:
 
     def render(self) -> str:
         calls = [
-            f"[tool call] {name}({_canonical(args) if args else ''})"
+            # no arguments reads as {} (a stream sends "" where its JSON form has input {})
+            f"[tool call] {name}({_canonical(args or '{}')})"
             for _, (name, args) in sorted(self.tools.items())
         ]
         text = "".join(self.text)

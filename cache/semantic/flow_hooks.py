@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -75,9 +75,13 @@ class Announcement:
         self.flight = flight
         self.handed_over = False
 
-    def lasting(self, result: R) -> R:
+    def lasting(self, result: R, answers: object) -> R:
+        """Hands the announcement to a streamed result's recording when that will share its
+        answer (one not kept could only make paraphrases wait for nothing); from then on only
+        requests that `follows_stream` the leader's framing (answers) may join."""
         recording = getattr(result, "recording", None)
-        if self.flight is not None and recording is not None:
+        if self.flight is not None and recording is not None and recording.will_share:
+            self.flight.streamed_by = answers
             recording.on_close = self.end
             self.handed_over = True
         return result
@@ -111,6 +115,7 @@ async def join_flight(
     wait_s: float,
     own_key: str = "",
     stored_rivals: int = 0,
+    answers: Any = None,
 ) -> tuple[CacheEntry, SemanticHit] | None:
     """An in-flight miss this lookup would serve: wait on its exact flight for the answer.
     None (compute as usual) when there is none, it failed, answered an error, was private or
@@ -119,6 +124,9 @@ async def join_flight(
         joined = await sr.join(call, tenant, vector, stored_rivals)
         if joined is None or joined.flight.key == own_key:
             return None  # (the same request in flight: the exact coalescer's business)
+        leader = joined.flight.streamed_by
+        if leader is not None and (answers is None or not answers.follows_stream(leader)):
+            return None  # a streamed answer this request would not wait out
         shared = await flights.wait(joined.flight.key, wait_s)
     except (LeaderGone, TimeoutError):
         return None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,8 +18,6 @@ import aiohttp
 
 from backends import UpstreamRequest
 from cache.semantic.answer_text import reply_text
-
-log = logging.getLogger("latentgate.semantic.budget")
 
 # (status, parsed JSON body or None) of one judge call
 Post = Callable[[dict[str, Any]], Awaitable[tuple[int, Any]]]
@@ -31,6 +28,10 @@ JUDGE_PROMPT = (
     "Question: {q}\n\nAnswer A: {a}\n\nAnswer B: {b}\n\n"
     "Do answers A and B give the same answer to the question? Reply with one word: yes or no."
 )
+
+
+class JudgeFailed(Exception):
+    """The judge gave no verdict: no label."""
 
 
 def verdict(text: str) -> bool | None:
@@ -73,8 +74,7 @@ class JudgeMatch:
         async with self._slots:
             status, doc = await self.post(body)
         if status != 200:
-            log.warning("semantic judge answered %d: no label", status)
-            return None
+            raise JudgeFailed(f"the judge answered {status}")  # (logged, throttled, by the label)
         return verdict(reply_text(doc))
 
     async def aclose(self) -> None:
@@ -107,9 +107,10 @@ def backend_judge(
     async def post(body: dict[str, Any]) -> tuple[int, Any]:
         backend = backend_named(name)
         if backend is None:
-            log.warning("semantic judge: backend %r is gone (a reload?): no label", name)
-            return 503, None
-        hdrs = [("Content-Type", "application/json"), *headers.items()]
+            raise JudgeFailed(f"judge backend {name!r} is gone (a reload?)")
+        hdrs = list(headers.items())
+        if not any(k.lower() == "content-type" for k, _ in hdrs):
+            hdrs.append(("Content-Type", "application/json"))
         request = UpstreamRequest("POST", path, hdrs, json.dumps(body).encode(), deadline_s=timeout)
         async with asyncio.timeout(timeout):
             up = await backend.send(request)

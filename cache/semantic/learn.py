@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Literal
@@ -66,6 +68,7 @@ class RouteBudget:
         # (agree, disagree, unusable, error), labels by source and outcome (and unusable ones).
         self.audit_outcomes: Counter[str] = Counter()
         self.label_outcomes: Counter[tuple[str, str]] = Counter()
+        self._warned_at = -math.inf
         self._credit = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         # Called with (cosine, score, wrong, volume) deltas: the shared store's hook.
@@ -187,12 +190,19 @@ class RouteBudget:
     ) -> None:
         try:
             entry = stored if isinstance(stored, CacheEntry) or stored is None else await stored()
-            a = answer_text(entry) if entry is not None else None
+            if entry is None:
+                return  # the candidate's answer is gone (evicted, expired): nothing to compare
+            a = answer_text(entry)
             b = answer_text(fresh)
             agree = None if a is None or b is None else await self.matcher.agree(question, a, b)
         except Exception as exc:  # a judge or embedder failure is no label
-            # (a warning: a judge that never answers leaves the route without labels)
-            log.warning("semantic label on route %s failed (%s)", self.route, exc)
+            # a warning (a judge that never answers leaves the route without labels), but once
+            # a minute: a judge that is down fails every label
+            now = time.monotonic()
+            level = logging.WARNING if now - self._warned_at >= 60.0 else logging.DEBUG
+            if level == logging.WARNING:
+                self._warned_at = now
+            log.log(level, "semantic label on route %s failed (%s)", self.route, exc)
             agree = None
         outcome = "unusable" if agree is None else "agree" if agree else "disagree"
         if source == "audit":

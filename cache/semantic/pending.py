@@ -34,6 +34,9 @@ class Flight:
     info: TextInfo
     owner: PendingFlights
     key: str = ""  # the leader's exact key (the flow waits on that exact flight)
+    # the leader's Answers once its answer turned out to be a stream (cache.asks.Answers:
+    # only requests that follow_stream it may wait on it)
+    streamed_by: object = None
     future: asyncio.Future[CacheEntry | None] = field(init=False)
 
     def __post_init__(self) -> None:

@@ -52,6 +52,9 @@ class _Answers:
     def serves(self, entry: CacheEntry) -> bool:
         return entry.status == 200 and entry.body is not None
 
+    def follows_stream(self, leader: object) -> bool:
+        return False  # (no semantic text: never joins a flight)
+
     def seal(self, content_type: str, data: bytes) -> bytes | list[bytes] | None:
         return data
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from cache.codec import CacheEntry
 from cache.semantic.answer_text import answer_text
@@ -64,7 +65,7 @@ async def test_judge_asks_a_chat_endpoint_and_reads_yes_or_no() -> None:
     from aiohttp import web
     from aiohttp.test_utils import TestServer
 
-    from cache.semantic.judge import JudgeMatch, url_judge
+    from cache.semantic.judge import JudgeFailed, JudgeMatch, url_judge
 
     asked: list[dict[str, object]] = []
 
@@ -85,7 +86,8 @@ async def test_judge_asks_a_chat_endpoint_and_reads_yes_or_no() -> None:
         m = JudgeMatch(post, "judge-model", {"max_tokens": None, "max_completion_tokens": 3})
         assert await m.agree("capital of France?", "Paris.", "It is Paris") is True
         assert await m.agree("capital of Spain?", "Madrid", "Seville") is False
-        assert await m.agree("broken?", "a", "b") is None  # no verdict: no label
+        with pytest.raises(JudgeFailed, match="answered 500"):  # no verdict: no label
+            await m.agree("broken?", "a", "b")
         assert await m.agree("same?", "x", " x ") is True  # equal answers need no judge
         await close()
     assert len(asked) == 3
@@ -176,3 +178,6 @@ def test_anthropic_messages_have_answer_text_as_a_body_and_as_a_stream() -> None
     assert answer_text(anthropic_message({"type": "text", "text": "Paris."})) == "Paris."
     other = anthropic_message({"type": "tool_use", "id": "t", "name": "lookup", "input": {}})
     assert answer_text(other) == "[tool call] lookup({})" != answer_text(body)
+    # a tool with no input streams "" where its JSON form has {}: one answer either way
+    assert answer_text(anthropic_sse("", [""])) == "[tool call] lookup({})"
+    assert answer_text(tool_sse()) == answer_text(tool_chat("")) == "[tool call] lookup({})"

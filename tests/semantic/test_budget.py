@@ -134,6 +134,14 @@ def test_budget_keys_that_would_do_nothing_are_refused(
     SemanticPolicy.model_validate(base)  # the base itself is fine
 
 
+def test_a_policy_written_out_whole_loads_back() -> None:
+    # /admin/config shows every field, defaults included: saved as a config, it must load
+    from cache.settings import SemanticPolicy
+
+    plain = SemanticPolicy(enabled=True)
+    assert SemanticPolicy.model_validate(plain.model_dump()) == plain
+
+
 # -- the prior: development tables, mixed by what the live labels look like ------------------
 
 EDGES = grid_edges(0.88, 0.495)

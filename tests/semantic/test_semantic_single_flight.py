@@ -153,34 +153,65 @@ def test_a_paraphrase_does_not_get_an_answer_too_large_to_keep(
     assert upstream_calls(slow_upstream) == 2
 
 
-def test_a_streamed_paraphrase_waits_for_a_streaming_miss_to_finish(
-    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
-) -> None:
-    # The leader's headers come at once and its events over ~3 s: its flight stays announced
-    # until the stream is recorded, not only until its headers arrive.
-    gw = start_gateway(semantic_config(upstream.url))
+def streamed_leader(
+    gw: ServerThread, upstream: ServerThread, headers: dict[str, str], **extra: Any
+) -> tuple[threading.Thread, dict[str, str]]:
+    """Q streamed (its events ~0.3 s apart, ~3 s in all) in a thread, once it is upstream."""
+    got: dict[str, str] = {}
 
-    def stream(text: str, **extra: Any) -> tuple[str, str]:
-        raw = client_for(gw.url).chat.completions.with_raw_response.create(
+    def run() -> None:
+        chunks = client_for(gw.url).chat.completions.create(
             model="m",
             temperature=0,
             stream=True,
-            messages=[{"role": "user", "content": text}],
+            messages=[{"role": "user", "content": Q}],
+            extra_headers={"X-Test-Event-Delay": "0.3", **headers},
             **extra,
         )
-        chunks = raw.parse()
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        return text, raw.headers["x-cache"]
+        got["text"] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
-    got: dict[str, tuple[str, str]] = {}
-    leader = threading.Thread(
-        target=lambda: got.update(q=stream(Q, extra_headers={"X-Test-Event-Delay": "0.3"}))
-    )
+    leader = threading.Thread(target=run)
     leader.start()
-    wait_for(lambda: admin_state(gw.url)["pending_flights"] == 1, "the leader in flight")
     wait_for(lambda: upstream_calls(upstream) == 1, "the leader's stream under way")
-    para = stream(PARA)
+    return leader, got
+
+
+def test_a_paraphrase_waits_out_a_streamed_miss_it_can_be_rendered_from(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    # The leader's headers come at once, its events over ~3 s: its question stays announced
+    # until the stream is recorded. A one-body paraphrase takes it (the stream has its usage).
+    gw = start_gateway(semantic_config(upstream.url))
+    leader, got = streamed_leader(gw, upstream, {}, stream_options={"include_usage": True})
+    text, h = ask(client_for(gw.url), PARA, temperature=0)
     leader.join()
-    assert para == (got["q"][0], "semantic-hit") and got["q"][1] == "miss"
+    assert (text, h["x-cache"]) == (got["text"], "semantic-hit")
     assert upstream_calls(upstream) == 1
     assert admin_state(gw.url)["pending_flights"] == 0
+
+
+@pytest.mark.parametrize(
+    ("headers", "streams"),
+    [
+        ({}, True),  # a streaming paraphrase would get its first token after the leader's last
+        ({"X-Test-Cache-Control": "no-store"}, False),  # an answer not kept: nothing to wait for
+    ],
+)
+def test_a_paraphrase_does_not_wait_out_a_stream_it_would_not_get(
+    upstream: ServerThread,
+    start_gateway: Callable[..., ServerThread],
+    headers: dict[str, str],
+    streams: bool,
+) -> None:
+    gw = start_gateway(semantic_config(upstream.url))
+    leader, _ = streamed_leader(gw, upstream, headers, stream_options={"include_usage": True})
+    if streams:
+        chunks = client_for(gw.url).chat.completions.create(
+            model="m", temperature=0, stream=True, messages=[{"role": "user", "content": PARA}]
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        assert ask(client_for(gw.url), PARA, temperature=0)[1]["x-cache"] == "miss"
+    # it went upstream itself, and was answered while the leader was still streaming
+    assert leader.is_alive() and upstream_calls(upstream) == 2
+    leader.join()
