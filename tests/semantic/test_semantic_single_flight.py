@@ -154,9 +154,13 @@ def test_a_paraphrase_does_not_get_an_answer_too_large_to_keep(
 
 
 def streamed_leader(
-    gw: ServerThread, upstream: ServerThread, headers: dict[str, str], **extra: Any
+    gw: ServerThread,
+    upstream: ServerThread,
+    headers: dict[str, str],
+    gap: float = 0.3,
+    **extra: Any,
 ) -> tuple[threading.Thread, dict[str, str]]:
-    """Q streamed (its events ~0.3 s apart, ~3 s in all) in a thread, once it is upstream."""
+    """Q streamed (its events `gap` s apart, ~9 of them) in a thread, once it is upstream."""
     got: dict[str, str] = {}
 
     def run() -> None:
@@ -165,7 +169,7 @@ def streamed_leader(
             temperature=0,
             stream=True,
             messages=[{"role": "user", "content": Q}],
-            extra_headers={"X-Test-Event-Delay": "0.3", **headers},
+            extra_headers={"X-Test-Event-Delay": str(gap), **headers},
             **extra,
         )
         got["text"] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -204,7 +208,11 @@ def test_a_paraphrase_does_not_wait_out_a_stream_it_would_not_get(
     streams: bool,
 ) -> None:
     gw = start_gateway(semantic_config(upstream.url))
-    leader, _ = streamed_leader(gw, upstream, headers, stream_options={"include_usage": True})
+    # (events 0.6 s apart: the leader is still streaming when the paraphrase is answered, even
+    # on a loaded machine)
+    leader, _ = streamed_leader(
+        gw, upstream, headers, gap=0.6, stream_options={"include_usage": True}
+    )
     if streams:
         chunks = client_for(gw.url).chat.completions.create(
             model="m", temperature=0, stream=True, messages=[{"role": "user", "content": PARA}]
