@@ -71,6 +71,7 @@ class _Parts:
 
     def __init__(self) -> None:
         self.text: list[str] = []
+        self.refusal: list[str] = []  # a refusal is an answer too, and not any other one
         self.tools: dict[int, list[str]] = {}  # position -> [name, arguments]
 
     def tool(self, index: int, name: Any = None, arguments: Any = None) -> None:
@@ -89,6 +90,8 @@ class _Parts:
             for _, (name, args) in sorted(self.tools.items())
         ]
         text = "".join(self.text)
+        if self.refusal:
+            calls.insert(0, "[refusal] " + "".join(self.refusal))
         return "\n".join([text, *calls] if text else calls) if calls else text
 
     def openai_choice(self, choice: Any, delta: bool) -> None:
@@ -105,6 +108,11 @@ class _Parts:
             self.text.append(content)
         elif isinstance(content, list):  # content parts
             self.text.extend(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        audio = msg.get("audio")
+        if isinstance(audio, dict) and isinstance(audio.get("transcript"), str):
+            self.text.append(audio["transcript"])  # an audio answer says what its transcript says
+        if isinstance(msg.get("refusal"), str):
+            self.refusal.append(msg["refusal"])
         for pos, call in enumerate(msg.get("tool_calls") or []):
             if isinstance(call, dict) and isinstance(fn := call.get("function"), dict):
                 index = call.get("index", pos) if delta else pos

@@ -181,3 +181,22 @@ def test_anthropic_messages_have_answer_text_as_a_body_and_as_a_stream() -> None
     # a tool with no input streams "" where its JSON form has {}: one answer either way
     assert answer_text(anthropic_sse("", [""])) == "[tool call] lookup({})"
     assert answer_text(tool_sse()) == answer_text(tool_chat("")) == "[tool call] lookup({})"
+
+
+def test_refusals_and_audio_transcripts_are_answers_too() -> None:
+    def message(**fields: object) -> CacheEntry:
+        body = {"choices": [{"index": 0, "message": {"role": "assistant", **fields}}]}
+        return CacheEntry(200, [], body=json.dumps(body).encode(), kind="chat")
+
+    refused = message(content=None, refusal="I can't help with that.")
+    assert answer_text(refused) == "[refusal] I can't help with that."
+    assert answer_text(refused) != answer_text(message(content=None, refusal="No."))
+    assert answer_text(refused) != answer_text(message(content=""))  # not an empty answer
+    spoken = message(content=None, audio={"id": "a1", "data": "UklGR...", "transcript": "Paris."})
+    assert answer_text(spoken) == "Paris."
+    docs = [
+        {"choices": [{"index": 0, "delta": {"refusal": "I can't "}}]},
+        {"choices": [{"index": 0, "delta": {"refusal": "help with that."}}]},
+    ]
+    streamed = CacheEntry(200, [], events=[f"data: {json.dumps(d)}".encode() for d in docs])
+    assert answer_text(streamed) == answer_text(refused)
