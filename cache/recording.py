@@ -51,18 +51,19 @@ class Recording:
         self._ended = False  # the upstream stream reached its end (not cut, not abandoned)
         # Called once the recording has settled its flight (issue 14: the semantic flight a
         # paraphrase may wait on stays announced until then).
-        self.on_close: Callable[[], None] | None = None
+        self.on_close: Callable[[bool], None] | None = None
 
     @property
     def will_share(self) -> bool:
         """Will a complete recording be stored and handed to waiters (as far as known now)?"""
         return self._storable and self._shareable and self._copy is not None
 
-    def _let_go(self) -> None:
-        """Nobody may wait on this recording any more: end what was held open for it."""
+    def _let_go(self, shared: bool = True) -> None:
+        """Nobody may wait on this recording any more: end what was held open for it (shared
+        False: it will not be kept, so nobody should wait for its end either)."""
         done, self.on_close = self.on_close, None
         if done is not None:
-            done()
+            done(shared)
 
     @property
     def wanted(self) -> bool:
@@ -78,7 +79,7 @@ class Recording:
                 copy += chunk
                 if len(copy) > limit:
                     self._copy, self._storable, self._shareable = None, False, False
-                    self._let_go()
+                    self._let_go(shared=False)
             yield chunk
         self._ended = True
 

@@ -61,6 +61,8 @@ class SingleFlight(Generic[T]):
         except TimeoutError:
             self._count("timeout")
             raise
+        except asyncio.CancelledError:
+            raise  # the waiter's own business (it stopped waiting), not the flight's outcome
         except BaseException:
             self._count("error")
             raise

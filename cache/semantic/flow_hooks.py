@@ -8,6 +8,7 @@ equivalent miss in flight.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator
@@ -80,15 +81,16 @@ class Announcement:
         answer (one not kept could only make paraphrases wait for nothing); from then on only
         requests that `follows_stream` the leader's framing (answers) may join."""
         recording = getattr(result, "recording", None)
-        if self.flight is not None and recording is not None and recording.will_share:
-            self.flight.streamed_by = answers
-            recording.on_close = self.end
-            self.handed_over = True
+        if self.flight is not None and recording is not None:
+            self.flight.streamed(answers, recording.will_share)
+            if recording.will_share:
+                recording.on_close = self.end
+                self.handed_over = True
         return result
 
-    def end(self) -> None:
+    def end(self, shared: bool = True) -> None:
         if self.flight is not None:
-            self.flight.finish(None)
+            self.flight.finish(None, shared)
 
 
 @contextlib.contextmanager
@@ -106,6 +108,13 @@ def announced(
             announcement.end()
 
 
+def _may_wait(flight: Flight, answers: Any) -> bool:
+    if not flight.shares:
+        return False
+    leader = flight.streamed_by
+    return leader is None or (answers is not None and bool(answers.follows_stream(leader)))
+
+
 async def join_flight(
     sr: SemanticRoute,
     flights: SingleFlight[CacheEntry | None],
@@ -119,15 +128,28 @@ async def join_flight(
 ) -> tuple[CacheEntry, SemanticHit] | None:
     """An in-flight miss this lookup would serve: wait on its exact flight for the answer.
     None (compute as usual) when there is none, it failed, answered an error, was private or
-    took too long."""
+    took too long, or turned out to stream an answer this request would not wait out (one it
+    cannot be rendered from, one that streams to it too, or one that will not be kept)."""
     try:
         joined = await sr.join(call, tenant, vector, stored_rivals)
         if joined is None or joined.flight.key == own_key:
             return None  # (the same request in flight: the exact coalescer's business)
-        leader = joined.flight.streamed_by
-        if leader is not None and (answers is None or not answers.follows_stream(leader)):
-            return None  # a streamed answer this request would not wait out
-        shared = await flights.wait(joined.flight.key, wait_s)
+        flight = joined.flight
+        if not _may_wait(flight, answers):
+            return None
+        waiting = asyncio.ensure_future(flights.wait(flight.key, wait_s))
+        turned = asyncio.ensure_future(flight.turned.wait())
+        try:
+            await asyncio.wait({waiting, turned}, return_when=asyncio.FIRST_COMPLETED)
+            # the leader's answer turned out to be a stream (or its flight ended) first: wait
+            # on only if this request would take that stream (an ended flight's answer, when
+            # shared, is already settled on the exact flight)
+            if not waiting.done() and not _may_wait(flight, answers):
+                return None
+            shared = await waiting
+        finally:
+            for task in (waiting, turned):
+                task.cancel()
     except (LeaderGone, TimeoutError):
         return None
     except Exception:  # the leader's failure is its own; this request computes

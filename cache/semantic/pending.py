@@ -35,16 +35,29 @@ class Flight:
     owner: PendingFlights
     key: str = ""  # the leader's exact key (the flow waits on that exact flight)
     # the leader's Answers once its answer turned out to be a stream (cache.asks.Answers:
-    # only requests that follow_stream it may wait on it)
+    # only requests that follow_stream it may wait on it), and whether that stream will be
+    # kept and shared (when not, nobody should wait on it)
     streamed_by: object = None
+    shares: bool = True
     future: asyncio.Future[CacheEntry | None] = field(init=False)
+    # set when the leader's answer turns out to be a stream, or the flight ends: a waiter
+    # decides again then whether to keep waiting
+    turned: asyncio.Event = field(init=False)
 
     def __post_init__(self) -> None:
         self.future = asyncio.get_running_loop().create_future()
+        self.turned = asyncio.Event()
 
-    def finish(self, entry: CacheEntry | None) -> None:
-        """The leader's answer (None: nothing shareable; waiters go upstream themselves)."""
+    def streamed(self, leader: object, shares: bool) -> None:
+        self.streamed_by, self.shares = leader, shares
+        self.turned.set()
+
+    def finish(self, entry: CacheEntry | None, shared: bool = True) -> None:
+        """The leader's answer (None: nothing shareable; waiters go upstream themselves).
+        shared False: what the leader streams will not be kept (it outgrew the store)."""
         self.owner.end(self)
+        self.shares = self.shares and shared
+        self.turned.set()
         if not self.future.done():
             self.future.set_result(entry)
 

@@ -180,13 +180,14 @@ def streamed_leader(
     return leader, got
 
 
+@pytest.mark.parametrize("headers", [{}, {"X-Test-Delay": "1.0"}])  # (joined before its headers)
 def test_a_paraphrase_waits_out_a_streamed_miss_it_can_be_rendered_from(
-    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread], headers: dict[str, str]
 ) -> None:
     # The leader's headers come at once, its events over ~3 s: its question stays announced
     # until the stream is recorded. A one-body paraphrase takes it (the stream has its usage).
     gw = start_gateway(semantic_config(upstream.url))
-    leader, got = streamed_leader(gw, upstream, {}, stream_options={"include_usage": True})
+    leader, got = streamed_leader(gw, upstream, headers, stream_options={"include_usage": True})
     text, h = ask(client_for(gw.url), PARA, temperature=0)
     leader.join()
     assert (text, h["x-cache"]) == (got["text"], "semantic-hit")
@@ -199,6 +200,10 @@ def test_a_paraphrase_waits_out_a_streamed_miss_it_can_be_rendered_from(
     [
         ({}, True),  # a streaming paraphrase would get its first token after the leader's last
         ({"X-Test-Cache-Control": "no-store"}, False),  # an answer not kept: nothing to wait for
+        # the same two asked while the leader still waits for its headers: they join, then
+        # stop waiting once the headers show what the leader streams
+        ({"X-Test-Delay": "1.0"}, True),
+        ({"X-Test-Delay": "1.0", "X-Test-Cache-Control": "no-store"}, False),
     ],
 )
 def test_a_paraphrase_does_not_wait_out_a_stream_it_would_not_get(
