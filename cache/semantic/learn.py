@@ -146,7 +146,8 @@ class RouteBudget:
                 "audit", hit.exact_key, hit.similarity, hit.score, True, question, stored, fresh
             )
 
-        self._spawn(run(), "audit")
+        if not self._spawn(run(), "audit"):
+            self.audits -= 1  # shed before it asked anything: no audit was made
 
     def label_audit(
         self, hit: SemanticHit, question: str, stored: Stored, fresh: CacheEntry
@@ -225,17 +226,19 @@ class RouteBudget:
         self.audit_outcomes[outcome] += 1
         self.metrics.audits.labels(self.route, outcome).inc()
 
-    def _spawn(self, work: Coroutine[Any, Any, None], source: Source) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None], source: Source) -> bool:
+        """Runs `work` in the background; False when it was shed instead."""
         if len(self._tasks) >= MAX_PENDING:
             # a slow judge or upstream must not pile up work (and the entries each label
             # holds) without bound: past this, labels are shed, and counted
             work.close()
             self.label_outcomes[source, "shed"] += 1
             self.metrics.labels.labels(self.route, source, "shed").inc()
-            return
+            return False
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return True
 
     async def drain(self) -> None:
         """Wait for the background labels in flight (tests, shutdown)."""

@@ -139,6 +139,18 @@ async def test_labels_past_the_in_flight_bound_are_shed_and_counted(
     assert len(budget._tasks) == MAX_PENDING
     assert budget.label_outcomes["miss", "shed"] == 40
     assert metrics.labels.labels("chat", "miss", "shed")._value.get() == 40
+    # an audit shed before it asked anything is no audit: the 10 % cap is not spent on it
+    from cache.semantic.records import SemanticHit
+
+    for _ in range(10):
+        assert budget.should_audit(SemanticHit("k0", 0.97, 0.6)) is (budget.audits == 1)
+    assert budget.audits == 1
+
+    async def never() -> CacheEntry | None:
+        raise AssertionError("a shed audit must not call the upstream")
+
+    budget.audit(SemanticHit("k0", 0.97, 0.6), "q", answer("a"), never)
+    assert budget.audits == 0 and budget.label_outcomes["audit", "shed"] == 1
     stalled.set()
     await budget.drain()
     assert grid.labels.sum() == MAX_PENDING  # the ones kept all landed
