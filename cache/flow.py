@@ -235,13 +235,15 @@ class CacheFlow:
                 lead = self.flights.try_lead(ask.key.value)
                 if lead is not None:
                     # issue 14: paraphrases may wait on this flight while it computes
-                    with flow_hooks.announced(self.semantic, ask.call, ask.key, vector) as a:
+                    with flow_hooks.announced(self.semantic, ask.call, ask.key, vector, lead) as a:
                         led = await self._lead(ask, compute, x_cache, vector, lead)
                         return a.lasting(led, ask.answers)
                 try:
                     with ask.waiting():
                         shared = await self.flights.wait(
-                            ask.key.value, ask.wait_s(self.rc.policy.coalesce_wait_s)
+                            ask.key.value,
+                            ask.wait_s(self.rc.policy.coalesce_wait_s),
+                            lambda e: e is not None and ask.answers.serves(e),
                         )
                 except LeaderGone:
                     continue

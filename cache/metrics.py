@@ -62,7 +62,9 @@ class CacheMetrics:
         )
         self.coalesced = Counter(
             "latentgate_cache_singleflight_coalesced",
-            "Requests answered by another request's backend call (outcome: shared, error, timeout)",
+            "Requests that waited on another request's backend call, by outcome: shared (it"
+            " answered them), unusable (its answer was private or not for them: they computed),"
+            " error, timeout",
             ["outcome"],
             registry=r,
         )

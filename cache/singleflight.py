@@ -48,12 +48,25 @@ class SingleFlight(Generic[T]):
         self._flights[key] = fut
         return Lead(self, key, fut)
 
-    async def wait(self, key: str, wait_s: float) -> T:
+    async def wait(
+        self, key: str, wait_s: float, usable: Callable[[T], bool] = lambda r: r is not None
+    ) -> T:
         """The open flight's result. Raises its exception, LeaderGone when the leader gave up
-        (try again: one caller becomes the new leader) or TimeoutError; counts each outcome."""
+        (try again: one caller becomes the new leader) or TimeoutError; counts each outcome
+        (`usable`: whether the result answers this waiter, or it computes after all)."""
         fut = self._flights.get(key)
         if fut is None:
             raise LeaderGone()
+        return await self.wait_on(fut, wait_s, usable)
+
+    async def wait_on(
+        self,
+        fut: asyncio.Future[T],
+        wait_s: float,
+        usable: Callable[[T], bool] = lambda r: r is not None,
+    ) -> T:
+        """`wait` on a flight's future held from before (it keeps its result once the flight
+        has closed: a semantic join may come as the leader stores its answer)."""
         try:
             result = await self._wait(fut, wait_s)
         except LeaderGone:
@@ -66,7 +79,7 @@ class SingleFlight(Generic[T]):
         except BaseException:
             self._count("error")
             raise
-        self._count("shared")
+        self._count("shared" if usable(result) else "unusable")
         return result
 
     def _close(self, key: str, fut: asyncio.Future[T]) -> None:
@@ -152,6 +165,11 @@ class Lead(Generic[T]):
     @property
     def open(self) -> bool:
         return not self._fut.done()
+
+    @property
+    def future(self) -> asyncio.Future[T]:
+        """The flight's outcome, for waiters that hold it past the flight (`wait_on`)."""
+        return self._fut
 
     def done(self, result: T) -> None:
         if not self._fut.done():

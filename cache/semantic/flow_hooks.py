@@ -23,7 +23,7 @@ from cache.policy import RequestDirectives
 from cache.semantic.pending import Flight
 from cache.semantic.records import SemanticHit
 from cache.semantic.route import CallLike, SemanticRoute
-from cache.singleflight import LeaderGone, SingleFlight
+from cache.singleflight import Lead, LeaderGone, SingleFlight
 
 log = logging.getLogger("latentgate.semantic.flow")
 
@@ -95,17 +95,27 @@ class Announcement:
 
 @contextlib.contextmanager
 def announced(
-    sr: object, call: CallLike, key: CacheKey, vector: np.ndarray | None
+    sr: object,
+    call: CallLike,
+    key: CacheKey,
+    vector: np.ndarray | None,
+    lead: Lead[CacheEntry | None],
 ) -> Iterator[Announcement]:
     flight = None
     if vector is not None and isinstance(sr, SemanticRoute):
         flight = sr.begin(call, key.tenant_h, vector, key.value)
+        if flight is not None:
+            flight.lead = lead.future
     announcement = Announcement(flight)
     try:
         yield announcement
     finally:
         if not announcement.handed_over:
             announcement.end()
+
+
+def _usable(entry: CacheEntry | None) -> bool:
+    return entry is not None and 200 <= entry.status < 300 and entry.reusable
 
 
 def _may_wait(flight: Flight, answers: Any) -> bool:
@@ -135,27 +145,32 @@ async def join_flight(
         if joined is None or joined.flight.key == own_key:
             return None  # (the same request in flight: the exact coalescer's business)
         flight = joined.flight
-        if not _may_wait(flight, answers):
+        if flight.lead is None or not _may_wait(flight, answers):
             return None
-        waiting = asyncio.ensure_future(flights.wait(flight.key, wait_s))
+        waiting = asyncio.ensure_future(flights.wait_on(flight.lead, wait_s, _usable))
         turned = asyncio.ensure_future(flight.turned.wait())
+        ended = asyncio.ensure_future(asyncio.shield(flight.future))
         try:
             await asyncio.wait({waiting, turned}, return_when=asyncio.FIRST_COMPLETED)
-            # the leader's answer turned out to be a stream (or its flight ended) first: wait
-            # on only if this request would take that stream (an ended flight's answer, when
-            # shared, is already settled on the exact flight)
-            if not waiting.done() and not _may_wait(flight, answers):
-                return None
+            if not waiting.done():
+                # the leader's answer turned out to be a stream (or its flight ended) first:
+                # wait on only if this request takes that stream, and only while it will be
+                # kept (one that outgrows the store mid-way ends the flight unshared)
+                if not _may_wait(flight, answers):
+                    return None
+                await asyncio.wait({waiting, ended}, return_when=asyncio.FIRST_COMPLETED)
+                if not waiting.done() and not flight.shares:
+                    return None
             shared = await waiting
         finally:
-            for task in (waiting, turned):
+            for task in (waiting, turned, ended):
                 task.cancel()
     except (LeaderGone, TimeoutError):
         return None
     except Exception:  # the leader's failure is its own; this request computes
         log.debug("semantic single flight: the leader failed", exc_info=True)
         return None
-    if shared is None or not 200 <= shared.status < 300 or not shared.reusable:
+    if shared is None or not _usable(shared):
         # An error is the leader's own (a 429 names its caller's quota, a 400 its request), and
         # so is an answer not kept (no-cache, max-age=0): an identical request may share it, a
         # paraphrase goes upstream itself. Only a stored answer is a semantic hit.

@@ -39,6 +39,9 @@ class Flight:
     # kept and shared (when not, nobody should wait on it)
     streamed_by: object = None
     shares: bool = True
+    # the leader's exact flight outcome (singleflight.Lead.future): a paraphrase waits on it,
+    # and it keeps its result after the exact flight closes, while the leader still stores
+    lead: asyncio.Future[CacheEntry | None] | None = None
     future: asyncio.Future[CacheEntry | None] = field(init=False)
     # set when the leader's answer turns out to be a stream, or the flight ends: a waiter
     # decides again then whether to keep waiting

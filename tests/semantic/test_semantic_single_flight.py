@@ -3,7 +3,9 @@ miss is in flight waits for that answer instead of calling the upstream too."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -228,3 +230,81 @@ def test_a_paraphrase_does_not_wait_out_a_stream_it_would_not_get(
     # it went upstream itself, and was answered while the leader was still streaming
     assert leader.is_alive() and upstream_calls(upstream) == 2
     leader.join()
+
+
+def coalesced(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    pattern = r'^latentgate_cache_singleflight_coalesced_total\{outcome="(\w+)"\} (\S+)'
+    return {m.group(1): float(m.group(2)) for m in re.finditer(pattern, text, re.M)}
+
+
+@pytest.mark.parametrize("headers", [{}, {"X-Test-Delay": "1.0"}])  # (joined before its headers)
+def test_a_paraphrase_stops_waiting_when_the_stream_outgrows_the_store(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread], headers: dict[str, str]
+) -> None:
+    cfg = semantic_config(upstream.url)
+    for r in cfg["routes"]:
+        if r["name"] == "chat":
+            r["cache"]["exact"]["max_entry_bytes"] = 1000  # the stream passes it half-way
+    gw = start_gateway(cfg)
+    leader, _ = streamed_leader(
+        gw, upstream, headers, gap=0.6, stream_options={"include_usage": True}
+    )
+    assert ask(client_for(gw.url), PARA, temperature=0)[1]["x-cache"] == "miss"
+    assert leader.is_alive() and upstream_calls(upstream) == 2  # it did not wait the stream out
+    leader.join()
+    assert coalesced(gw.url).get("shared", 0) == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_paraphrase_that_joins_while_the_leader_stores_gets_its_answer(
+    upstream: ServerThread,
+    start_gateway: Callable[..., ServerThread],
+    monkeypatch: pytest.MonkeyPatch,
+    stream: bool,
+) -> None:
+    # The exact flight settles before the leader stores (and indexes) its answer, and the
+    # question stays announced until then: a paraphrase that joins in between must still get
+    # the answer. A slow store (a slow Redis round trip) widens the window to a second.
+    import cache.cache as cache_mod
+
+    storing = threading.Event()
+    store = cache_mod.RouteCache.store
+
+    async def slow_store(self: Any, key: Any, entry: Any, *args: Any, **kwargs: Any) -> Any:
+        storing.set()
+        await asyncio.sleep(1.0)
+        return await store(self, key, entry, *args, **kwargs)
+
+    monkeypatch.setattr(cache_mod.RouteCache, "store", slow_store)
+    gw = start_gateway(semantic_config(upstream.url))
+    if stream:
+        leader, _ = streamed_leader(
+            gw, upstream, {}, gap=0.05, stream_options={"include_usage": True}
+        )
+    else:
+        leader = threading.Thread(target=lambda: ask(client_for(gw.url), Q, temperature=0))
+        leader.start()
+    assert storing.wait(10)
+    assert admin_state(gw.url)["pending_flights"] == 1
+    assert ask(client_for(gw.url), PARA, temperature=0)[1]["x-cache"] == "semantic-hit"
+    leader.join()
+    assert upstream_calls(upstream) == 1 and coalesced(gw.url)["shared"] == 1
+
+
+def test_a_wait_that_got_nothing_usable_is_not_counted_as_shared(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    gw = start_gateway(semantic_config(upstream.url))
+    not_kept = {"X-Test-Delay": "1.0", "X-Test-Cache-Control": "no-cache"}
+    leader = threading.Thread(
+        target=lambda: ask(client_for(gw.url), Q, temperature=0, extra_headers=not_kept)
+    )
+    leader.start()
+    wait_for(lambda: admin_state(gw.url)["pending_flights"] == 1, "the leader in flight")
+    assert ask(client_for(gw.url), PARA, temperature=0)[1]["x-cache"] == "miss"
+    leader.join()
+    assert upstream_calls(upstream) == 2
+    counts = coalesced(gw.url)
+    assert counts.get("shared", 0) == 0 and counts["unusable"] == 1
