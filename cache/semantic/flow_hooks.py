@@ -165,6 +165,8 @@ async def join_flight(
         finally:
             for task in (waiting, turned, ended):
                 task.cancel()
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: a result this request left is not an error
     except (LeaderGone, TimeoutError):
         return None
     except Exception:  # the leader's failure is its own; this request computes
