@@ -20,6 +20,7 @@ from gateway.protocols import openai_sse
 from gateway.protocols.openai_sse import body_to_events, events_to_body
 from gateway.protocols.stream_codecs import completion_check
 from tests.integration.cache.conftest import cache_config
+from tests.support.sdk_clients import close_tracked_clients, track  # noqa: F401 (autouse)
 from tests.support.servers import ServerThread
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there gateway"}]
@@ -33,7 +34,9 @@ def gw(upstream: ServerThread, start_gateway: Callable[..., ServerThread]) -> Se
 
 
 def _client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0)
+    # tracked: closed after each test (an SDK client's pool can sit in a reference cycle, and
+    # its socket would be collected, unclosed, during some later test)
+    return track(openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0))
 
 
 def _stream(

@@ -17,13 +17,16 @@ import pytest
 from aiohttp import web
 
 from tests.integration.cache.conftest import cache_config
+from tests.support.sdk_clients import close_tracked_clients, track  # noqa: F401 (autouse)
 from tests.support.servers import ServerThread
 
 MESSAGES = [{"role": "user", "content": "replay rules"}]
 
 
 def _client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0)
+    # tracked: closed after each test (an SDK client's pool can sit in a reference cycle, and
+    # its socket would be collected, unclosed, during some later test)
+    return track(openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0))
 
 
 async def _calls(upstream: ServerThread, path: str = "/v1/chat/completions") -> int:
