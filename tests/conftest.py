@@ -5,15 +5,37 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import anthropic
+import openai
 import pytest
 
 from gateway.app import build_app
 from gateway.config import Settings
 from tests.support.servers import RedisServer, ServerThread
 from tests.support.upstream import build_upstream
+
+
+@pytest.fixture(autouse=True)
+def close_sdk_clients(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every OpenAI / Anthropic SDK client a test makes is closed when the test ends. A client
+    holds keep-alive sockets, and one caught in a reference cycle would be collected, its
+    socket unclosed, during some later test, whose ResourceWarning then fails that test."""
+    made: weakref.WeakSet[Any] = weakref.WeakSet()
+    for cls in (openai.OpenAI, anthropic.Anthropic):
+        init = cls.__init__
+
+        def tracked(self: Any, *args: Any, __init: Any = init, **kwargs: Any) -> None:
+            __init(self, *args, **kwargs)
+            made.add(self)
+
+        monkeypatch.setattr(cls, "__init__", tracked)
+    yield
+    for client in list(made):
+        client.close()
 
 
 def base_config(upstream_url: str, **overrides: Any) -> dict[str, Any]:
