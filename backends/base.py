@@ -54,6 +54,16 @@ class UpstreamResponse:
         self.stream = None
         return self.body
 
+    async def read_whole(self) -> bytes:
+        """`read`, and the stream released whatever happens (a read that fails half-way must
+        not keep its connection and in-flight slot): for callers that want the body only."""
+        try:
+            return await self.read()
+        finally:
+            close = getattr(self.stream, "aclose", None)
+            if close is not None:
+                await close()
+
     def header(self, name: str) -> str | None:
         lname = name.lower()
         for k, v in self.headers:

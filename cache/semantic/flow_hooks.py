@@ -44,12 +44,7 @@ def audit_fetch(
 ) -> Callable[[], Awaitable[CacheEntry | None]]:
     async def fetch() -> CacheEntry | None:
         up = await compute()
-        try:
-            raw = await up.read()
-        finally:
-            close = getattr(up.stream, "aclose", None)
-            if close is not None:
-                await close()
+        raw = await up.read_whole()
         sealed = answers.seal(up.header("Content-Type") or "", raw)
         if sealed is None:
             return None

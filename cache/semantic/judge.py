@@ -18,6 +18,7 @@ import aiohttp
 
 from backends import UpstreamRequest
 from cache.semantic.answer_text import reply_text
+from cache.semantic.answers import normalise
 
 # (status, parsed JSON body or None) of one judge call
 Post = Callable[[dict[str, Any]], Awaitable[tuple[int, Any]]]
@@ -57,7 +58,7 @@ class JudgeMatch:
         self._close = close
 
     async def agree(self, question: str, stored: str, fresh: str) -> bool | None:
-        if " ".join(stored.split()) == " ".join(fresh.split()):
+        if normalise(stored) == normalise(fresh):
             return True  # equal answers need no judge
         body: dict[str, Any] = {
             "model": self.model,
@@ -114,12 +115,7 @@ def backend_judge(
         request = UpstreamRequest("POST", path, hdrs, json.dumps(body).encode(), deadline_s=timeout)
         async with asyncio.timeout(timeout):
             up = await backend.send(request)
-            try:
-                raw = await up.read()
-            finally:
-                close = getattr(up.stream, "aclose", None)
-                if close is not None:
-                    await close()
+            raw = await up.read_whole()
         if up.status != 200:
             return up.status, None
         return up.status, json.loads(raw)
