@@ -131,7 +131,7 @@ class SemanticPolicy(_Frozen):
     @model_validator(mode="after")
     def _judge_needs_endpoint(self) -> SemanticPolicy:
         if self.answer_match == "judge" and self.judge is None:
-            raise ValueError("answer_match 'judge' needs a judge: {url, model}")
+            raise ValueError("answer_match 'judge' needs a judge: {backend or url, model}")
         if self.judge is not None and self.answer_match != "judge":
             raise ValueError(
                 f"a judge is set but answer_match is {self.answer_match!r}: set 'judge'"

@@ -197,6 +197,19 @@ def test_a_paraphrase_waits_out_a_streamed_miss_it_can_be_rendered_from(
     assert admin_state(gw.url)["pending_flights"] == 0
 
 
+def test_another_tenants_paraphrase_does_not_wait_out_a_streamed_miss(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    # the leader (sk-alice) streams an answer a one-body paraphrase could be rendered from:
+    # Bob's paraphrase still goes upstream itself, and gets its own answer
+    gw = start_gateway(semantic_config(upstream.url))
+    leader, got = streamed_leader(gw, upstream, {}, stream_options={"include_usage": True})
+    text, h = ask(client_for(gw.url, "sk-bob"), PARA, temperature=0)
+    leader.join()
+    assert h["x-cache"] == "miss" and upstream_calls(upstream) == 2
+    assert text != got["text"]  # the test upstream echoes the question it was asked
+
+
 @pytest.mark.parametrize(
     ("headers", "streams"),
     [
