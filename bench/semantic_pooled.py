@@ -152,7 +152,7 @@ def choose_verified(
 
 def restated(pool: Pool, queries: list[str], prob: np.ndarray) -> np.ndarray:
     """prob with every scored candidate (prob >= 0) that restates its query at 1.0, and every
-    one that asks its minimal opposite at 0.0, as the serving verifiers score them
+    one that asks its minimal opposite at -1 (unscored), as the serving verifiers score them
     (cache.semantic.verifier.restated)."""
     out = np.array(prob, dtype=np.float32, copy=True)
     entries = {int(j): text_info(pool.entries[int(j)]) for j in np.unique(pool.cand)}
@@ -162,5 +162,5 @@ def restated(pool: Pool, queries: list[str], prob: np.ndarray) -> np.ndarray:
             if out[i, k] >= 0 and restates(qi, entries[int(j)]):
                 out[i, k] = 1.0
             elif out[i, k] >= 0 and contradicts(qi, entries[int(j)]):
-                out[i, k] = 0.0
+                out[i, k] = -1.0
     return out

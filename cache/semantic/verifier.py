@@ -230,14 +230,17 @@ def build_matrix(cos: np.ndarray, lex: np.ndarray, u: np.ndarray, v: np.ndarray)
 
 def restated(prob: np.ndarray, query: TextInfo, cands: Sequence[TextInfo]) -> np.ndarray:
     """Scores with every candidate that restates the query (features.restates) at 1.0, and
-    every one that asks its minimal opposite (features.contradicts) at 0.0."""
+    every one that asks its minimal opposite (features.contradicts) at -1: unscored, as
+    CosineVerifier leaves them. A score of 0.0 would still be a score, and a learned bar with a
+    cosine-only part (cache.semantic.budget) serves any score at its cosine: the answer to "Is
+    it safe ...?" for "Is it not safe ...?". Unscored, no bar serves, labels or joins one."""
     same = [j for j, c in enumerate(cands) if restates(query, c)]
     other = [j for j, c in enumerate(cands) if contradicts(query, c)]
     if not same and not other:
         return prob
     out = np.array(prob, dtype=np.float32, copy=True)
     out[same] = 1.0
-    out[other] = 0.0
+    out[other] = -1.0
     return out
 
 
