@@ -57,7 +57,7 @@ def reported_score(raw: object) -> float:
         raise BadRequest("'score' must be the X-Cache-Score header: a number in [0, 1]")
     try:
         score = float(raw)
-    except ValueError:
+    except (ValueError, OverflowError):  # "abc"; an integer too large for a float
         raise BadRequest("'score' must be the X-Cache-Score header: a number in [0, 1]") from None
     if not 0.0 <= score <= 1.0:  # also NaN
         raise BadRequest(f"'score' must be in [0, 1], not {raw!r}")

@@ -1,19 +1,28 @@
 """Error-budget counts shared between gateway processes and kept across restarts, in Redis.
 
-One hash per route and labelling context, `{prefix}sem:budget:{route}:{context}` (a digest of
+One hash per route and labelling context, `{prefix}sem:budget2:{route}:{context}` (a digest of
 the scorer, its point, the rival rule and the answer match: after a change to any of them the
-route learns afresh, and the old hash expires); a field per grid cell, count and epoch,
-`l|w|v:{epoch}:{cosine edge}:{score edge}` (labels, wrong labels, volume), named by the cell's
-edges so a grid with other edges still reads them. An epoch is a quarter of the route's label
-half-life of wall-clock time: a count weighs 0.5 ** (its epoch's age / 4) when read, and epochs
-past 4 half-lives are deleted (so the hash stays small). A process counts locally and, every
-`interval` seconds, adds its new counts (HINCRBY) and reads the fleet's totals (HGETALL) in one
-pipeline: every process then derives the same bar from the same counts (and clocks). A route
-with nothing new here is read only every `idle_read` seconds: an idle fleet of sidecars does not
-pull every hash twice a second. Plain hash
-commands only, on the client the semantic sync publishes with (standalone, sentinel or cluster:
-one key per route, so a cluster pipeline sends each to its slot). A Redis failure is logged and
-counted; the counts stay local and go with the next flush.
+route learns afresh, and the old hash expires). A field per grid cell, count and epoch,
+`l|w|v:{epoch start}:{cosine edge}:{score edge}` (labels, wrong labels, volume), named by the
+cell's edges so a grid with other edges still reads them, and by the epoch's start in
+wall-clock seconds so a changed half-life still ages them by their real age. An epoch is a
+quarter of the route's label half-life: a count weighs 0.5 ** (its age in half-lives) when read,
+and counts past 4 half-lives are deleted (so the hash stays small).
+
+A process counts locally and, every `interval` seconds, sends its new counts as one batch and
+reads the fleet's totals (HGETALL) in one pipeline: every process then derives the same bar from
+the same counts (and clocks). A batch is applied by a script on the hash alone (one key: a
+cluster sends it to its slot) that makes it safe to send again:
+- it records the batch's id in the hash (`b:{time}:{id}`), so a batch whose reply was lost (a
+  timeout while Redis still ran it) and is sent again is not counted twice;
+- it checks the hash's generation (`gen`, set when the hash is created) against the one the
+  process last wrote to. A hash that came back empty (a restart without persistence, a failover
+  to a replica that had not synced) has a new generation: each process then sends everything it
+  has counted (`sent`, pruned by age) again instead of loading the empty hash, so the fleet's
+  bar survives as long as one process that counted it does.
+A route with nothing new here is read only every `idle_read` seconds: an idle fleet of sidecars
+does not pull every hash twice a second. A Redis failure is logged and counted once per flush;
+the counts stay local and go with the next flush.
 """
 
 from __future__ import annotations
@@ -23,8 +32,10 @@ import contextlib
 import logging
 import math
 import time
+import uuid
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -37,32 +48,69 @@ log = logging.getLogger("latentgate.semantic.budget")
 _KINDS = {"l": 0, "w": 1, "v": 2}
 EPOCHS_PER_HALF_LIFE = 4
 KEEP_HALF_LIVES = 4
+GEN = "gen"
+# A batch id is kept this long: a batch sent again later than this (Redis unreachable for that
+# long after it ran one whose reply was lost) would count twice.
+MARKER_TTL = 900.0
+
+# KEYS[1] the hash; ARGV: the batch's marker field, the generation the process last wrote to
+# ('' for none), a generation for a new hash, then field, count pairs. Returns {applied, gen}:
+# 1 applied, 2 applied before (the same marker), 0 not applied (the hash is another generation).
+APPLY = """
+local gen = redis.call('HGET', KEYS[1], 'gen')
+if not gen then
+  gen = ARGV[3]
+  redis.call('HSET', KEYS[1], 'gen', gen)
+end
+if ARGV[2] ~= '' and ARGV[2] ~= gen then return {0, gen} end
+if redis.call('HSETNX', KEYS[1], ARGV[1], '1') == 0 then return {2, gen} end
+for i = 4, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end
+return {1, gen}
+"""
 
 
-def epoch_of(grid: BudgetGrid, now: float) -> int:
-    """The wall-clock epoch counts made now belong to (0 when labels never fade)."""
+def epoch_start(grid: BudgetGrid, now: float) -> int:
+    """The wall-clock second the epoch of counts made now starts at (0: labels never fade)."""
     if grid.half_life is None:
         return 0
-    return int(now // (grid.half_life / EPOCHS_PER_HALF_LIFE))
+    length = grid.half_life / EPOCHS_PER_HALF_LIFE
+    return int(now // length * length)
 
 
-def _field(grid: BudgetGrid, kind: str, cosine: float, score: float, epoch: int) -> str | None:
+def field_name(kind: str, start: int, cos_edge: float, score_edge: float) -> str:
+    return f"{kind}:{start}:{cos_edge:.6f}:{score_edge:.6f}"
+
+
+def _field(grid: BudgetGrid, kind: str, cosine: float, score: float, start: int) -> str | None:
     c = grid.cell(cosine, score)
     if c is None:
         return None
-    return f"{kind}:{epoch}:{grid.cos_edges[c[0]]:.6f}:{grid.score_edges[c[1]]:.6f}"
+    return field_name(kind, start, grid.cos_edges[c[0]], grid.score_edges[c[1]])
+
+
+def _age(grid: BudgetGrid, start: int, now: float) -> float:
+    """A count's age in half-lives (0 when labels never fade)."""
+    if grid.half_life is None:
+        return 0.0
+    return max(epoch_start(grid, now) - start, 0) / grid.half_life
 
 
 def _arrays(
-    grid: BudgetGrid, counts: Mapping[str, int], epoch: int
+    grid: BudgetGrid, counts: Mapping[str, int], now: float
 ) -> tuple[list[np.ndarray], list[str]]:
-    """The grid's counts, each weighed by its epoch's age; and the fields too old to keep."""
+    """The grid's counts, each weighed by its age; and the fields too old to keep."""
     out = [np.zeros_like(grid.labels) for _ in _KINDS]
     stale = []
     for name, n in counts.items():
+        if name == GEN:
+            continue
         try:
-            kind, ep, cos, score = name.split(":")
-            age = max(epoch - int(ep), 0) / EPOCHS_PER_HALF_LIFE
+            kind, at, cos, score = name.split(":", 3)
+            if kind == "b":  # a batch's id: kept while the batch might be sent again
+                if now - int(at) > MARKER_TTL:
+                    stale.append(name)
+                continue
+            age = _age(grid, int(at), now)
             c = grid.cell(float(cos) + 1e-9, float(score) + 1e-9)
         except ValueError:
             stale.append(name)  # not a field this version writes
@@ -72,6 +120,20 @@ def _arrays(
         elif c is not None and kind in _KINDS:
             out[_KINDS[kind]][c] += n * 0.5**age
     return out, stale
+
+
+@dataclass
+class _Route:
+    """One route's side of the exchange: counts not yet sent, batches sent without a reply
+    (sent again, under the same id, until one comes), and everything this process has added
+    to the hash's current generation (sent again whole if the hash is lost)."""
+
+    new: Counter[str] = field(default_factory=Counter)
+    pending: list[tuple[str, Counter[str]]] = field(default_factory=list)
+    sent: Counter[str] = field(default_factory=Counter)
+    acked: list[str] = field(default_factory=list)  # markers of applied batches, to delete
+    gen: str = ""
+    read_at: float = -math.inf  # time.monotonic() of the last read
 
 
 class BudgetStore:
@@ -88,23 +150,21 @@ class BudgetStore:
         self.prefix = prefix
         self.interval = interval
         self.idle_read = idle_read
-        self._read_at: dict[str, float] = {}  # time.monotonic() of each route's last read
-        self._new: dict[str, Counter[str]] = {r: Counter() for r in budgets}
+        self._routes = {r: _Route() for r in budgets}
         self._task: asyncio.Task[None] | None = None
         for route, b in self.budgets.items():
-            b.on_count = self._counter(route, b.grid)
+            b.on_count = self._counter(self._routes[route].new, b.grid)
 
     def key(self, route: str) -> str:
         context = self.budgets[route].context
-        return f"{self.prefix}sem:budget:{route}" + (f":{context}" if context else "")
+        return f"{self.prefix}sem:budget2:{route}" + (f":{context}" if context else "")
 
-    def _counter(self, route: str, grid: BudgetGrid):  # type: ignore[no-untyped-def]
-        new = self._new[route]
-
+    @staticmethod
+    def _counter(new: Counter[str], grid: BudgetGrid):  # type: ignore[no-untyped-def]
         def count(cosine: float, score: float, wrong: int, labels: int, volume: int) -> None:
-            epoch = epoch_of(grid, time.time())
+            start = epoch_start(grid, time.time())
             for kind, n in (("l", labels), ("w", wrong), ("v", volume)):
-                if n and (f := _field(grid, kind, cosine, score, epoch)) is not None:
+                if n and (f := _field(grid, kind, cosine, score, start)) is not None:
                     new[f] += n
 
         return count
@@ -114,49 +174,114 @@ class BudgetStore:
         self._task = asyncio.create_task(self._loop(), name="semantic-budget-sync")
 
     async def flush(self) -> bool:
-        """Add this process's new counts and load the fleet's totals; False on a Redis error."""
+        """Send this process's new counts and load the fleet's totals; False on a Redis error."""
         now = time.monotonic()
-        taken = {
-            r: +c
-            for r, c in self._new.items()
-            if c or now - self._read_at.get(r, -math.inf) >= self.idle_read
-        }
-        if not taken:
-            return True
-        for r in taken:
-            self._new[r].clear()
-        try:
-            async with self.redis.pipeline(transaction=False) as p:
-                for route, counts in taken.items():
-                    for f, n in counts.items():
-                        p.hincrby(self.key(route), f, n)
-                    p.hgetall(self.key(route))
-                for route in taken:  # a hash no process writes any more goes on its own
-                    p.expire(self.key(route), self._ttl(route))
-                res = await p.execute()
-        except REDIS_ERRORS as exc:
-            for route, counts in taken.items():
-                self._new[route].update(counts)  # kept for the next flush
-            log.warning("semantic budget: Redis flush failed (%s); counting locally", exc)
-            for b in self.budgets.values():
-                b.metrics.sync.labels("budget", "error").inc()
-            return False
-        pos = 0
-        for route, counts in taken.items():
-            pos += len(counts)
-            raw = res[pos]
-            pos += 1
-            totals = Counter({k.decode(): int(v) for k, v in raw.items()})
-            totals.update(self._new[route])  # counted while the pipeline was out
-            b = self.budgets[route]
-            (labels, wrong, volume), stale = _arrays(b.grid, totals, epoch_of(b.grid, time.time()))
+        due = [
+            r
+            for r, st in self._routes.items()
+            if st.new or st.pending or now - st.read_at >= self.idle_read
+        ]
+        for r in due:
+            st = self._routes[r]
+            if st.new:
+                marker = f"b:{int(time.time())}:{uuid.uuid4().hex[:12]}"
+                st.pending.append((marker, +st.new))
+                st.new.clear()
+        for _ in range(2):  # a second round sends again what a lost hash dropped
+            if not due:
+                return True
+            try:
+                replies = await self._exchange(due)
+            except REDIS_ERRORS as exc:
+                log.warning("semantic budget: Redis flush failed (%s); counting locally", exc)
+                # one metrics object serves every route: one failed flush counts once
+                next(iter(self.budgets.values())).metrics.sync.labels("budget", "error").inc()
+                return False
+            due = await self._take(replies, now)
+        return True
+
+    async def _exchange(
+        self, routes: list[str]
+    ) -> list[tuple[str, list[tuple[int, str]], dict[bytes, bytes]]]:
+        """One pipeline: each route's pending batches (through APPLY), its totals, its TTL."""
+        async with self.redis.pipeline(transaction=False) as p:
+            for route in routes:
+                st, key = self._routes[route], self.key(route)
+                if st.acked:  # (sent again only without a reply: these never are)
+                    p.hdel(key, *st.acked)
+                for marker, counts in st.pending:
+                    flat = [x for f, n in counts.items() for x in (f, n)]
+                    p.eval(APPLY, 1, key, marker, st.gen, uuid.uuid4().hex[:12], *flat)
+                p.hgetall(key)
+                p.expire(key, self._ttl(route))  # a hash no process writes any more goes
+            res = await p.execute()
+        out, pos = [], 0
+        for route in routes:
+            st = self._routes[route]
+            if st.acked:
+                pos += 1
+                st.acked = []
+            n = len(st.pending)
+            applied = [
+                (int(a), g.decode() if isinstance(g, bytes) else str(g))
+                for a, g in res[pos : pos + n]
+            ]
+            out.append((route, applied, res[pos + n]))
+            pos += n + 2
+        return out
+
+    async def _take(
+        self, replies: list[tuple[str, list[tuple[int, str]], dict[bytes, bytes]]], now: float
+    ) -> list[str]:
+        """Apply the replies; the routes whose hash turned out lost (to send again)."""
+        lost = []
+        for route, applied, raw in replies:
+            st, b = self._routes[route], self.budgets[route]
+            batches, st.pending = st.pending, []
+            rejected = any(a == 0 for a, _ in applied)
+            if not rejected:
+                for (_, gen), (marker, counts) in zip(applied, batches, strict=True):
+                    st.gen = gen
+                    st.sent.update(counts)
+                    st.acked.append(marker)
+            gen = raw.get(b"gen", b"").decode()
+            if rejected or (st.gen and gen != st.gen):
+                # Not the hash this process wrote to: it was lost. Everything this process has
+                # counted goes again, as one batch, to whatever generation is there by then;
+                # its totals are not loaded (the bar stays as it was until the fleet has sent).
+                again = st.sent
+                if rejected:
+                    for _, counts in batches:
+                        again.update(counts)
+                st.sent, st.gen = Counter(), ""
+                if again:
+                    st.pending.append((f"b:{int(time.time())}:{uuid.uuid4().hex[:12]}", again))
+                    lost.append(route)
+                else:
+                    st.gen = gen
+                continue
+            st.gen = gen
+            totals = Counter({k.decode(): int(v) for k, v in raw.items() if k != b"gen"})
+            totals.update(st.new)  # counted while the pipeline was out
+            wall = time.time()
+            (labels, wrong, volume), stale = _arrays(b.grid, totals, wall)
             b.grid.load(labels, wrong, volume)
             b.publish()
-            self._read_at[route] = now
+            st.read_at = now
+            self._prune(st, b.grid, wall)
             if stale:
                 with contextlib.suppress(*REDIS_ERRORS):  # the next flush tries again
                     await self.redis.hdel(self.key(route), *stale)
-        return True
+        return lost
+
+    @staticmethod
+    def _prune(st: _Route, grid: BudgetGrid, now: float) -> None:
+        """Forget sent counts the hash no longer keeps (a lost hash must not get them back)."""
+        if grid.half_life is None:
+            return
+        old = [f for f in st.sent if _age(grid, int(f.split(":")[1]), now) > KEEP_HALF_LIVES]
+        for f in old:
+            del st.sent[f]
 
     def _ttl(self, route: str) -> int:
         """Seconds an unwritten hash is kept: as long as its counts weigh anything."""

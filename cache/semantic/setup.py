@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from backends.local import LoadProgress
 from cache.embedder import Embedder, load_embedder
 from cache.keys import Selector
+from cache.redis_client import REDIS_ERRORS, AnyRedis, connect
 from cache.semantic.answers import EmbeddingMatch, ExactMatch, Matcher
 from cache.semantic.budget import LEARN_FLOOR, BudgetGrid, grid_edges
 from cache.semantic.budget_prior import DEFAULT_PRIOR, digest, load_prior
@@ -136,6 +137,7 @@ class SemanticSetup:
             self.routes[r.name] = sr
         self._sync: RedisSync | None = None
         self._budget_store: BudgetStore | None = None
+        self._owned_redis: AnyRedis | None = None  # the budget store's, when sync is off
         self._cross_encoder: CrossEncoder | None = None
 
     def _budget(
@@ -265,13 +267,24 @@ class SemanticSetup:
         self.stage.ready = True
         self.progress.step("ready")
         redis = self.settings.redis
-        if s.sync and redis is not None and redis.url:
+        if redis is None or not redis.url:
+            return
+        if s.sync:
             self._sync = RedisSync.from_settings(self.stage, redis)
             await self._sync.start()
-            if self.budgets():
-                # the sync's publishing client: one Redis client set per process
-                self._budget_store = BudgetStore(self._sync.redis, self.budgets(), redis.key_prefix)
-                await self._budget_store.start()
+        if self.budgets():
+            # Shared and durable counts whenever Redis is configured, with or without a shared
+            # index: on the sync's publishing client (one client set per process), or a client
+            # of its own when the index is not shared.
+            if self._sync is not None:
+                client = self._sync.redis
+            else:
+                client = connect(
+                    redis, socket_timeout=max(redis.timeouts.op, 0.5), max_connections=4
+                )
+                self._owned_redis = client
+            self._budget_store = BudgetStore(client, self.budgets(), redis.key_prefix)
+            await self._budget_store.start()
 
     async def _open_cross_encoder(self) -> None:
         """One cross-encoder per process, shared by the routes whose verifier uses it."""
@@ -316,6 +329,9 @@ class SemanticSetup:
             self._task.cancel()
         if self._sync is not None:
             await self._sync.aclose()
+        if self._owned_redis is not None:
+            with contextlib.suppress(*REDIS_ERRORS):
+                await self._owned_redis.aclose()
         await self.stage.embedder.aclose()
         if self._cross_encoder is not None:
             self._cross_encoder.close()

@@ -298,8 +298,12 @@ class SemanticStage:
         the stored copy does not."""
         assert entry.vector is not None
         ident = entry_id(entry.exact_key)
-        if ident in self.entries:
-            self._drop(ident)  # re-added: it becomes the newest
+        bar = entry.bar
+        if (old := self.entries.get(ident)) is not None:
+            # re-added: it becomes the newest, and keeps a bar a wrong-hit report raised (the
+            # report was about which paraphrases this question answers, not about one answer)
+            bar = max(bar, old.bar)
+            self._drop(ident)
         cost = self._cost(entry)
         while self.entries and (
             len(self.entries) >= self.max_entries or self.nbytes + cost > self.max_bytes
@@ -307,7 +311,7 @@ class SemanticStage:
             self._drop(next(iter(self.entries)))  # the oldest
         self.index.add(entry.namespace, ident, entry.vector)
         self.entries[ident] = dataclasses.replace(
-            entry, namespace=sys.intern(entry.namespace), vector=None
+            entry, namespace=sys.intern(entry.namespace), vector=None, bar=bar
         )
         self.nbytes += cost
         self.metrics.size.set(len(self.entries))

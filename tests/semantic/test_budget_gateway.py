@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis as redis_lib
 
-from cache.semantic.budget_store import EPOCHS_PER_HALF_LIFE
+from cache.semantic.budget_store import EPOCHS_PER_HALF_LIFE, field_name
 from cache.settings import SemanticPolicy
 from gateway.app import build_app
 from gateway.config import Settings
@@ -231,13 +231,14 @@ def test_shared_labels_fade_by_age_and_old_epochs_leave_redis(
     cfg["cache"]["redis"]["key_prefix"] = prefix
     settings = Settings.model_validate(cfg)
     half_life = SemanticPolicy().label_half_life  # the default
-    epoch = int(time.time() // (half_life / EPOCHS_PER_HALF_LIFE))
-    key = f"{prefix}sem:budget:chat:{admin_state_context(settings)}"
+    now = int(
+        time.time() // (half_life / EPOCHS_PER_HALF_LIFE) * (half_life / EPOCHS_PER_HALF_LIFE)
+    )
+    key = f"{prefix}sem:budget2:chat:{admin_state_context(settings)}"
     r = redis_lib.Redis.from_url(redis_server.url)
-    cell = "0.980000:0.600000"
-    r.hset(key, f"l:{epoch - EPOCHS_PER_HALF_LIFE}:{cell}", 200)  # one half-life old
-    r.hset(key, f"w:{epoch - EPOCHS_PER_HALF_LIFE}:{cell}", 20)
-    old = f"l:{epoch - 5 * EPOCHS_PER_HALF_LIFE}:{cell}"  # five half-lives old
+    r.hset(key, field_name("l", int(now - half_life), 0.98, 0.6), 200)  # one half-life old
+    r.hset(key, field_name("w", int(now - half_life), 0.98, 0.6), 20)
+    old = field_name("l", int(now - 5 * half_life), 0.98, 0.6)  # five half-lives old
     r.hset(key, old, 1000)
     gw = ServerThread(lambda: build_app(settings)).start()
     try:
@@ -258,3 +259,25 @@ def admin_state_context(settings: Settings) -> str:
         return str(admin_state(gw.url)["label_context"])
     finally:
         gw.stop()
+
+
+def test_counts_are_shared_and_kept_with_the_index_sync_off(
+    class_upstream: ServerThread, redis_server: RedisServer
+) -> None:
+    """`sync: false` turns off the shared index only: with Redis configured, the budget's
+    counts are still shared and survive a restart."""
+    cfg = semantic_config(class_upstream.url, redis_server.url, **BUDGET)
+    cfg["cache"]["redis"]["key_prefix"] = f"nosync{uuid.uuid4().hex[:8]}:"
+    cfg["cache"]["semantic"] = {"sync": False}
+    settings = Settings.model_validate(cfg)
+    a = ServerThread(lambda: build_app(settings)).start()
+    try:
+        teach(a.url, range(3))
+        wait_for(lambda: admin_state(a.url)["budget"]["labels"] == 3, "three labels")
+    finally:
+        a.stop()
+    b = ServerThread(lambda: build_app(settings)).start()
+    try:
+        wait_for(lambda: admin_state(b.url)["budget"]["labels"] == 3, "b reads the kept labels")
+    finally:
+        b.stop()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 
+import pytest
 import redis.asyncio as aioredis
 
 from cache.semantic.answers import ExactMatch
 from cache.semantic.budget import BudgetGrid
-from cache.semantic.budget_store import BudgetStore
+from cache.semantic.budget_store import BudgetStore, _arrays
 from cache.semantic.learn import RouteBudget
 from cache.semantic.stage import SemanticStage
 from cache.semantic.verifier import MlpVerifier
@@ -48,5 +51,125 @@ async def test_an_idle_process_reads_the_fleet_counts_seldom_and_a_busy_one_at_o
         b.idle_read = 0.0  # its idle period over: the idle one reads the fleet's counts
         await b.flush()
         assert idle.grid.labels.sum() == 1 and idle.grid.volume.sum() == 1
+    finally:
+        await r.aclose()
+
+
+def in_redis(raw: dict[bytes, bytes], kind: bytes) -> int:
+    return sum(int(v) for k, v in raw.items() if k.startswith(kind + b":"))
+
+
+async def test_a_flush_whose_reply_was_lost_is_not_counted_twice(
+    redis_server: RedisServer, stage: SemanticStage, verifier: MlpVerifier
+) -> None:
+    """Redis stalls (a fork, a failover's CLIENT PAUSE, a slow command): the client gives up on
+    a flush the server still runs, and sends the same counts again."""
+    prefix = f"dc{uuid.uuid4().hex[:8]}:"
+    r = aioredis.from_url(redis_server.url, socket_timeout=0.5)  # as the sync's client
+    other = aioredis.from_url(redis_server.url)
+    b = budget(stage, verifier)
+    store = BudgetStore(r, {"chat": b}, prefix)
+    try:
+        assert await store.flush()
+        assert b.on_count is not None
+        b.on_count(0.97, 0.6, 1, 1, 0)  # one wrong label
+        stall = asyncio.create_task(other.execute_command("DEBUG", "SLEEP", "1"))
+        await asyncio.sleep(0.05)
+        assert not await store.flush()  # the client timed out...
+        await stall
+        raw = await other.hgetall(store.key("chat"))
+        assert in_redis(raw, b"l") == 1  # ... after the server had run it
+        assert await store.flush()  # sent again
+        raw = await other.hgetall(store.key("chat"))
+        assert (in_redis(raw, b"l"), in_redis(raw, b"w")) == (1, 1)
+        assert (b.grid.labels.sum(), b.grid.wrong.sum()) == (1, 1)
+        assert not [k for k in raw if k.startswith(b"b:")]  # the batch's id is gone once acked
+    finally:
+        await r.aclose()
+        await other.aclose()
+
+
+async def test_a_long_stall_under_the_flush_loop_counts_one_label_once(
+    redis_server: RedisServer, stage: SemanticStage, verifier: MlpVerifier
+) -> None:
+    prefix = f"dc{uuid.uuid4().hex[:8]}:"
+    r = aioredis.from_url(redis_server.url, socket_timeout=0.5)
+    other = aioredis.from_url(redis_server.url)
+    b = budget(stage, verifier)
+    store = BudgetStore(r, {"chat": b}, prefix)
+    try:
+        await store.start()
+        assert b.on_count is not None
+        b.on_count(0.97, 0.6, 1, 1, 0)
+        await other.execute_command("DEBUG", "SLEEP", "3")  # every flush meanwhile times out
+        await asyncio.sleep(2.0)
+        raw = await other.hgetall(store.key("chat"))
+        assert in_redis(raw, b"w") == 1
+    finally:
+        await store.aclose()
+        await r.aclose()
+        await other.aclose()
+
+
+async def test_a_lost_hash_gets_every_process_counts_back_once(
+    redis_server: RedisServer, stage: SemanticStage, verifier: MlpVerifier
+) -> None:
+    """Redis comes back empty (no persistence; a failover to a replica that had not synced):
+    the processes that counted send their counts again, each once, and no bar is lost."""
+    prefix = f"rr{uuid.uuid4().hex[:8]}:"
+    r = aioredis.from_url(redis_server.url)
+    one, two, reader = budget(stage, verifier), budget(stage, verifier), budget(stage, verifier)
+    stores = [BudgetStore(r, {"chat": x}, prefix, idle_read=0.0) for x in (one, two, reader)]
+    try:
+        for x, n in ((one, 120), (two, 80)):
+            assert x.on_count is not None
+            for _ in range(n):
+                x.on_count(0.97, 0.6, 0, 1, 1)
+        for s in stores:
+            await s.flush()
+        assert reader.grid.labels.sum() == 200 and reader.bar().open
+        await r.delete(stores[0].key("chat"))
+        await stores[2].flush()  # a process that counted nothing does not load the empty hash
+        assert reader.grid.labels.sum() == 200 and reader.bar().open
+        assert one.on_count is not None
+        one.on_count(0.97, 0.6, 0, 1, 1)  # one more label, after the loss
+        for s in stores:
+            await s.flush()
+        await stores[0].flush()
+        raw = await r.hgetall(stores[0].key("chat"))
+        assert in_redis(raw, b"l") == 201
+        for x in (one, two, reader):
+            assert x.grid.labels.sum() == 201 and x.bar().open
+    finally:
+        await r.aclose()
+
+
+async def test_a_changed_half_life_ages_old_counts_by_their_real_age(
+    redis_server: RedisServer, stage: SemanticStage, verifier: MlpVerifier
+) -> None:
+    """Counts written under a one-hour half-life, read under a one-day one: ten days on they
+    weigh nothing and leave the hash (they were once read as from the future, weighing 1)."""
+    prefix = f"hl{uuid.uuid4().hex[:8]}:"
+    r = aioredis.from_url(redis_server.url)
+
+    def route(half_life: float) -> RouteBudget:
+        grid = BudgetGrid(0.5, verifier.floor, verifier.p_min, min_labels=3, half_life=half_life)
+        return RouteBudget("chat", grid, ExactMatch(), stage, stage.metrics, 0.1, verifier)
+
+    try:
+        hour, day = route(3600.0), route(86400.0)
+        old = BudgetStore(r, {"chat": hour}, prefix)
+        assert hour.on_count is not None
+        for _ in range(20):
+            hour.on_count(0.97, 0.6, 1, 1, 0)
+        await old.flush()
+        new = BudgetStore(r, {"chat": day}, prefix)
+        await new.flush()
+        assert day.grid.labels.sum() == pytest.approx(20, rel=0.05)  # written just now
+        got = await r.hgetall(new.key("chat"))
+        raw = {k.decode(): int(v) for k, v in got.items() if k != b"gen"}
+        (labels, wrong, _), stale = _arrays(day.grid, raw, time.time() + 10 * 86400)
+        assert labels.sum() < 0.01 and wrong.sum() < 0.01
+        assert {f for f in raw if f[0] in "lw"} <= set(stale)
     finally:
         await r.aclose()

@@ -71,6 +71,10 @@ async def test_wrong_hit_report_stops_that_reuse(
     assert hit is not None
     assert await stage.report_wrong("k", hit.score)
     assert await stage.lookup("ns", PARA, verifier) is None
+    # The same question stored again (its answer expired and was asked anew) keeps its bar:
+    # the report was about which paraphrases it answers.
+    await stage.add("ns", Q, "k", ttl=60)
+    assert await stage.lookup("ns", PARA, verifier) is None
     # The bar is that entry's own: other entries in the namespace still hit.
     await stage.add("ns", "What is the best way to learn Python?", "k2", ttl=60)
     assert await stage.lookup("ns", "What's the best way to learn Python?", verifier) is not None
