@@ -105,11 +105,11 @@ def _arrays(
         if name == GEN:
             continue
         try:
-            kind, at, cos, score = name.split(":", 3)
-            if kind == "b":  # a batch's id: kept while the batch might be sent again
-                if now - int(at) > MARKER_TTL:
+            if name.startswith("b:"):  # a batch's id, b:{time}:{id}: kept while it may be resent
+                if now - int(name.split(":")[1]) > MARKER_TTL:
                     stale.append(name)
                 continue
+            kind, at, cos, score = name.split(":")
             age = _age(grid, int(at), now)
             c = grid.cell(float(cos) + 1e-9, float(score) + 1e-9)
         except ValueError:
@@ -179,7 +179,7 @@ class BudgetStore:
         due = [
             r
             for r, st in self._routes.items()
-            if st.new or st.pending or now - st.read_at >= self.idle_read
+            if st.new or st.pending or st.acked or now - st.read_at >= self.idle_read
         ]
         for r in due:
             st = self._routes[r]

@@ -5,16 +5,21 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 import redis.asyncio as aioredis
 
+from cache.redis_client import connect
 from cache.semantic.answers import ExactMatch
 from cache.semantic.budget import BudgetGrid
 from cache.semantic.budget_store import BudgetStore, _arrays
 from cache.semantic.learn import RouteBudget
 from cache.semantic.stage import SemanticStage
 from cache.semantic.verifier import MlpVerifier
+from cache.settings import RedisSettings
+from tests.support.redis_topologies import RedisClusterServers
 from tests.support.servers import RedisServer
 
 
@@ -83,7 +88,9 @@ async def test_a_flush_whose_reply_was_lost_is_not_counted_twice(
         raw = await other.hgetall(store.key("chat"))
         assert (in_redis(raw, b"l"), in_redis(raw, b"w")) == (1, 1)
         assert (b.grid.labels.sum(), b.grid.wrong.sum()) == (1, 1)
-        assert not [k for k in raw if k.startswith(b"b:")]  # the batch's id is gone once acked
+        assert await store.flush()  # the batch's id goes with the next flush, once acked
+        raw = await other.hgetall(store.key("chat"))
+        assert not [k for k in raw if k.startswith(b"b:")]
     finally:
         await r.aclose()
         await other.aclose()
@@ -173,3 +180,47 @@ async def test_a_changed_half_life_ages_old_counts_by_their_real_age(
         assert {f for f in raw if f[0] in "lw"} <= set(stale)
     finally:
         await r.aclose()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisClusterServers]:
+    servers = RedisClusterServers().start()
+    yield servers
+    servers.stop()
+
+
+async def test_batches_go_to_each_route_slot_on_a_redis_cluster(
+    cluster: RedisClusterServers, stage: SemanticStage, verifier: MlpVerifier
+) -> None:
+    """The batch script names one key, so a cluster pipeline sends each route's to its slot;
+    a batch sent again is still counted once there."""
+    settings = RedisSettings.model_validate({"url": cluster.url, "mode": "cluster"})
+    r = connect(settings, socket_timeout=2.0, max_connections=8)
+    prefix = f"cl{uuid.uuid4().hex[:8]}:"
+    routes = {f"route{i}": budget(stage, verifier) for i in range(6)}
+    store = BudgetStore(r, routes, prefix)
+    try:
+        for b in routes.values():
+            assert b.on_count is not None
+            b.on_count(0.97, 0.6, 1, 2, 0)
+        assert await store.flush()
+        slots = {r.keyslot(store.key(name)) for name in routes}
+        assert len(slots) > 1  # the keys do live in several slots
+        # one route's batch as if its reply had been lost: not acknowledged, sent again
+        st = store._routes["route0"]
+        st.pending.append((st.acked.pop(), Counter(st.sent)))
+        assert await store.flush()
+        for name, b in routes.items():
+            raw = await r.hgetall(store.key(name))
+            assert (in_redis(raw, b"l"), in_redis(raw, b"w")) == (2, 1), name
+            assert b.grid.labels.sum() == 2
+    finally:
+        await r.aclose()
+
+
+def test_batch_ids_are_dropped_only_when_no_resend_can_follow(verifier: MlpVerifier) -> None:
+    grid = BudgetGrid(0.5, verifier.floor, verifier.p_min, half_life=3600.0)
+    now = time.time()
+    fresh, old = f"b:{int(now) - 60}:a1", f"b:{int(now) - 3600}:b2"
+    (labels, _, _), stale = _arrays(grid, {fresh: 1, old: 1, "l:x:0.97:0.6": 5}, now)
+    assert stale == [old, "l:x:0.97:0.6"] and labels.sum() == 0
