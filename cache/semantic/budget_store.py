@@ -253,12 +253,14 @@ class BudgetStore:
                 if rejected:
                     for _, counts in batches:
                         again.update(counts)
-                st.sent, st.gen = Counter(), ""
                 if again:
+                    st.sent, st.gen = Counter(), ""
                     st.pending.append((f"b:{int(time.time())}:{uuid.uuid4().hex[:12]}", again))
                     lost.append(route)
-                else:
-                    st.gen = gen
+                elif gen:
+                    st.gen = gen  # the new hash: loaded from the next read on
+                # (an empty hash, no generation yet: keep what this process holds until a
+                # process that counted has sent it again; idle ones do within idle_read)
                 continue
             st.gen = gen
             totals = Counter({k.decode(): int(v) for k, v in raw.items() if k != b"gen"})
