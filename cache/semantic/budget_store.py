@@ -3,23 +3,29 @@
 One hash per route and labelling context, `{prefix}sem:budget2:{route}:{context}` (a digest of
 the scorer, its point, the rival rule and the answer match: after a change to any of them the
 route learns afresh, and the old hash expires). A field per grid cell, count and epoch,
-`l|w|v:{epoch start}:{cosine edge}:{score edge}` (labels, wrong labels, volume), named by the
-cell's edges so a grid with other edges still reads them, and by the epoch's start in
-wall-clock seconds so a changed half-life still ages them by their real age. An epoch is a
-quarter of the route's label half-life: a count weighs 0.5 ** (its age in half-lives) when read,
-and counts past 4 half-lives are deleted (so the hash stays small).
+`l|w|v:{epoch start}:{epoch length}:{cosine edge}:{score edge}` (labels, wrong labels, volume),
+named by the cell's edges so a grid with other edges still reads them, and by the epoch in
+wall-clock seconds so a process with another half-life (a rolling change) ages them by their
+real age. An epoch is a quarter of the route's label half-life: a count weighs 0.5 ** (its
+age in half-lives, from its epoch's end) when read, and counts past 4 half-lives are deleted
+(so the hash stays small).
 
 A process counts locally and, every `interval` seconds, sends its new counts as one batch and
-reads the fleet's totals (HGETALL) in one pipeline: every process then derives the same bar from
-the same counts (and clocks). A batch is applied by a script on the hash alone (one key: a
-cluster sends it to its slot) that makes it safe to send again:
-- it records the batch's id in the hash (`b:{time}:{id}`), so a batch whose reply was lost (a
-  timeout while Redis still ran it) and is sent again is not counted twice;
+reads the fleet's totals (HGETALL) in one round (a pipeline; plain commands on a cluster, whose
+pipeline keeps dialling a dead primary): every process then derives the same bar from the same
+counts (and clocks). One batch is in flight at a time (through an outage new counts wait, and
+count locally). A batch is applied by a script on the hash alone (one key: a cluster sends it
+to its slot) that makes it safe to send again:
+- it records the batch's id in the hash (`b:{id}`, valued when it was applied), so a batch
+  whose reply was lost (a timeout while Redis still ran it) and is sent again is not counted
+  twice; the process deletes the id once it has the reply, and ids left by lost replies go
+  after MARKER_TTL;
 - it checks the hash's generation (`gen`, set when the hash is created) against the one the
   process last wrote to. A hash that came back empty (a restart without persistence, a failover
   to a replica that had not synced) has a new generation: each process then sends everything it
-  has counted (`sent`, pruned by age) again instead of loading the empty hash, so the fleet's
-  bar survives as long as one process that counted it does.
+  has counted (`sent`, pruned by age) again, and none loads totals until every process has had
+  its read (`idle_read`) to do the same, so the fleet's bar survives as long as one process
+  that counted it does.
 A route with nothing new here is read only every `idle_read` seconds: an idle fleet of sidecars
 does not pull every hash twice a second. A Redis failure is logged and counted once per flush;
 the counts stay local and go with the next flush.
@@ -36,8 +42,10 @@ import uuid
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+from redis.asyncio import RedisCluster
 
 from cache.redis_client import REDIS_ERRORS, AnyRedis
 from cache.semantic.budget import BudgetGrid
@@ -54,7 +62,8 @@ GEN = "gen"
 MARKER_TTL = 900.0
 
 # KEYS[1] the hash; ARGV: the batch's marker field, the generation the process last wrote to
-# ('' for none), a generation for a new hash, then field, count pairs. Returns {applied, gen}:
+# ('' for none), a generation for a new hash, the time now (the marker's value: its age counts
+# from when the batch was applied, not made), then field, count pairs. Returns {applied, gen}:
 # 1 applied, 2 applied before (the same marker), 0 not applied (the hash is another generation).
 APPLY = """
 local gen = redis.call('HGET', KEYS[1], 'gen')
@@ -63,8 +72,8 @@ if not gen then
   redis.call('HSET', KEYS[1], 'gen', gen)
 end
 if ARGV[2] ~= '' and ARGV[2] ~= gen then return {0, gen} end
-if redis.call('HSETNX', KEYS[1], ARGV[1], '1') == 0 then return {2, gen} end
-for i = 4, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[4]) == 0 then return {2, gen} end
+for i = 5, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end
 return {1, gen}
 """
 
@@ -77,22 +86,30 @@ def epoch_start(grid: BudgetGrid, now: float) -> int:
     return int(now // length * length)
 
 
-def field_name(kind: str, start: int, cos_edge: float, score_edge: float) -> str:
-    return f"{kind}:{start}:{cos_edge:.6f}:{score_edge:.6f}"
+def epoch_length(grid: BudgetGrid) -> int:
+    return 0 if grid.half_life is None else int(grid.half_life / EPOCHS_PER_HALF_LIFE)
+
+
+def field_name(kind: str, start: int, length: int, cos_edge: float, score_edge: float) -> str:
+    return f"{kind}:{start}:{length}:{cos_edge:.6f}:{score_edge:.6f}"
 
 
 def _field(grid: BudgetGrid, kind: str, cosine: float, score: float, start: int) -> str | None:
     c = grid.cell(cosine, score)
     if c is None:
         return None
-    return field_name(kind, start, grid.cos_edges[c[0]], grid.score_edges[c[1]])
+    return field_name(kind, start, epoch_length(grid), grid.cos_edges[c[0]], grid.score_edges[c[1]])
 
 
-def _age(grid: BudgetGrid, start: int, now: float) -> float:
-    """A count's age in half-lives (0 when labels never fade)."""
+def _age(grid: BudgetGrid, start: int, length: int, now: float) -> float:
+    """A count's age in half-lives (0 when labels never fade), in this process's epochs: from
+    the one holding the count's epoch's last second to the current one. A process with
+    another half-life (a rolling change) counts another's fresh counts as fresh, whether
+    their epochs are shorter than its own or longer, and never deletes them."""
     if grid.half_life is None:
         return 0.0
-    return max(epoch_start(grid, now) - start, 0) / grid.half_life
+    last = start + max(length, 1) - 1
+    return max(epoch_start(grid, now) - epoch_start(grid, last), 0) / grid.half_life
 
 
 def _arrays(
@@ -105,12 +122,12 @@ def _arrays(
         if name == GEN:
             continue
         try:
-            if name.startswith("b:"):  # a batch's id, b:{time}:{id}: kept while it may be resent
-                if now - int(name.split(":")[1]) > MARKER_TTL:
+            if name.startswith("b:"):  # a batch's id; its value: when it was applied
+                if now - n > MARKER_TTL:
                     stale.append(name)
                 continue
-            kind, at, cos, score = name.split(":")
-            age = _age(grid, int(at), now)
+            kind, at, length, cos, score = name.split(":")
+            age = _age(grid, int(at), int(length), now)
             c = grid.cell(float(cos) + 1e-9, float(score) + 1e-9)
         except ValueError:
             stale.append(name)  # not a field this version writes
@@ -134,6 +151,11 @@ class _Route:
     acked: list[str] = field(default_factory=list)  # markers of applied batches, to delete
     gen: str = ""
     read_at: float = -math.inf  # time.monotonic() of the last read
+    hold_until: float = -math.inf  # after a lost hash: no load before the fleet has resent
+
+
+def _marker() -> str:
+    return f"b:{uuid.uuid4().hex[:16]}"
 
 
 class BudgetStore:
@@ -183,9 +205,10 @@ class BudgetStore:
         ]
         for r in due:
             st = self._routes[r]
-            if st.new:
-                marker = f"b:{int(time.time())}:{uuid.uuid4().hex[:12]}"
-                st.pending.append((marker, +st.new))
+            # One batch in flight at a time: through an outage new counts wait in `new` (and
+            # count in the loaded totals), rather than a batch per tick piling up.
+            if st.new and not st.pending:
+                st.pending.append((_marker(), +st.new))
                 st.new.clear()
         for _ in range(2):  # a second round sends again what a lost hash dropped
             if not due:
@@ -203,18 +226,31 @@ class BudgetStore:
     async def _exchange(
         self, routes: list[str]
     ) -> list[tuple[str, list[tuple[int, str]], dict[bytes, bytes]]]:
-        """One pipeline: each route's pending batches (through APPLY), its totals, its TTL."""
-        async with self.redis.pipeline(transaction=False) as p:
-            for route in routes:
-                st, key = self._routes[route], self.key(route)
-                if st.acked:  # (sent again only without a reply: these never are)
-                    p.hdel(key, *st.acked)
-                for marker, counts in st.pending:
-                    flat = [x for f, n in counts.items() for x in (f, n)]
-                    p.eval(APPLY, 1, key, marker, st.gen, uuid.uuid4().hex[:12], *flat)
-                p.hgetall(key)
-                p.expire(key, self._ttl(route))  # a hash no process writes any more goes
-            res = await p.execute()
+        """One round: each route's acked batch ids deleted, its pending batch (through APPLY),
+        its totals, its TTL (a hash no process writes any more goes)."""
+        calls: list[tuple[str, tuple[Any, ...]]] = []
+        for route in routes:
+            st, key = self._routes[route], self.key(route)
+            if st.acked:  # (sent again only without a reply: these never are)
+                calls.append(("hdel", (key, *st.acked)))
+            for marker, counts in st.pending:
+                flat = [x for f, n in counts.items() for x in (f, n)]
+                gen = uuid.uuid4().hex[:12]
+                calls.append(
+                    ("eval", (APPLY, 1, key, marker, st.gen, gen, int(time.time()), *flat))
+                )
+            calls.append(("hgetall", (key,)))
+            calls.append(("expire", (key, self._ttl(route))))
+        if isinstance(self.redis, RedisCluster):
+            # Plain commands, not a cluster pipeline: a plain command that meets a dead node
+            # makes the client re-read the slot map (and so find the promoted replica);
+            # redis-py's cluster pipeline kept dialling the dead primary (cache.semantic.sync).
+            res = [await getattr(self.redis, name)(*args) for name, args in calls]
+        else:
+            async with self.redis.pipeline(transaction=False) as p:
+                for name, args in calls:
+                    getattr(p, name)(*args)
+                res = await p.execute()
         out, pos = [], 0
         for route in routes:
             st = self._routes[route]
@@ -247,15 +283,18 @@ class BudgetStore:
             gen = raw.get(b"gen", b"").decode()
             if rejected or (st.gen and gen != st.gen):
                 # Not the hash this process wrote to: it was lost. Everything this process has
-                # counted goes again, as one batch, to whatever generation is there by then;
-                # its totals are not loaded (the bar stays as it was until the fleet has sent).
+                # counted goes again, as one batch, to whatever generation is there by then,
+                # and no totals are loaded until every process that counted has seen the loss
+                # and sent its counts again (each reads within idle_read): the bar stays.
+                if now >= st.hold_until:
+                    st.hold_until = now + self.idle_read + self.interval
                 again = st.sent
                 if rejected:
                     for _, counts in batches:
                         again.update(counts)
                 if again:
                     st.sent, st.gen = Counter(), ""
-                    st.pending.append((f"b:{int(time.time())}:{uuid.uuid4().hex[:12]}", again))
+                    st.pending.append((_marker(), again))
                     lost.append(route)
                 elif gen:
                     st.gen = gen  # the new hash: loaded from the next read on
@@ -263,6 +302,8 @@ class BudgetStore:
                 # process that counted has sent it again; idle ones do within idle_read)
                 continue
             st.gen = gen
+            if now < st.hold_until:
+                continue
             totals = Counter({k.decode(): int(v) for k, v in raw.items() if k != b"gen"})
             totals.update(st.new)  # counted while the pipeline was out
             wall = time.time()
@@ -281,9 +322,10 @@ class BudgetStore:
         """Forget sent counts the hash no longer keeps (a lost hash must not get them back)."""
         if grid.half_life is None:
             return
-        old = [f for f in st.sent if _age(grid, int(f.split(":")[1]), now) > KEEP_HALF_LIVES]
-        for f in old:
-            del st.sent[f]
+        for f in list(st.sent):
+            _, start, length, _, _ = f.split(":")
+            if _age(grid, int(start), int(length), now) > KEEP_HALF_LIVES:
+                del st.sent[f]
 
     def _ttl(self, route: str) -> int:
         """Seconds an unwritten hash is kept: as long as its counts weigh anything."""

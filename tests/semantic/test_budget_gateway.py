@@ -231,14 +231,14 @@ def test_shared_labels_fade_by_age_and_old_epochs_leave_redis(
     cfg["cache"]["redis"]["key_prefix"] = prefix
     settings = Settings.model_validate(cfg)
     half_life = SemanticPolicy().label_half_life  # the default
-    now = int(
-        time.time() // (half_life / EPOCHS_PER_HALF_LIFE) * (half_life / EPOCHS_PER_HALF_LIFE)
-    )
+    length = int(half_life / EPOCHS_PER_HALF_LIFE)
+    now = int(time.time() // length * length)  # the current epoch's start
     key = f"{prefix}sem:budget2:chat:{admin_state_context(settings)}"
     r = redis_lib.Redis.from_url(redis_server.url)
-    r.hset(key, field_name("l", int(now - half_life), 0.98, 0.6), 200)  # one half-life old
-    r.hset(key, field_name("w", int(now - half_life), 0.98, 0.6), 20)
-    old = field_name("l", int(now - 5 * half_life), 0.98, 0.6)  # five half-lives old
+    one = int(now - half_life)  # one half-life old
+    r.hset(key, field_name("l", one, length, 0.98, 0.6), 200)
+    r.hset(key, field_name("w", one, length, 0.98, 0.6), 20)
+    old = field_name("l", int(now - 5 * half_life), length, 0.98, 0.6)  # five half-lives old
     r.hset(key, old, 1000)
     gw = ServerThread(lambda: build_app(settings)).start()
     try:

@@ -48,9 +48,9 @@ def test_a_cosine_only_bar_does_not_serve_the_minimal_opposite(
     # A fleet's labels as on question-like traffic: the shipped point's region clean, and
     # near-verbatim repeats (cosine >= 0.98) clean whatever their verifier score.
     for (cos, score), n, wrong in (((0.95, 0.55), 300, 0), ((0.98, 0.10), 300, 3)):
-        r.hset(key, field_name("l", now, cos, score), n)
-        r.hset(key, field_name("w", now, cos, score), wrong)
-        r.hset(key, field_name("v", now, cos, score), n)
+        r.hset(key, field_name("l", now, 0, cos, score), n)
+        r.hset(key, field_name("w", now, 0, cos, score), wrong)
+        r.hset(key, field_name("v", now, 0, cos, score), n)
     gw = ServerThread(lambda: build_app(settings)).start()
     try:
         wait_for(lambda: admin_state(gw.url)["budget"]["bar"]["open"], "the bar opens")

@@ -141,9 +141,11 @@ async def test_a_lost_hash_gets_every_process_counts_back_once(
             assert reader.grid.labels.sum() == 200 and reader.bar().open
         assert one.on_count is not None
         one.on_count(0.97, 0.6, 0, 1, 1)  # one more label, after the loss
-        for _ in range(2):  # the counters send theirs again; then everyone reads the totals
-            for s in stores:
-                await s.flush()
+        for s in stores:  # the counters send theirs again
+            await s.flush()
+        await asyncio.sleep(0.55)  # no process loads before every one has read (the hold)
+        for s in stores:
+            await s.flush()
         raw = await r.hgetall(stores[0].key("chat"))
         assert in_redis(raw, b"l") == 201
         for x in (one, two, reader):
@@ -222,6 +224,7 @@ async def test_batches_go_to_each_route_slot_on_a_redis_cluster(
 def test_batch_ids_are_dropped_only_when_no_resend_can_follow(verifier: MlpVerifier) -> None:
     grid = BudgetGrid(0.5, verifier.floor, verifier.p_min, half_life=3600.0)
     now = time.time()
-    fresh, old = f"b:{int(now) - 60}:a1", f"b:{int(now) - 3600}:b2"
-    (labels, _, _), stale = _arrays(grid, {fresh: 1, old: 1, "l:x:0.97:0.6": 5}, now)
-    assert stale == [old, "l:x:0.97:0.6"] and labels.sum() == 0
+    fresh, old = "b:a1", "b:b2"  # valued when they were applied
+    counts = {fresh: int(now) - 60, old: int(now) - 3600, "l:x:0:0.97:0.6": 5}
+    (labels, _, _), stale = _arrays(grid, counts, now)
+    assert stale == [old, "l:x:0:0.97:0.6"] and labels.sum() == 0
