@@ -215,16 +215,16 @@ class BudgetGrid:
             self._bar = self._choose()
         return self._bar
 
-    def harder(self) -> float:
+    def harder(self, p0: np.ndarray, k0: np.ndarray) -> float:
         """How much more often this route's labels over the shipped floor are wrong than the
-        prior's rates say for the same cells and the same kind of traffic (new questions or
-        repeats: Prior.expected_rates): (wrong + a) / (expected wrong + a), at least 1. The
-        prior comes from the development data; a user's traffic can be harder, and its own
-        labels, not the prior, must say so."""
-        assert self.prior is not None
+        prior's rates say for the same cells: (wrong + a) / (expected wrong + a), at least 1.
+        The prior comes from the development data; a user's traffic can be harder, and its
+        own labels, not the prior, must say so."""
         fr = min(self.f_row, len(self.cos_edges) - 1)
-        rate = self.prior.expected_rates(self.labels, self.wrong)[fr:]
-        expected = float((self.labels[fr:] * rate).sum())
+        n0, w0, n = p0[fr:], k0[fr:], self.labels[fr:]
+        base = float(w0.sum() / n0.sum()) if n0.sum() > 0 else 0.5
+        rate = (w0 + base) / (n0 + 1.0)
+        expected = float((n * rate).sum())
         return max(1.0, (float(self.wrong[fr:].sum()) + SHIFT_SMOOTH) / (expected + SHIFT_SMOOTH))
 
     def _choose(self) -> Bar:
@@ -239,7 +239,7 @@ class BudgetGrid:
         if self.prior is not None:
             p0, k0 = self.prior.pseudo(self.labels, self.wrong, self.prior_weight)
             if self.shift:
-                scale = self.harder()
+                scale = self.harder(p0, k0)
                 k0 = np.minimum(p0, k0 * scale)
         else:
             p0 = k0 = np.zeros_like(self.labels)

@@ -94,34 +94,19 @@ class Prior:
         out: np.ndarray = np.clip((k + SMOOTH * base) / (n + SMOOTH), 1e-3, 0.999)
         return out
 
-    def _likelihoods(self, labels: np.ndarray, wrong: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The log-likelihood of the live counts under each dataset's per-cell rates, for each
-        share of first-phase labels ([share, d]), and those rates ([share, d, i, j])."""
-        shares = SHARES if self.phase_labels.shape[1] > 1 else (None,)
-        rates = np.stack([self.rates(share) for share in shares])
-        ll = (wrong * np.log(rates) + (labels - wrong) * np.log(1 - rates)).sum((2, 3))
-        return ll, rates
-
     def mixture(self, labels: np.ndarray, wrong: np.ndarray) -> np.ndarray:
         """Posterior weight of each dataset given the live counts (uniform start): the
         likelihood of the live labels under each table's per-cell rates, averaged over the
         share of first-phase labels (0, 1/4, ..., 1: a route does not know its phase)."""
-        a, _ = self._likelihoods(labels, wrong)
+        lls = []
+        for share in SHARES if self.phase_labels.shape[1] > 1 else (None,):
+            e = self.rates(share)
+            lls.append((wrong * np.log(e) + (labels - wrong) * np.log(1 - e)).sum((1, 2)))
+        a = np.stack(lls)  # [share, d]
         top = a.max(0)
         ll = top + np.log(np.exp(a - top).mean(0))
         w: np.ndarray = np.exp(ll - ll.max())
         out: np.ndarray = w / w.sum()
-        return out
-
-    def expected_rates(self, labels: np.ndarray, wrong: np.ndarray) -> np.ndarray:
-        """Each cell's error rate for the kind of traffic the live counts come from: every
-        dataset's rates at every first-phase share, weighed by how well they explain the live
-        labels. New questions asked against each other are wrong far more often than repeats
-        (QQP calib: 83 % of 95 labels against 31 % of 1,191), so rates pooled over both phases
-        would call a route whose labels are still mostly new questions harder than it is."""
-        a, rates = self._likelihoods(labels, wrong)
-        w = np.exp(a - a.max())
-        out: np.ndarray = ((w / w.sum())[:, :, None, None] * rates).sum((0, 1))
         return out
 
     def pseudo(self, labels: np.ndarray, wrong: np.ndarray, weight: float) -> np.ndarray:
