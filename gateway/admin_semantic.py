@@ -77,6 +77,7 @@ def route_status(sr: SemanticRoute) -> dict[str, Any]:
     b = sr.budget
     if b is None:
         return out
+    out["serving"] = b.serving  # False: a reload turned this route's semantic cache off
     out["scoring_floor"] = b.scorer.floor  # a budgeted route scores and labels from here
     # what its labels mean (scorer, point, rival rule, answer match): the shared counts' key
     out["label_context"] = b.context
@@ -84,7 +85,7 @@ def route_status(sr: SemanticRoute) -> dict[str, Any]:
     g = b.grid
     out["budget"] = {
         "bar": {
-            "open": bar.open,
+            "open": bar.open and b.serving,
             "cosine": bar.cosine,
             "score": bar.score,
             "cosine_only": bar.cos_only,

@@ -127,6 +127,8 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
         for name in [n for n in cache.routes if n not in new_flows]:
             del cache.routes[name]
         flows.replace(new_flows)
+        if semantic is not None:
+            semantic.serve_only({r.name for r in new.routes if r.cache.semantic.enabled})
 
     def pool_source() -> dict[str, dict[str, dict[str, int]]]:
         out = {}

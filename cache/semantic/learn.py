@@ -74,6 +74,9 @@ class RouteBudget:
         # Called with (cosine, score, wrong, volume) deltas: the shared store's hook.
         self.on_count: Callable[[float, float, int, int, int], None] | None = None
         self._logged: tuple[bool, float, float, float, str] | None = None  # the bar last logged
+        # False once a reload turned the route's semantic cache off: its bar serves nothing,
+        # whatever its counts say, and /metrics and /admin/semantic say so.
+        self.serving = True
         self.publish()
 
     # -- the bar ---------------------------------------------------------------------------
@@ -95,7 +98,7 @@ class RouteBudget:
         m.bar.labels(r, "cosine").set(b.cosine)
         m.bar.labels(r, "score").set(b.score)
         m.bar.labels(r, "cosine_only").set(b.cos_only)
-        m.bar_open.labels(r).set(1 if b.open else 0)
+        m.bar_open.labels(r).set(1 if b.open and self.serving else 0)
         m.prior_scale.labels(r).set(b.prior_scale)
         m.error_rate.labels(r, "estimate").set(b.estimate)
         m.error_rate.labels(r, "bound").set(b.bound)

@@ -191,6 +191,13 @@ class SemanticSetup:
     def budgets(self) -> dict[str, RouteBudget]:
         return {n: r.budget for n, r in self.routes.items() if r.budget is not None}
 
+    def serve_only(self, names: set[str]) -> None:
+        """After a reload: the routes whose semantic cache is still on (a reload can only turn
+        one off); the others' budgets say they serve nothing."""
+        for name, b in self.budgets().items():
+            b.serving = name in names
+            b.publish()
+
     def start(self) -> None:
         """Load in the background: the listeners open at once, /readyz shows the progress."""
         if self._task is None:

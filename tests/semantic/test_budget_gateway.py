@@ -9,15 +9,17 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis as redis_lib
+import yaml
 
 from cache.semantic.budget_store import EPOCHS_PER_HALF_LIFE, field_name
 from cache.settings import SemanticPolicy
 from gateway.app import build_app
-from gateway.config import Settings
+from gateway.config import Settings, load_settings
 from tests.integration.cache.conftest import ADMIN_TOKEN
 from tests.semantic.test_gateway import ask, client_for, semantic_config
 from tests.support.class_upstream import build_class_upstream
@@ -281,3 +283,37 @@ def test_counts_are_shared_and_kept_with_the_index_sync_off(
         wait_for(lambda: admin_state(b.url)["budget"]["labels"] == 3, "b reads the kept labels")
     finally:
         b.stop()
+
+
+def test_a_reload_that_turns_the_semantic_cache_off_shows_the_bar_serving_nothing(
+    class_upstream: ServerThread, tmp_path: Path
+) -> None:
+    """/metrics and /admin/semantic said the bar was open after a reload had turned the
+    route's semantic cache off (the stage keeps running until a restart)."""
+    cfg = semantic_config(class_upstream.url, max_error_rate=0.5, min_labels=50)
+    path = tmp_path / "latentgate.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    gw = ServerThread(lambda: build_app(load_settings(str(path)), config_path=str(path))).start()
+    try:
+        wait_for(lambda: admin_state(gw.url).get("budget", {}).get("bar", {}).get("open"), "open")
+        assert metric(gw.url, 'latentgate_semantic_bar_open{route="chat"}') == 1.0
+        c = client_for(gw.url, "sk-reload")
+        ask(c, Q, temperature=0)
+        assert ask(c, PARA, temperature=0)[1]["x-cache"] == "semantic-hit"
+        for r in cfg["routes"]:
+            if r["name"] == "chat":
+                r["cache"]["semantic"]["enabled"] = False
+        path.write_text(yaml.safe_dump(cfg))
+        req = urllib.request.Request(
+            f"{gw.url}/admin/reload",
+            method="POST",
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert resp.status == 200
+        state = admin_state(gw.url)
+        assert state["serving"] is False and state["budget"]["bar"]["open"] is False
+        assert metric(gw.url, 'latentgate_semantic_bar_open{route="chat"}') == 0.0
+        assert ask(c, PARA, temperature=0)[1]["x-cache"] != "semantic-hit"
+    finally:
+        gw.stop()
