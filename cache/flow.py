@@ -212,7 +212,7 @@ class CacheFlow:
             vector = await sr.embed(ask.call)
             # issue 14: search = lookup + the unserved candidate (labelled after the miss)
             assert isinstance(sr, SemanticRoute)
-            res = await sr.search(ask.call, ask.key.tenant_h, payload, vector)
+            res = await sr.search(ask.call, ask.key.tenant_h, payload, vector, ask.key.value)
             hit, ask.semantic_candidate = res.hit, res.candidate
             ask.semantic_rivals = res.rivals
             # an only-if-cached client asked that nothing go upstream for it: no audit either

@@ -98,7 +98,11 @@ def announced(
 ) -> Iterator[Announcement]:
     flight = None
     if vector is not None and isinstance(sr, SemanticRoute):
-        flight = sr.begin(call, key.tenant_h, vector, key.value)
+        try:
+            flight = sr.begin(call, key.tenant_h, vector, key.value)
+        except Exception:  # the cache boundary: no announcement, and the exact lead goes on
+            log.exception("semantic flight announcement failed")
+            flight = None
         if flight is not None:
             flight.lead = lead.future
     announcement = Announcement(flight)

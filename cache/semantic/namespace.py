@@ -29,4 +29,6 @@ def namespace_of(route: str, model: str | None, context: Any, tenant: str = "") 
     """blake2b-128 hex of (route, model, tenant, canonical context)."""
     doc = [route, model or "", tenant, _canonical(context)]
     raw = json.dumps(doc, separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.blake2b(raw.encode(), digest_size=16).hexdigest()
+    # surrogatepass: a lone surrogate in a system prompt or an earlier turn (JSON allows
+    # "\ud800") must not fail the lookup; the exact key encodes the same way (cache.keys)
+    return hashlib.blake2b(raw.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()

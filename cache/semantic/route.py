@@ -131,10 +131,12 @@ class SemanticRoute:
         tenant: str,
         payload_exists: Callable[[str], Awaitable[bool | None]] | None = None,
         vector: np.ndarray | None = None,
+        own_key: str | None = None,
     ) -> Search:
         """`lookup` plus, on a route with an error budget, the best candidate it did not serve
-        (hand it to `label_after_miss` once the upstream has answered). Without a budget the
-        hit is exactly `lookup`'s and the candidate is None."""
+        (hand it to `label_after_miss` once the upstream has answered; never the request's own
+        entry, `own_key`). Without a budget the hit is exactly `lookup`'s and the candidate is
+        None."""
         if not self.applies(call):
             return Search(None, None)
         assert call.semantic_text is not None
@@ -150,6 +152,7 @@ class SemanticRoute:
             vector,
             self.budget.observe,
             rival,
+            own_key,
         )
 
     def labels(self, call: CallLike) -> bool:

@@ -182,15 +182,22 @@ class SemanticStage:
         vector: np.ndarray | None = None,
         observe: Callable[[float, float], None] | None = None,
         rival: float | None = None,
+        own_key: str | None = None,
     ) -> Search:
         """A lookup under a learned bar: every candidate over the cosine floor is scored, the
         most probable one the bar (and its own per-entry bar) serves is the hit; the best one
         overall, when not served, comes back as the candidate to label. `observe` gets the best
         candidate's (cosine, score): where the route's traffic is. Contested candidates
         (cache.semantic.rivals) are neither served nor labelled: the bar is learned for the
-        candidates it may serve."""
+        candidates it may serve. `own_key`: the request's exact key. Its own entry is no
+        candidate: when it is there but cannot serve this request (a stream asked for as one
+        body, an answer older than the client's max-age), the miss stores its fresh answer
+        under that key, and a label would compare the answer with itself (always "agree")."""
         vec = await self.embed(text) if vector is None else vector
         t2, cands, sims = self._candidates(namespace, vec)
+        if own_key is not None and any(c.exact_key == own_key for c in cands):
+            others = [(c, x) for c, x in zip(cands, sims, strict=True) if c.exact_key != own_key]
+            cands, sims = [c for c, _ in others], [x for _, x in others]
         cands, sims, there = await self._without_stale_rivals(cands, sims, rival, payload_exists)
         cos = np.asarray(sims, dtype=np.float32)
         near = rivals(cos, rival)
