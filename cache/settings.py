@@ -98,6 +98,8 @@ class SemanticPolicy(_Frozen):
     # characters), so two long prompts sharing a start would look alike; and no request's
     # tokenising may stall the others.
     max_chars: int = Field(2048, ge=1)
+    # v2 (Open Inference) routes: the BYTES input that holds the question. A request whose
+    # input holds several strings (a batch) has no semantic lookup: it is not one question.
     field: str | None = None
     # With the verifier on, `threshold` is the cosine floor for candidates and this is the
     # verifier's acceptance score; None = the operating point stored in the trained artifact.

@@ -128,6 +128,7 @@ class V2Adapter:
         if not isinstance(inputs, list) or not inputs:
             raise BadRequest("'inputs' is required and must be a non-empty array")
         key_inputs, texts, offset = [], {}, 0
+        singles: dict[str, bool] = {}  # each BYTES input: it holds exactly one string
         for i, inp in enumerate(inputs):
             if not isinstance(inp, dict):
                 raise BadRequest(f"inputs[{i}] must be an object")
@@ -168,6 +169,7 @@ class V2Adapter:
             if elems:
                 with contextlib.suppress(UnicodeDecodeError):
                     texts[name] = elems[0].decode()
+                singles[name] = len(elems) == 1
             key_inputs.append(
                 {
                     "name": name,
@@ -194,9 +196,16 @@ class V2Adapter:
         call.extra["request_id"] = rid if isinstance(rid, str) else None
         call.extra["texts"] = texts
         if self._semantic_field is not None:
-            call.semantic_text = texts.get(self._semantic_field)
+            field = self._semantic_field
+            # One question per request: a batch of several strings is not one question (its
+            # first string's paraphrase is no reason to serve the whole batch's answer), so it
+            # has no semantic text. The text input stays in the namespace but for its data:
+            # its shape, datatype and parameters must match as the other inputs do.
+            call.semantic_text = texts.get(field) if singles.get(field) else None
             call.context = {k: v for k, v in key_fields.items() if k != "inputs"}
-            call.context["inputs"] = [x for x in key_inputs if x["name"] != self._semantic_field]
+            call.context["inputs"] = [
+                {**x, "data": None} if x["name"] == field else x for x in key_inputs
+            ]
         return call
 
 
