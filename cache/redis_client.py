@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -111,6 +111,23 @@ def connect(
         **opts,
     )
     return client
+
+
+Command = tuple[str, tuple[Any, ...], dict[str, Any]]  # method name, args, keyword args
+
+
+async def round_trip(redis: AnyRedis, commands: Sequence[Command]) -> list[Any]:
+    """The commands' replies, in order: one pipeline on a standalone or sentinel client; on a
+    cluster, plain commands one after another. A plain command that meets a dead node makes
+    the client re-read the slot map (and so find the promoted replica); redis-py's cluster
+    pipeline kept dialling the dead primary after a failover."""
+    if isinstance(redis, RedisCluster):
+        return [await getattr(redis, name)(*args, **kw) for name, args, kw in commands]
+    async with redis.pipeline(transaction=False) as p:
+        for name, args, kw in commands:
+            getattr(p, name)(*args, **kw)
+        out: list[Any] = await p.execute()
+        return out
 
 
 async def follow(

@@ -42,12 +42,10 @@ import uuid
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
-from redis.asyncio import RedisCluster
 
-from cache.redis_client import REDIS_ERRORS, AnyRedis
+from cache.redis_client import REDIS_ERRORS, AnyRedis, Command, round_trip
 from cache.semantic.budget import BudgetGrid
 from cache.semantic.learn import RouteBudget
 
@@ -141,12 +139,12 @@ def _arrays(
 
 @dataclass
 class _Route:
-    """One route's side of the exchange: counts not yet sent, batches sent without a reply
-    (sent again, under the same id, until one comes), and everything this process has added
-    to the hash's current generation (sent again whole if the hash is lost)."""
+    """One route's side of the exchange: counts not yet sent, the batch sent without a reply
+    yet (sent again, under the same id, until one comes), and everything this process has
+    added to the hash's current generation (sent again whole if the hash is lost)."""
 
     new: Counter[str] = field(default_factory=Counter)
-    pending: list[tuple[str, Counter[str]]] = field(default_factory=list)
+    pending: tuple[str, Counter[str]] | None = None  # (its id, its counts)
     sent: Counter[str] = field(default_factory=Counter)
     acked: list[str] = field(default_factory=list)  # markers of applied batches, to delete
     gen: str = ""
@@ -207,8 +205,8 @@ class BudgetStore:
             st = self._routes[r]
             # One batch in flight at a time: through an outage new counts wait in `new` (and
             # count in the loaded totals), rather than a batch per tick piling up.
-            if st.new and not st.pending:
-                st.pending.append((_marker(), +st.new))
+            if st.new and st.pending is None:
+                st.pending = (_marker(), +st.new)
                 st.new.clear()
         for _ in range(2):  # a second round sends again what a lost hash dropped
             if not due:
@@ -225,61 +223,50 @@ class BudgetStore:
 
     async def _exchange(
         self, routes: list[str]
-    ) -> list[tuple[str, list[tuple[int, str]], dict[bytes, bytes]]]:
-        """One round: each route's acked batch ids deleted, its pending batch (through APPLY),
-        its totals, its TTL (a hash no process writes any more goes)."""
-        calls: list[tuple[str, tuple[Any, ...]]] = []
+    ) -> list[tuple[str, tuple[int, str] | None, dict[bytes, bytes]]]:
+        """One round trip: each route's acked batch ids deleted, its pending batch (through
+        APPLY: (applied, generation)), its totals, its TTL (a hash no process writes goes)."""
+        commands: list[Command] = []
         for route in routes:
             st, key = self._routes[route], self.key(route)
             if st.acked:  # (sent again only without a reply: these never are)
-                calls.append(("hdel", (key, *st.acked)))
-            for marker, counts in st.pending:
+                commands.append(("hdel", (key, *st.acked), {}))
+            if st.pending is not None:
+                marker, counts = st.pending
                 flat = [x for f, n in counts.items() for x in (f, n)]
-                gen = uuid.uuid4().hex[:12]
-                calls.append(
-                    ("eval", (APPLY, 1, key, marker, st.gen, gen, int(time.time()), *flat))
-                )
-            calls.append(("hgetall", (key,)))
-            calls.append(("expire", (key, self._ttl(route))))
-        if isinstance(self.redis, RedisCluster):
-            # Plain commands, not a cluster pipeline: a plain command that meets a dead node
-            # makes the client re-read the slot map (and so find the promoted replica);
-            # redis-py's cluster pipeline kept dialling the dead primary (cache.semantic.sync).
-            res = [await getattr(self.redis, name)(*args) for name, args in calls]
-        else:
-            async with self.redis.pipeline(transaction=False) as p:
-                for name, args in calls:
-                    getattr(p, name)(*args)
-                res = await p.execute()
-        out, pos = [], 0
+                new_gen = uuid.uuid4().hex[:12]
+                args = (APPLY, 1, key, marker, st.gen, new_gen, int(time.time()), *flat)
+                commands.append(("eval", args, {}))
+            commands.append(("hgetall", (key,), {}))
+            commands.append(("expire", (key, self._ttl(route)), {}))
+        res = iter(await round_trip(self.redis, commands))
+        out = []
         for route in routes:
             st = self._routes[route]
             if st.acked:
-                pos += 1
+                next(res)
                 st.acked = []
-            n = len(st.pending)
-            applied = [
-                (int(a), g.decode() if isinstance(g, bytes) else str(g))
-                for a, g in res[pos : pos + n]
-            ]
-            out.append((route, applied, res[pos + n]))
-            pos += n + 2
+            applied = None
+            if st.pending is not None:
+                a, g = next(res)
+                applied = (int(a), g.decode() if isinstance(g, bytes) else str(g))
+            out.append((route, applied, next(res)))
+            next(res)  # expire
         return out
 
     async def _take(
-        self, replies: list[tuple[str, list[tuple[int, str]], dict[bytes, bytes]]], now: float
+        self, replies: list[tuple[str, tuple[int, str] | None, dict[bytes, bytes]]], now: float
     ) -> list[str]:
         """Apply the replies; the routes whose hash turned out lost (to send again)."""
         lost = []
         for route, applied, raw in replies:
             st, b = self._routes[route], self.budgets[route]
-            batches, st.pending = st.pending, []
-            rejected = any(a == 0 for a, _ in applied)
-            if not rejected:
-                for (_, gen), (marker, counts) in zip(applied, batches, strict=True):
-                    st.gen = gen
-                    st.sent.update(counts)
-                    st.acked.append(marker)
+            batch, st.pending = st.pending, None
+            rejected = applied is not None and applied[0] == 0
+            if applied is not None and batch is not None and not rejected:
+                st.gen = applied[1]
+                st.sent.update(batch[1])
+                st.acked.append(batch[0])
             gen = raw.get(b"gen", b"").decode()
             if rejected or (st.gen and gen != st.gen):
                 # Not the hash this process wrote to: it was lost. Everything this process has
@@ -289,12 +276,11 @@ class BudgetStore:
                 if now >= st.hold_until:
                     st.hold_until = now + self.idle_read + self.interval
                 again = st.sent
-                if rejected:
-                    for _, counts in batches:
-                        again.update(counts)
+                if rejected and batch is not None:
+                    again.update(batch[1])
                 if again:
                     st.sent, st.gen = Counter(), ""
-                    st.pending.append((_marker(), again))
+                    st.pending = (_marker(), again)
                     lost.append(route)
                 elif gen:
                     st.gen = gen  # the new hash: loaded from the next read on

@@ -28,11 +28,10 @@ from typing import Any
 
 import msgpack
 import numpy as np
-from redis.asyncio import RedisCluster
 from redis.typing import EncodableT, FieldT
 
 from cache.outage import OutageLog
-from cache.redis_client import REDIS_ERRORS, AnyRedis, connect, follow
+from cache.redis_client import REDIS_ERRORS, AnyRedis, Command, connect, follow, round_trip
 from cache.semantic.records import Entry
 from cache.semantic.stage import SemanticStage
 from cache.settings import RedisSettings
@@ -224,27 +223,15 @@ class RedisSync:
         """One round trip for the batch (records and events in order). A Redis failure is
         logged and counted, never raised: the local index already has the changes."""
         try:
-            if isinstance(self.redis, RedisCluster):
-                # Plain commands, not a cluster pipeline: a plain command that meets a dead
-                # node makes the client re-read the slot map (and so find the promoted
-                # replica); redis-py's cluster pipeline kept dialling the dead primary.
-                for _what, key, record, fields in batch:
-                    if record is None:
-                        await self.redis.hdel(self.entries_key, key)
-                    else:
-                        await self.redis.hset(self.entries_key, key, record)
-                    await self.redis.xadd(
-                        self.stream_key, fields, maxlen=STREAM_MAXLEN, approximate=True
-                    )
-            else:
-                async with self.redis.pipeline(transaction=False) as p:
-                    for _what, key, record, fields in batch:
-                        if record is None:
-                            p.hdel(self.entries_key, key)
-                        else:
-                            p.hset(self.entries_key, key, record)
-                        p.xadd(self.stream_key, fields, maxlen=STREAM_MAXLEN, approximate=True)
-                    await p.execute()
+            commands: list[Command] = []
+            for _what, key, record, fields in batch:
+                if record is None:
+                    commands.append(("hdel", (self.entries_key, key), {}))
+                else:
+                    commands.append(("hset", (self.entries_key, key, record), {}))
+                stream = {"maxlen": STREAM_MAXLEN, "approximate": True}
+                commands.append(("xadd", (self.stream_key, fields), stream))
+            await round_trip(self.redis, commands)
             self._m.labels("publish", "ok").inc(len(batch))
             self._publish_log.ok()
         except Exception as exc:  # (a client-library fault mid-failover too: see RedisTier._guard)

@@ -16,6 +16,8 @@ from cache.semantic.index import VectorIndex
 from cache.semantic.metrics import SemanticMetrics
 from cache.semantic.stage import SemanticStage
 from cache.semantic.verifier import MlpVerifier
+from tests.support.class_upstream import build_class_upstream
+from tests.support.servers import ServerThread
 
 
 class LoopFree:
@@ -80,3 +82,17 @@ def stage(embedder: Embedder) -> SemanticStage:
     return SemanticStage(
         embedder, VectorIndex(embedder.dim, device="cpu"), SemanticMetrics(CollectorRegistry())
     )
+
+
+@pytest.fixture
+def answers() -> dict[str, str]:
+    """The class upstream's answers by question (a test module overrides this fixture)."""
+    return {}
+
+
+@pytest.fixture
+def class_upstream(answers: dict[str, str]) -> Iterator[ServerThread]:
+    """An upstream that answers each question by its class (tests.support.class_upstream)."""
+    server = ServerThread(lambda: build_class_upstream(answers)).start()
+    yield server
+    server.stop()

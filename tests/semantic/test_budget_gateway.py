@@ -8,7 +8,7 @@ import logging
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,6 @@ from gateway.app import build_app
 from gateway.config import Settings, load_settings
 from tests.integration.cache.conftest import ADMIN_TOKEN
 from tests.semantic.test_gateway import ask, client_for, semantic_config
-from tests.support.class_upstream import build_class_upstream
 from tests.support.servers import RedisServer, ServerThread
 
 Q = "How do I reset my password?"
@@ -43,13 +42,6 @@ def answers() -> dict[str, str]:
         Q: "Open Settings, then Security, then Reset.",
         PARA: "Open Settings, then Security, then Reset.",
     }
-
-
-@pytest.fixture
-def class_upstream(answers: dict[str, str]) -> Iterator[ServerThread]:
-    server = ServerThread(lambda: build_class_upstream(answers)).start()
-    yield server
-    server.stop()
 
 
 def admin_state(url: str, route: str = "chat") -> dict[str, Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import redis as redis_lib
@@ -18,9 +17,12 @@ from cache.semantic.budget_store import field_name
 from cache.semantic.verifier import MlpVerifier
 from gateway.app import build_app
 from gateway.config import Settings
-from tests.semantic.test_budget_gateway import admin_state, admin_state_context, wait_for
+from tests.semantic.test_budget_gateway import (
+    admin_state,
+    admin_state_context,
+    wait_for,
+)
 from tests.semantic.test_gateway import ask, client_for, semantic_config
-from tests.support.class_upstream import build_class_upstream
 from tests.support.servers import RedisServer, ServerThread
 
 SAFE = "Is it safe to eat raw chicken?"
@@ -28,17 +30,14 @@ NOT_SAFE = "Is it not safe to eat raw chicken?"
 
 
 @pytest.fixture
-def up() -> Iterator[ServerThread]:
-    answers = {SAFE: "No. Raw chicken often carries Salmonella.", NOT_SAFE: "Correct, it is not."}
-    server = ServerThread(lambda: build_class_upstream(answers)).start()
-    yield server
-    server.stop()
+def answers() -> dict[str, str]:
+    return {SAFE: "No. Raw chicken often carries Salmonella.", NOT_SAFE: "Correct, it is not."}
 
 
 def test_a_cosine_only_bar_does_not_serve_the_minimal_opposite(
-    up: ServerThread, redis_server: RedisServer
+    class_upstream: ServerThread, redis_server: RedisServer
 ) -> None:
-    cfg = semantic_config(up.url, redis_server.url, max_error_rate=0.10, prior=False)
+    cfg = semantic_config(class_upstream.url, redis_server.url, max_error_rate=0.10, prior=False)
     prefix = f"opp{uuid.uuid4().hex[:8]}:"
     cfg["cache"]["redis"]["key_prefix"] = prefix
     settings = Settings.model_validate(cfg)

@@ -6,25 +6,19 @@ with itself ("agree", every time). Three such repeats opened the bar with no par
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
-from tests.semantic.test_budget_gateway import BUDGET, admin_state
+from tests.semantic.test_budget_gateway import BUDGET, PARA, Q, admin_state
 from tests.semantic.test_gateway import ask, client_for, semantic_config
-from tests.support.class_upstream import build_class_upstream
 from tests.support.servers import ServerThread
-
-Q = "How do I reset my password?"
-PARA = "How can I reset my password?"
 
 
 @pytest.fixture
-def class_upstream() -> Iterator[ServerThread]:
-    answers = {Q: "Open Settings, then Security, then Reset.", PARA: "Contact support."}
-    server = ServerThread(lambda: build_class_upstream(answers)).start()
-    yield server
-    server.stop()
+def answers() -> dict[str, str]:
+    """The paraphrase has another answer: serving it the stored one would show."""
+    return {Q: "Open Settings, then Security, then Reset.", PARA: "Contact support."}
 
 
 def test_a_repeat_of_the_same_question_is_no_label(

@@ -211,7 +211,7 @@ async def test_batches_go_to_each_route_slot_on_a_redis_cluster(
         assert len(slots) > 1  # the keys do live in several slots
         # one route's batch as if its reply had been lost: not acknowledged, sent again
         st = store._routes["route0"]
-        st.pending.append((st.acked.pop(), Counter(st.sent)))
+        st.pending = (st.acked.pop(), Counter(st.sent))
         assert await store.flush()
         for name, b in routes.items():
             raw = await r.hgetall(store.key(name))

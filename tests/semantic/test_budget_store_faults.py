@@ -52,7 +52,9 @@ async def test_an_outage_holds_new_counts_as_one_batch(
         for _ in range(200):
             b.on_count(0.97, 0.6, 0, 1, 1)
             assert not await store.flush()
-        assert len(store._routes["chat"].pending) == 1
+        pending = store._routes["chat"].pending  # one batch waits; the rest wait beside it
+        assert pending is not None and sum(pending[1].values()) == 2  # the first tick's
+        assert sum(store._routes["chat"].new.values()) == 2 * 199
         store.redis = r
         for _ in range(3):  # the held batch, then what waited beside it; then its id goes
             assert await store.flush()

@@ -26,13 +26,13 @@ def v2_config(upstream_url: str) -> dict[str, Any]:
     return cfg
 
 
-def infer(url: str, texts: list[str]) -> tuple[dict[str, Any], Any]:
+def infer(url: str, texts: list[str], key: str = "sk-a") -> tuple[dict[str, Any], Any]:
     body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [len(texts)], "data": texts}]}
     req = urllib.request.Request(
         f"{url}/v2/models/m/infer",
         data=json.dumps(body).encode(),
         method="POST",
-        headers={"Content-Type": "application/json", "Authorization": "Bearer sk-a"},
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
     )
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read()), r.headers
@@ -65,3 +65,11 @@ def test_a_single_question_is_not_served_a_stored_batch(gw: ServerThread) -> Non
     infer(gw.url, ["How do I reset my password?", "What is the capital of France?"])
     b, h2 = infer(gw.url, ["How can I reset my password?"])
     assert h2["x-cache"] == "miss" and b["outputs"][0]["shape"] == [1]
+
+
+def test_another_tenant_is_not_served_the_paraphrase(gw: ServerThread) -> None:
+    infer(gw.url, ["How do I reset my password?"], key="sk-a")
+    assert infer(gw.url, ["How can I reset my password?"], key="sk-b")[1]["x-cache"] == "miss"
+    assert infer(gw.url, ["How can I reset my password?"], key="sk-a")[1]["x-cache"] == (
+        "semantic-hit"
+    )
