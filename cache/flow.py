@@ -175,6 +175,7 @@ class CacheFlow:
                         ask.key.value,
                         rivals,
                         ask.answers,
+                        d,
                     )
                 if joined is not None and ask.answers.serves(joined[0]):
                     return Hit(joined[0], "semantic-hit", joined[1])

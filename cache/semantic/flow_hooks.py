@@ -19,7 +19,7 @@ import numpy as np
 from backends import UpstreamResponse
 from cache.codec import CacheEntry
 from cache.keys import CacheKey
-from cache.policy import RequestDirectives
+from cache.policy import DEFAULT, RequestDirectives
 from cache.semantic.pending import Flight
 from cache.semantic.records import SemanticHit
 from cache.semantic.route import CallLike, SemanticRoute
@@ -134,11 +134,22 @@ async def join_flight(
     own_key: str = "",
     stored_rivals: int = 0,
     answers: Any = None,
+    directives: RequestDirectives = DEFAULT,
 ) -> tuple[CacheEntry, SemanticHit] | None:
     """An in-flight miss this lookup would serve: wait on its exact flight for the answer.
     None (compute as usual) when there is none, it failed, answered an error, was private or
     took too long, or turned out to stream an answer this request would not wait out (one it
-    cannot be rendered from, one that streams to it too, or one that will not be kept)."""
+    cannot be rendered from, one that streams to it too, or one that will not be kept), or its
+    answer is older than this request's max-age or expires within its min-fresh (a stored
+    answer the index found would be refused to it the same way: RouteCache.payload)."""
+
+    def usable(entry: CacheEntry | None) -> bool:
+        return (
+            entry is not None
+            and _usable(entry)
+            and directives.acceptable(entry.age(), entry.expires_at)
+        )
+
     try:
         joined = await sr.join(call, tenant, vector, stored_rivals)
         if joined is None or joined.flight.key == own_key:
@@ -146,7 +157,7 @@ async def join_flight(
         flight = joined.flight
         if flight.lead is None or not _may_wait(flight, answers):
             return None
-        waiting = asyncio.ensure_future(flights.wait_on(flight.lead, wait_s, _usable))
+        waiting = asyncio.ensure_future(flights.wait_on(flight.lead, wait_s, usable))
         turned = asyncio.ensure_future(flight.turned.wait())
         ended = asyncio.ensure_future(asyncio.shield(flight.future))
         try:
@@ -171,7 +182,7 @@ async def join_flight(
     except Exception:  # the leader's failure is its own; this request computes
         log.debug("semantic single flight: the leader failed", exc_info=True)
         return None
-    if shared is None or not _usable(shared):
+    if shared is None or not usable(shared):
         # An error is the leader's own (a 429 names its caller's quota, a 400 its request), and
         # so is an answer not kept (no-cache, max-age=0): an identical request may share it, a
         # paraphrase goes upstream itself. Only a stored answer is a semantic hit.

@@ -141,6 +141,36 @@ def test_a_paraphrase_does_not_get_an_answer_the_upstream_said_not_to_keep(
     assert upstream_calls(slow_upstream) == 2
 
 
+@pytest.mark.parametrize(
+    ("leader_said", "asked"),
+    [
+        ({"X-Test-Age": "100"}, "max-age=10"),  # the answer is 100 s old
+        ({"X-Test-Cache-Control": "max-age=20"}, "min-fresh=600"),  # it expires in 20 s
+    ],
+)
+def test_a_paraphrase_joins_a_flight_only_for_an_answer_its_cache_control_takes(
+    slow_upstream: ServerThread,
+    start_gateway: Callable[..., ServerThread],
+    leader_said: dict[str, str],
+    asked: str,
+) -> None:
+    """A paraphrase asking for an answer no older than max-age (or fresh for min-fresh more) is
+    not served the in-flight leader's answer when that answer fails it, as the same answer found
+    in the index would not be (RouteCache.payload): it goes upstream itself."""
+    gw = start_gateway(semantic_config(slow_upstream.url))
+    leader = threading.Thread(
+        target=lambda: ask(client_for(gw.url), Q, temperature=0, extra_headers=leader_said)
+    )
+    leader.start()
+    wait_for(lambda: admin_state(gw.url)["pending_flights"] == 1, "the leader in flight")
+    text, headers = ask(
+        client_for(gw.url), PARA, temperature=0, extra_headers={"Cache-Control": asked}
+    )
+    leader.join()
+    assert headers["x-cache"] == "miss" and "can I reset" in text
+    assert upstream_calls(slow_upstream) == 2
+
+
 def test_a_paraphrase_does_not_get_an_answer_too_large_to_keep(
     slow_upstream: ServerThread, start_gateway: Callable[..., ServerThread]
 ) -> None:
