@@ -86,6 +86,8 @@ def input_tensors(req: Any) -> list[Tensor]:
         name, datatype, shape = inp.name, inp.datatype, list(inp.shape)
         if not name:
             raise BadRequest(f"inputs[{i}] has no name")
+        if any(x.name == name for x in req.inputs[:i]):
+            raise BadRequest(f"input '{name}' appears more than once")
         if datatype != "BYTES" and datatype not in _ITEMSIZE:
             raise BadRequest(f"input '{name}': unsupported datatype {datatype!r}")
         if any(d < 0 for d in shape):

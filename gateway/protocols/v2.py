@@ -127,7 +127,9 @@ class V2Adapter:
         inputs = doc.get("inputs")
         if not isinstance(inputs, list) or not inputs:
             raise BadRequest("'inputs' is required and must be a non-empty array")
-        key_inputs, texts, offset = [], {}, 0
+        key_inputs: list[dict[str, Any]] = []
+        texts: dict[str, str] = {}
+        offset = 0
         singles: dict[str, bool] = {}  # each BYTES input: it holds exactly one string
         for i, inp in enumerate(inputs):
             if not isinstance(inp, dict):
@@ -135,6 +137,10 @@ class V2Adapter:
             name, datatype, shape = inp.get("name"), inp.get("datatype"), inp.get("shape")
             if not isinstance(name, str):
                 raise BadRequest(f"inputs[{i}]: 'name' must be a string")
+            if any(x["name"] == name for x in key_inputs):
+                # inputs are named tensors: two of one name is no request a model server
+                # takes, and the semantic text would be one of them, the namespace blind to both
+                raise BadRequest(f"input '{name}' appears more than once")
             if not isinstance(datatype, str) or datatype not in DTYPES:
                 raise BadRequest(f"input '{name}': unknown datatype {datatype!r}")
             if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):

@@ -99,6 +99,11 @@ def test_errors_map_to_status_codes(grpc_gateway: ServerThread) -> None:
         c.infer("m", [bad])
     assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert "5 bytes do not fit FP32 [2, 3]" in err.value.message()
+    twice = _inputs()[:1] * 2  # two inputs of one name: named tensors, not a request
+    with pytest.raises(InferenceServerException) as err:
+        c.infer("m", twice)
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "'INPUT0' appears more than once" in err.value.message()
     with pytest.raises(InferenceServerException) as err:
         c.get_model_metadata("nope")
     assert err.value.status() == "StatusCode.NOT_FOUND"

@@ -8,6 +8,7 @@ for a one-element request)."""
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -73,3 +74,33 @@ def test_another_tenant_is_not_served_the_paraphrase(gw: ServerThread) -> None:
     assert infer(gw.url, ["How can I reset my password?"], key="sk-a")[1]["x-cache"] == (
         "semantic-hit"
     )
+
+
+def test_two_inputs_of_one_name_are_refused_not_served_another_question(gw: ServerThread) -> None:
+    """Two inputs named like the semantic field: the question would be one of them and the
+    namespace blind to both, so a request whose other TEXT asked something else was once served
+    the stored outputs of a different question. Inputs are named tensors: a 400 with a JSON
+    error, and nothing reaches the upstream or the cache."""
+
+    def two(first: str, second: str) -> Any:
+        body = {
+            "inputs": [
+                {"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": [first]},
+                {"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": [second]},
+            ]
+        }
+        req = urllib.request.Request(
+            f"{gw.url}/v2/models/m/infer",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json", "Authorization": "Bearer sk-a"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=30)
+        with err.value as e:  # (closes its socket)
+            return e.code, e.headers["Content-Type"], json.loads(e.read())
+
+    code, ctype, doc = two("What is the capital of France?", "How do I reset my password?")
+    assert code == 400 and ctype.startswith("application/json")
+    assert "'TEXT' appears more than once" in doc["error"]
+    assert two("Who wrote Hamlet?", "How can I reset my password?")[0] == 400
