@@ -33,29 +33,34 @@ from cache.semantic.budget import OPEN_LABELS, grid_edges
 from cache.semantic.budget_prior import Prior
 from cache.semantic.verifier import MlpVerifier
 
+Stream = tuple[list[str], list[str], np.ndarray]
+
 BUDGETS = (0.02, 0.10)
 DELTAS = (0.05, 0.1, 0.2, 0.3)
 MIN_LABELS = (50, 100, 200)
 
 
-def halves(dev_roots: bool = False) -> dict[str, list[tuple[list[str], list[str], np.ndarray]]]:
-    """Per dataset, its two calib halves as streams: (texts, classes, vectors). Classes from
-    each half's own labels, as a held-out stream has them; dev_roots: QQP's from every labelled
-    edge of the 40,000 dev pairs."""
+def halves(
+    dev_roots: bool = False, parts: tuple[str, ...] = ("calib",)
+) -> dict[str, list[tuple[int, str, Stream]]]:
+    """Per dataset, each part's two halves as streams: (fold, part, (texts, classes, vectors)).
+    Fold h holds half h of every part. Classes from each half's own labels, as a held-out stream
+    has them; dev_roots: QQP's from every labelled edge of the 40,000 dev pairs."""
     data = splits()
     qroots = label_roots(load_qqp()) if dev_roots else None
     enc = st_encoder()
-    out: dict[str, list[tuple[list[str], list[str], np.ndarray]]] = {}
+    out: dict[str, list[tuple[int, str, Stream]]] = {}
     for d in ("qqp", "paws", "stsb"):
-        ps = data[d]["calib"]
-        n = len(ps)
-        va, vb = embed_cached(ps.a, enc, MODEL_TAG), embed_cached(ps.b, enc, MODEL_TAG)
         out[d] = []
-        for lo, hi in ((0, n // 2), (n // 2, n)):
-            texts = ps.a[lo:hi] + ps.b[lo:hi]
-            roots = qroots if d == "qqp" and qroots else label_roots(ps.subset(range(lo, hi)))
-            classes = [roots.get(t.lower(), t.lower()) for t in texts]
-            out[d].append((texts, classes, np.concatenate([va[lo:hi], vb[lo:hi]])))
+        for part in parts:
+            ps = data[d][part]
+            n = len(ps)
+            va, vb = embed_cached(ps.a, enc, MODEL_TAG), embed_cached(ps.b, enc, MODEL_TAG)
+            for h, (lo, hi) in enumerate(((0, n // 2), (n // 2, n))):
+                texts = ps.a[lo:hi] + ps.b[lo:hi]
+                roots = qroots if d == "qqp" and qroots else label_roots(ps.subset(range(lo, hi)))
+                classes = [roots.get(t.lower(), t.lower()) for t in texts]
+                out[d].append((h, part, (texts, classes, np.concatenate([va[lo:hi], vb[lo:hi]]))))
     return out
 
 
@@ -70,6 +75,12 @@ def main() -> None:
     ap.add_argument("--min-labels", default=",".join(map(str, MIN_LABELS)))
     ap.add_argument("--no-shift", action="store_true")
     ap.add_argument("--roots", choices=("part", "dev"), default="part")
+    ap.add_argument(
+        "--parts",
+        default="calib",
+        help="which parts' halves: calib (the eval parts unread), or calib,eval (fold h = half h"
+        " of each; every stream is still replayed against the other fold's prior)",
+    )
     ap.add_argument("--open-labels", type=int, default=OPEN_LABELS)
     args = ap.parse_args()
     deltas = [float(x) for x in args.deltas.split(",")]
@@ -78,11 +89,14 @@ def main() -> None:
     ver = MlpVerifier.load()
     sc = scorer(ver)
     cos_edges, score_edges = grid_edges(sc.floor, ver.p_min, ver.floor)
-    parts = halves(args.roots == "dev")
-    # prior[h]: built from half h of every dataset
+    parts = halves(args.roots == "dev", tuple(args.parts.split(",")))
+    # prior[h]: built from fold h (half h of every part) of every dataset
     priors = []
     for h in (0, 1):
-        tables = [counts(replay(*parts[d][h], sc), cos_edges, score_edges) for d in parts]
+        tables = [
+            sum(counts(replay(*s, sc), cos_edges, score_edges) for f, _, s in parts[d] if f == h)
+            for d in parts
+        ]
         t = np.stack(tables)  # [d, phase, labels|wrong, i, j]
         priors.append(Prior(tuple(parts), t[:, :, 0], t[:, :, 1]))
     print(f"verifier point: floor {ver.floor}, score >= {ver.p_min}")
@@ -94,7 +108,7 @@ def main() -> None:
     for delta, min_labels in itertools.product(deltas, mins):
         row = {}
         for d in parts:
-            for h in (0, 1):
+            for h, part, stream in parts[d]:
                 routes = budget_routes(
                     ver,
                     BUDGETS,
@@ -104,27 +118,30 @@ def main() -> None:
                     not args.no_shift,
                     args.open_labels,
                 )
-                run(*parts[d][h], ver, routes)
-                row[(d, h)] = [second_half(r) for r in routes]
+                run(*stream, ver, routes)
+                row[(d, part, h)] = [second_half(r) for r in routes]
         results[(delta, min_labels)] = row
         cells = []
-        for (d, h), figs in row.items():
-            cells.append(f"{d}{h} " + " ".join(f"{n}/{(k / n if n else 0):.3f}" for n, k in figs))
+        for (d, part, h), figs in row.items():
+            cells.append(
+                f"{d}:{part}{h} " + " ".join(f"{n}/{(k / n if n else 0):.3f}" for n, k in figs)
+            )
         print(f"{delta:<5} {min_labels:<4} | " + " | ".join(cells), flush=True)
 
-    def ok(row: dict[tuple[str, int], list[tuple[int, int]]]) -> bool:
+    def ok(row: dict[tuple[str, str, int], list[tuple[int, int]]]) -> bool:
         for d in parts:
             for b, col in zip(BUDGETS, (1, 2), strict=True):
-                n = sum(row[(d, h)][col][0] for h in (0, 1))
-                k = sum(row[(d, h)][col][1] for h in (0, 1))
+                n = sum(figs[col][0] for key, figs in row.items() if key[0] == d)
+                k = sum(figs[col][1] for key, figs in row.items() if key[0] == d)
                 if n and k / n > b:
                     return False
         return True
 
-    passing = [
-        (sum(row[("qqp", h)][2][0] for h in (0, 1)), key) for key, row in results.items() if ok(row)
-    ]
-    static = sum(results[next(iter(results))][("qqp", h)][0][0] for h in (0, 1))
+    def qqp(row: dict[tuple[str, str, int], list[tuple[int, int]]], col: int) -> int:
+        return sum(figs[col][0] for key, figs in row.items() if key[0] == "qqp")
+
+    passing = [(qqp(row, 2), key) for key, row in results.items() if ok(row)]
+    static = qqp(results[next(iter(results))], 0)
     if passing:
         most = max(h for h, _ in passing)
         tied = [(h, key) for h, key in passing if h >= most - most**0.5]
