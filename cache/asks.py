@@ -68,6 +68,11 @@ class Answers(Protocol):
         the other's last), nor when the recorded stream cannot be rendered for it."""
         ...
 
+    def takes_stream(self, leader: Any) -> bool:
+        """May this request be sent an identical request's stream as it comes, byte for byte
+        (`leader`: that request's Answers)? Only when it streams too, in the same framing."""
+        ...
+
 
 class AnswerIncomplete(UpstreamError):
     """The leader's stream ended or broke before it completed; waiters get this."""

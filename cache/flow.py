@@ -26,6 +26,7 @@ from cache.asks import Answers, Ask, Clock, Fresh, Hit, Result, kept_headers
 from cache.cache import Claim, RouteCache
 from cache.codec import CacheEntry
 from cache.keys import CacheKey
+from cache.live_streams import LiveStreams
 from cache.policy import (
     NotCached,
     RequestDirectives,
@@ -48,7 +49,6 @@ _LEASE_SHARE = 0.5  # of a request's budget, at most, spent waiting for another 
 # Semantic skip reasons a client is told (X-Cache-Semantic-Skip); the others are the route's
 # policy doing what it says (no semantic stage, a sampled call, a short text).
 _TOLD = frozenset({"too_long", "not_unicode"})
-# Response headers an entry never keeps: per-response facts, and what the gateway sets itself.
 
 
 class CacheFlow:
@@ -65,6 +65,7 @@ class CacheFlow:
         self.flights = flights
         self.aliases = AliasMap()
         self._identity_names: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self.live = LiveStreams()  # streams identical streaming requests may follow
 
     @property
     def route(self) -> str:
@@ -237,19 +238,34 @@ class CacheFlow:
                 if lead is not None:
                     # issue 14: paraphrases may wait on this flight while it computes
                     with flow_hooks.announced(self.semantic, ask.call, ask.key, vector, lead) as a:
-                        led = await self._lead(ask, compute, x_cache, vector, lead)
+                        recording = None
+                        try:
+                            led = await self._lead(ask, compute, x_cache, vector, lead)
+                            recording = led.recording if isinstance(led, Fresh) else None
+                        finally:
+                            self.live.started(ask.key.value, recording if lead.open else None)
                         return a.lasting(led, ask.answers)
+                flight = self.flights.future(ask.key.value)
+                if flight is None:
+                    continue  # it closed as this request looked: lead one
                 try:
                     with ask.waiting():
-                        shared = await self.flights.wait(
+                        shared = await self.live.wait(
                             ask.key.value,
-                            ask.wait_s(self.rc.policy.coalesce_wait_s),
-                            lambda e: e is not None and ask.answers.serves(e),
+                            self.flights.wait_on(
+                                flight,
+                                ask.wait_s(self.rc.policy.coalesce_wait_s),
+                                lambda e: e is not None and ask.answers.serves(e),
+                            ),
+                            ask.answers,
                         )
                 except LeaderGone:
                     continue
                 except TimeoutError:
                     break
+                if isinstance(shared, UpstreamResponse):
+                    self.flights.count("followed")
+                    return Fresh(shared, x_cache)  # the leader's stream, as it comes
                 if shared is None or not ask.answers.serves(shared):
                     break  # the leader's answer was private, or cannot be shown to this client
                 return Hit(shared, x_cache)

@@ -63,8 +63,8 @@ class CacheMetrics:
         self.coalesced = Counter(
             "latentgate_cache_singleflight_coalesced",
             "Requests that waited on another request's backend call, by outcome: shared (it"
-            " answered them), unusable (its answer was private or not for them: they computed),"
-            " error, timeout",
+            " answered them), followed (they were sent its stream as it came), unusable (its"
+            " answer was private or not for them: they computed), error, timeout",
             ["outcome"],
             registry=r,
         )

@@ -1,13 +1,16 @@
-"""A streamed answer recorded for the cache while it goes out to the leader's client."""
+"""A streamed answer recorded for the cache while it goes out to the leader's client, and to
+identical requests that stream too (`follow`: they get its chunks as they come, not the whole
+answer after its last one)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from backends import UpstreamResponse
+from backends import UpstreamError, UpstreamResponse
 from cache.asks import AnswerIncomplete, Ask
 from cache.cache import Claim
 from cache.codec import CacheEntry
@@ -52,6 +55,11 @@ class Recording:
         # Called once the recording has settled its flight (issue 14: the semantic flight a
         # paraphrase may wait on stays announced until then).
         self.on_close: Callable[[bool], None] | None = None
+        # Identical streaming requests following the stream live: each gets every chunk from
+        # its join on (after what came before it), then None at the end or the error that cut
+        # it. Unbounded per follower, but a stream is bounded by the route's total.
+        self._followers: set[asyncio.Queue[bytes | bool]] = set()
+        self._closed = False
 
     @property
     def will_share(self) -> bool:
@@ -67,23 +75,75 @@ class Recording:
 
     @property
     def wanted(self) -> bool:
-        """Does anyone but the leader's client still want the rest (waiters, the store)?"""
-        return self._copy is not None
+        """Does anyone but the leader's client still want the rest (waiters, followers, the
+        store)?"""
+        return self._copy is not None or bool(self._followers)
+
+    def follow(self, answers: Any) -> UpstreamResponse | None:
+        """The stream as it comes, for an identical request that streams in the same framing
+        (`answers.takes_stream`): what was sent so far, then each chunk as it arrives; it ends
+        as the leader's does, or is cut with it. None when it cannot be joined: another
+        framing, an answer not shared (private, too large by now), or one already over."""
+        if (
+            self._closed
+            or self._ended
+            or self._copy is None
+            or not self._shareable
+            or not answers.takes_stream(self._ask.answers)
+        ):
+            return None
+        queue: asyncio.Queue[bytes | bool] = asyncio.Queue()
+        self._followers.add(queue)
+        up = self._up
+        return UpstreamResponse(
+            up.status,
+            up.reason,
+            list(up.headers),
+            stream=self._follower(bytes(self._copy), queue),
+            replica=up.replica,
+            deadline=up.deadline,
+        )
+
+    async def _follower(
+        self, head: bytes, queue: asyncio.Queue[bytes | bool]
+    ) -> AsyncIterator[bytes]:
+        """A follower's chunks; a bool ends them: True at the stream's end, False cut."""
+        try:
+            if head:
+                yield head
+            while not isinstance(item := await queue.get(), bool):
+                yield item
+            if not item:
+                raise UpstreamError("the stream this request followed was cut")
+        finally:
+            self._followers.discard(queue)
+
+    def _tell(self, item: bytes | bool) -> None:
+        for queue in self._followers:
+            queue.put_nowait(item)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         assert self._up.stream is not None
         limit = self._flow.rc.max_entry_bytes
-        async for chunk in self._up.stream:
-            copy = self._copy
-            if copy is not None:
-                copy += chunk
-                if len(copy) > limit:
-                    self._copy, self._storable, self._shareable = None, False, False
-                    self._let_go(shared=False)
-            yield chunk
-        self._ended = True
+        try:
+            async for chunk in self._up.stream:
+                copy = self._copy
+                if copy is not None:
+                    copy += chunk
+                    if len(copy) > limit:
+                        self._copy, self._storable, self._shareable = None, False, False
+                        self._let_go(shared=False)
+                self._tell(chunk)
+                yield chunk
+            self._ended = True
+        finally:
+            # followers end as the leader's client does: at the end, or cut (an upstream
+            # error, the route's total, or the writer stopping)
+            self._tell(self._ended)
 
     async def close(self) -> None:
+        self._closed = True
+        self._flow.live.closed(self._ask.key.value, self)
         try:
             if self._up.stream is not None:
                 await self._up.stream.aclose()  # type: ignore[attr-defined]

@@ -48,6 +48,11 @@ class SingleFlight(Generic[T]):
         self._flights[key] = fut
         return Lead(self, key, fut)
 
+    def future(self, key: str) -> asyncio.Future[T] | None:
+        """The open flight's future (None: no flight), for `wait_on`: held from now, it keeps
+        its outcome even when the flight closes before the waiter first runs."""
+        return self._flights.get(key)
+
     async def wait(
         self, key: str, wait_s: float, usable: Callable[[T], bool] = lambda r: r is not None
     ) -> T:
@@ -146,6 +151,10 @@ class SingleFlight(Generic[T]):
         finally:
             if self._metrics is not None:
                 self._metrics.waiters.dec()
+
+    def count(self, outcome: str) -> None:
+        """Count a wait's outcome decided outside (`followed`: it took the leader's stream)."""
+        self._count(outcome)
 
     def _count(self, outcome: str) -> None:
         if self._metrics is not None:

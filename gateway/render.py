@@ -43,6 +43,11 @@ class Framing(NamedTuple):
             return False
         return leader.include_usage or self.kind not in _OPENAI_KINDS
 
+    def takes_stream(self, leader: object) -> bool:
+        """A streaming request may follow an identical one's stream live when it would render
+        a recording of it unchanged: both stream, with the same usage chunk or none."""
+        return self.stream and isinstance(leader, Framing) and leader == self
+
     def serves(self, entry: CacheEntry) -> bool:
         return rendered(entry, self) is not None
 

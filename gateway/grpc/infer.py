@@ -55,6 +55,9 @@ class _Answers:
     def follows_stream(self, leader: object) -> bool:
         return False  # (no semantic text: never joins a flight)
 
+    def takes_stream(self, leader: object) -> bool:
+        return False  # (no streams on this RPC)
+
     def seal(self, content_type: str, data: bytes) -> bytes | list[bytes] | None:
         return data
 

@@ -43,6 +43,9 @@ class AnyFraming:
     def seal(self, content_type: str, data: bytes) -> bytes | list[bytes] | None:
         return data if data.endswith(b"END") else None
 
+    def takes_stream(self, leader: object) -> bool:
+        return False
+
 
 class NoClock:
     def add(self, name: str, since: float) -> float:

@@ -1,0 +1,78 @@
+"""Identical streaming requests follow a leader's stream live.
+
+An identical request that arrives while the leader's answer is on its way waits on the leader's
+flight. When that answer turns out to be a stream the waiter takes as it is (it streams too, in
+the same framing: `Answers.takes_stream`), the waiter is sent the stream as it comes
+(`Recording.follow`): its first token then arrives with the leader's, not after the leader's
+last. Everything else still waits for the whole answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+from backends import UpstreamResponse
+from cache.codec import CacheEntry
+
+if TYPE_CHECKING:
+    from cache.recording import Recording
+
+
+class LiveStreams:
+    """Per route: streams in flight by exact key, and the waiters to tell when a leader's
+    answer turns out to be one. One event loop."""
+
+    def __init__(self) -> None:
+        self._live: dict[str, Recording] = {}
+        self._turns: dict[str, list[asyncio.Future[Recording | None]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def started(self, key: str, recording: Recording | None) -> None:
+        """The leader's answer is in (None) or streaming: tell the waiters, and let later ones
+        find the stream until it closes."""
+        if recording is not None:
+            self._live[key] = recording
+        for turn in self._turns.pop(key, ()):
+            if not turn.done():
+                turn.set_result(recording)
+
+    def closed(self, key: str, recording: Recording) -> None:
+        if self._live.get(key) is recording:
+            del self._live[key]
+
+    async def wait(
+        self, key: str, answer: Awaitable[CacheEntry | None], answers: Any
+    ) -> CacheEntry | UpstreamResponse | None:
+        """`answer` (the flight's), or the leader's stream as it comes when this request takes
+        it (`answers`: its Answers)."""
+        waiting = asyncio.ensure_future(answer)
+        live = self._live.get(key)
+        followed = live.follow(answers) if live is not None else None
+        if followed is not None:
+            waiting.cancel()
+            return followed
+        turn: asyncio.Future[Recording | None] = asyncio.get_running_loop().create_future()
+        turns = self._turns.setdefault(key, [])
+        turns.append(turn)
+        try:
+            either: set[asyncio.Future[Any]] = {waiting, turn}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            streaming = turn.result() if turn.done() else None
+            if not waiting.done() and streaming is not None:
+                followed = streaming.follow(answers)
+                if followed is not None:
+                    return followed
+            return await waiting
+        finally:
+            if turn in turns:
+                turns.remove(turn)
+                if not turns and self._turns.get(key) is turns:
+                    del self._turns[key]
+            turn.cancel()
+            waiting.cancel()
+            if waiting.done() and not waiting.cancelled():
+                waiting.exception()  # retrieved: a result this request left is not an error

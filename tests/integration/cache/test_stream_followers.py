@@ -1,0 +1,193 @@
+"""Identical streaming requests follow the leader's stream as it comes.
+
+Before, an identical request that streamed too waited for the leader's whole answer: its first
+token came after the leader's last, and a stream longer than coalesce_wait_s (30 s) cost it
+those 30 s before it went upstream itself. Now it is sent the leader's stream live (what came
+before it joined, then each event as it arrives), and still only one call goes upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+
+import aiohttp
+import pytest
+
+from tests.integration.cache.conftest import cache_config
+from tests.support.servers import ServerThread
+
+PATH = "/v1/chat/completions"
+
+
+def chat(text: str, **extra: object) -> dict[str, object]:
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": text}],
+        "temperature": 0,
+        "stream": True,
+        **extra,
+    }
+
+
+class Read:
+    """One streamed response as the client saw it: the bytes, when each chunk came, and
+    whether the stream ended cleanly."""
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.x_cache = ""
+        self.body = b""
+        self.times: list[float] = []
+        self.cut = False
+        self.first = asyncio.Event()
+
+
+async def read_stream(
+    s: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, object],
+    headers: dict[str, str],
+    out: Read,
+    stop_after: int | None = None,
+) -> None:
+    async with s.post(url + PATH, json=body, headers=headers) as r:
+        out.status, out.x_cache = r.status, r.headers.get("X-Cache", "")
+        try:
+            async for chunk in r.content.iter_any():
+                out.body += chunk
+                out.times.append(time.monotonic())
+                out.first.set()
+                if stop_after is not None and len(out.times) >= stop_after:
+                    return  # the client leaves mid-stream
+        except aiohttp.ClientPayloadError:
+            out.cut = True
+
+
+def text_of(body: bytes) -> str:
+    events = [e[6:] for e in body.split(b"\n\n") if e.startswith(b"data: {")]
+    return "".join(
+        c["choices"][0]["delta"].get("content") or ""
+        for c in map(json.loads, events)
+        if c.get("choices")
+    )
+
+
+async def calls(upstream: ServerThread) -> int:
+    async with aiohttp.ClientSession() as s, s.get(upstream.url + "/_test/stats") as r:
+        return int((await r.json())["requests"].get(PATH, 0))
+
+
+async def followed(gw: ServerThread) -> float:
+    async with aiohttp.ClientSession() as s, s.get(gw.url + "/metrics") as r:
+        for line in (await r.text()).splitlines():
+            if line.startswith('latentgate_cache_singleflight_coalesced_total{outcome="followed"}'):
+                return float(line.split()[-1])
+    return 0.0
+
+
+@pytest.mark.parametrize("join", ["before_headers", "mid_stream"])
+async def test_an_identical_streaming_request_follows_the_leaders_stream_live(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread], join: str
+) -> None:
+    gw = start_gateway(cache_config(upstream.url))
+    body = chat(f"follow me {join}")
+    # ~9 events 0.25 s apart; before_headers: the upstream first waits 1 s before answering
+    slow = {"X-Test-Event-Delay": "0.25"}
+    if join == "before_headers":
+        slow["X-Test-Delay"] = "1"
+    leader, follower = Read(), Read()
+    async with aiohttp.ClientSession() as s:
+        first = asyncio.create_task(read_stream(s, gw.url, body, slow, leader))
+        if join == "mid_stream":
+            await asyncio.wait_for(leader.first.wait(), 10)
+        else:
+            await asyncio.sleep(0.3)  # the leader is upstream, its headers not yet back
+        await read_stream(s, gw.url, body, slow, follower)
+        await first
+    assert leader.status == follower.status == 200
+    assert follower.body == leader.body and text_of(follower.body)
+    assert follower.body.rstrip().endswith(b"data: [DONE]") and not follower.cut
+    # live: the follower's first bytes came while the leader's stream was still going
+    assert follower.times[0] < leader.times[-1]
+    assert len(follower.times) > 1  # and not as one replayed block
+    assert await calls(upstream) == 1
+    assert await followed(gw) == 1
+    # the recording was stored as usual: the next one is a hit, the same stream
+    later = Read()
+    async with aiohttp.ClientSession() as s:
+        await read_stream(s, gw.url, body, {}, later)
+    assert later.x_cache == "hit" and text_of(later.body) == text_of(leader.body)
+
+
+async def test_a_follower_is_cut_with_the_leaders_stream_and_nothing_is_stored(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    gw = start_gateway(cache_config(upstream.url))
+    body = chat("cut us both")
+    cut = {"X-Test-Event-Delay": "0.25", "X-Test-Cut-Stream": "4"}
+    leader, follower = Read(), Read()
+    async with aiohttp.ClientSession() as s:
+        first = asyncio.create_task(read_stream(s, gw.url, body, cut, leader))
+        await asyncio.wait_for(leader.first.wait(), 10)
+        await read_stream(s, gw.url, body, cut, follower)
+        await first
+    # neither client is told a cut stream was whole: no [DONE], the connection closed early
+    for got in (leader, follower):
+        assert got.status == 200 and b"[DONE]" not in got.body
+    assert follower.cut
+    assert await calls(upstream) == 1
+    again = Read()
+    async with aiohttp.ClientSession() as s:
+        await read_stream(s, gw.url, body, {}, again)
+    assert again.x_cache == "miss" and again.body.rstrip().endswith(b"data: [DONE]")
+
+
+async def test_a_follower_gets_the_whole_stream_when_the_leaders_client_leaves(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    gw = start_gateway(cache_config(upstream.url))
+    body = chat("stay with me")
+    slow = {"X-Test-Event-Delay": "0.25"}
+    leader, follower = Read(), Read()
+    async with aiohttp.ClientSession() as s:
+        first = asyncio.create_task(read_stream(s, gw.url, body, slow, leader, stop_after=1))
+        await asyncio.wait_for(leader.first.wait(), 10)
+        await read_stream(s, gw.url, body, slow, follower)
+        await first
+    assert follower.body.rstrip().endswith(b"data: [DONE]") and text_of(follower.body)
+    assert await calls(upstream) == 1
+    later = Read()
+    async with aiohttp.ClientSession() as s:
+        await read_stream(s, gw.url, body, {}, later)
+    assert later.x_cache == "hit" and text_of(later.body) == text_of(follower.body)
+
+
+async def test_a_stream_in_another_framing_waits_and_never_gets_the_leaders_usage_chunk(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """The leader asked for the usage chunk, the other request did not: the leader's bytes are
+    not its answer, so it waits for the whole recording and gets it without usage."""
+    gw = start_gateway(cache_config(upstream.url))
+    slow = {"X-Test-Event-Delay": "0.25"}
+    leader, other = Read(), Read()
+    async with aiohttp.ClientSession() as s:
+        first = asyncio.create_task(
+            read_stream(
+                s,
+                gw.url,
+                chat("usage framing", stream_options={"include_usage": True}),
+                slow,
+                leader,
+            )
+        )
+        await asyncio.wait_for(leader.first.wait(), 10)
+        await read_stream(s, gw.url, chat("usage framing"), slow, other)
+        await first
+    assert b'"usage"' in leader.body and b'"usage"' not in other.body
+    assert text_of(other.body) == text_of(leader.body)
+    assert other.times[0] >= leader.times[-1]  # it waited for the whole answer
+    assert await calls(upstream) == 1
+    assert await followed(gw) == 0
