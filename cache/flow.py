@@ -336,6 +336,7 @@ class CacheFlow:
         recording = Recording(
             self, ask, up, kept, ttl if storable else 0.0, shareable, vector, lead, claim
         )
+        recording.start()  # the upstream is read at its pace, not the leader's client's
         return Fresh(up, x_cache, recording, reason, ask.skipped)
 
     async def _compute(self, ask: Ask, compute: Compute) -> UpstreamResponse:

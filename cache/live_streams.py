@@ -10,10 +10,10 @@ last. Everything else still waits for the whole answer.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from backends import UpstreamResponse
+from backends import UpstreamError, UpstreamResponse
 from cache.codec import CacheEntry
 
 if TYPE_CHECKING:
@@ -76,3 +76,53 @@ class LiveStreams:
             waiting.cancel()
             if waiting.done() and not waiting.cancelled():
                 waiting.exception()  # retrieved: a result this request left is not an error
+
+
+class StreamReader:
+    """One client's copy of a recorded stream: the leader's writer or a follower's. The
+    recording's pump hands it each chunk; it yields them at its client's pace. A bool ends it:
+    True at the stream's end, False cut. `aclose` unregisters it even if never iterated."""
+
+    def __init__(self, head: bytes, on_done: Callable[[StreamReader], None], cap: int) -> None:
+        self._queue: asyncio.Queue[bytes | bool] = asyncio.Queue()
+        if head:
+            self._queue.put_nowait(head)
+        self.backlog = len(head)  # bytes handed to it and not yet taken
+        self._cap = cap
+        self._on_done: Callable[[StreamReader], None] | None = on_done
+        self.room = asyncio.Event()  # set while its backlog is within the cap
+        self.room.set()
+        self.error = "upstream stream cut mid-way"
+
+    def put(self, item: bytes | bool) -> None:
+        if isinstance(item, bytes):
+            self.backlog += len(item)
+            if self.backlog > self._cap:
+                self.room.clear()
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> StreamReader:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._on_done is None:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, bool):
+            self._done()
+            if not item:
+                raise UpstreamError(self.error)
+            raise StopAsyncIteration
+        self.backlog -= len(item)
+        if self.backlog <= self._cap:
+            self.room.set()
+        return item
+
+    async def aclose(self) -> None:
+        self._done()
+
+    def _done(self) -> None:
+        done, self._on_done = self._on_done, None
+        self.room.set()
+        if done is not None:
+            done(self)

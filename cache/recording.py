@@ -1,31 +1,46 @@
 """A streamed answer recorded for the cache while it goes out to the leader's client, and to
 identical requests that stream too (`follow`: they get its chunks as they come, not the whole
-answer after its last one)."""
+answer after its last one).
+
+One task (the pump) reads the upstream stream into the copy and hands each chunk to every
+reader (cache.live_streams.StreamReader); each client's writer takes them at its own pace. So
+a client that reads slowly, or stops, holds back neither the store nor the flight's waiters nor
+the other readers: the recording settles when the upstream ends. Only a reader more than `cap`
+bytes behind holds the pump (backpressure, as a plain proxy would), so memory stays bounded.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import logging
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from backends import UpstreamError, UpstreamResponse
+from backends import UpstreamResponse
 from cache.asks import AnswerIncomplete, Ask
 from cache.cache import Claim
 from cache.codec import CacheEntry
+from cache.live_streams import StreamReader
 from cache.policy import received_age
 from cache.singleflight import Lead
 
 if TYPE_CHECKING:
     from cache.flow import CacheFlow
 
+log = logging.getLogger("latentgate.cache.recording")
+
+_MIN_CAP = 1 << 20  # bytes a reader may fall behind before it holds the pump
+
 
 class Recording:
     """A streamed answer going out to the leader's client while the flow keeps a copy.
 
-    The writer iterates `chunks()` and always awaits `close()`: a complete recording is
-    stored, indexed and handed to the flight's waiters; an incomplete one fails them.
+    `start` begins reading the upstream; the writer iterates `chunks()` and always awaits
+    `close()`: a complete recording is stored, indexed and handed to the flight's waiters; an
+    incomplete one fails them.
     """
 
     def __init__(
@@ -55,11 +70,16 @@ class Recording:
         # Called once the recording has settled its flight (issue 14: the semantic flight a
         # paraphrase may wait on stays announced until then).
         self.on_close: Callable[[bool], None] | None = None
-        # Identical streaming requests following the stream live: each gets every chunk from
-        # its join on (after what came before it), then None at the end or the error that cut
-        # it. Unbounded per follower, but a stream is bounded by the route's total.
-        self._followers: set[asyncio.Queue[bytes | bool]] = set()
-        self._closed = False
+        self._cap = max(flow.rc.max_entry_bytes, _MIN_CAP)
+        self._readers: set[StreamReader] = set()
+        self._leader = self._reader(b"")
+        self._pump: asyncio.Task[None] | None = None
+        self._settled = False
+
+    def start(self) -> None:
+        """Begin reading the upstream (once; the leader's reader gets every chunk)."""
+        if self._pump is None:
+            self._pump = asyncio.get_running_loop().create_task(self._run())
 
     @property
     def will_share(self) -> bool:
@@ -77,7 +97,12 @@ class Recording:
     def wanted(self) -> bool:
         """Does anyone but the leader's client still want the rest (waiters, followers, the
         store)?"""
-        return self._copy is not None or bool(self._followers)
+        return self._copy is not None or bool(self._readers - {self._leader})
+
+    def chunks(self) -> StreamReader:
+        """The leader's client's chunks."""
+        self.start()
+        return self._leader
 
     def follow(self, answers: Any) -> UpstreamResponse | None:
         """The stream as it comes, for an identical request that streams in the same framing
@@ -85,64 +110,97 @@ class Recording:
         as the leader's does, or is cut with it. None when it cannot be joined: another
         framing, an answer not shared (private, too large by now), or one already over."""
         if (
-            self._closed
+            self._settled
             or self._ended
             or self._copy is None
             or not self._shareable
             or not answers.takes_stream(self._ask.answers)
         ):
             return None
-        queue: asyncio.Queue[bytes | bool] = asyncio.Queue()
-        self._followers.add(queue)
         up = self._up
         return UpstreamResponse(
             up.status,
             up.reason,
             list(up.headers),
-            stream=self._follower(bytes(self._copy), queue),
+            stream=self._reader(bytes(self._copy)),
             replica=up.replica,
             deadline=up.deadline,
         )
 
-    async def _follower(
-        self, head: bytes, queue: asyncio.Queue[bytes | bool]
-    ) -> AsyncIterator[bytes]:
-        """A follower's chunks; a bool ends them: True at the stream's end, False cut."""
-        try:
-            if head:
-                yield head
-            while not isinstance(item := await queue.get(), bool):
-                yield item
-            if not item:
-                raise UpstreamError("the stream this request followed was cut")
-        finally:
-            self._followers.discard(queue)
+    def _reader(self, head: bytes) -> StreamReader:
+        reader = StreamReader(head, self._reader_done, self._cap)
+        self._readers.add(reader)
+        return reader
 
-    def _tell(self, item: bytes | bool) -> None:
-        for queue in self._followers:
-            queue.put_nowait(item)
+    def _reader_done(self, reader: StreamReader) -> None:
+        self._readers.discard(reader)
+        pump = self._pump
+        if pump is not None and not pump.done() and not self._readers and self._copy is None:
+            pump.cancel()  # nobody reads on and nothing is kept: free the upstream
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def _run(self) -> None:
+        """Read the upstream to its end (or the route's total), keeping the copy and handing
+        each chunk to the readers; then settle: store, answer the flight, end the readers."""
         assert self._up.stream is not None
         limit = self._flow.rc.max_entry_bytes
+        deadline = self._up.deadline
+        why = "upstream stream cut mid-way"
         try:
-            async for chunk in self._up.stream:
-                copy = self._copy
-                if copy is not None:
-                    copy += chunk
-                    if len(copy) > limit:
-                        self._copy, self._storable, self._shareable = None, False, False
-                        self._let_go(shared=False)
-                self._tell(chunk)
-                yield chunk
+            async with asyncio.timeout(None if deadline is None else deadline - time.monotonic()):
+                async for chunk in self._up.stream:
+                    copy = self._copy
+                    if copy is not None:
+                        copy += chunk
+                        if len(copy) > limit:
+                            self._outgrown()
+                    for reader in tuple(self._readers):
+                        reader.put(chunk)
+                    for reader in tuple(self._readers):
+                        await reader.room.wait()  # only a reader `cap` behind holds the pump
             self._ended = True
+        except TimeoutError:
+            why = "upstream stream cut mid-way: past the route's total timeout"
+        except asyncio.CancelledError:
+            why = "upstream stream abandoned"
+            raise
+        except Exception as exc:  # an upstream read error: the readers are cut with it
+            why = f"upstream stream cut mid-way: {exc}"
         finally:
-            # followers end as the leader's client does: at the end, or cut (an upstream
-            # error, the route's total, or the writer stopping)
-            self._tell(self._ended)
+            for reader in tuple(self._readers):
+                reader.error = why
+                reader.put(self._ended)
+            await self._settle()
+
+    def _outgrown(self) -> None:
+        """The answer outgrew max_entry_bytes: nothing is kept, the flight's waiters and
+        paraphrases compute now instead of waiting for its end; its readers read on."""
+        self._copy, self._storable, self._shareable = None, False, False
+        self._let_go(shared=False)
+        self._flow.live.closed(self._ask.key.value, self)
+        if self._lead is not None:
+            self._lead.done(None)
 
     async def close(self) -> None:
-        self._closed = True
+        """The leader's writer is done: wait while the rest is still wanted (the store, the
+        flight's waiters, followers), else stop reading the upstream."""
+        await self._leader.aclose()
+        self.start()  # (a writer that never iterated: the recording still settles)
+        assert self._pump is not None
+        if not self.wanted:
+            self._pump.cancel()
+        try:
+            await asyncio.shield(self._pump)
+        except asyncio.CancelledError:
+            if not self._pump.cancelled():
+                raise  # this writer was cancelled; the pump goes on for the others
+        except Exception:  # (the pump settles its own failures)
+            log.debug("recording pump failed", exc_info=True)
+        await self._settle()  # (a pump cancelled before it ran never settled)
+
+    async def _settle(self) -> None:
+        if self._settled:
+            return
+        self._settled = True
         self._flow.live.closed(self._ask.key.value, self)
         try:
             if self._up.stream is not None:

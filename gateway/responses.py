@@ -146,8 +146,8 @@ async def upstream(
                         await resp.write(chunk)
                     except ConnectionError:
                         client_ok = False
-                if not client_ok and (recording is None or not recording.wanted):
-                    break  # nobody left to serve and nothing to store
+                if not client_ok:
+                    break  # nobody left to serve (a recording reads on by itself if wanted)
             if client_ok:
                 await resp.write_eof()
     except (UpstreamError, TimeoutError) as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import Callable
 
@@ -191,3 +192,63 @@ async def test_a_stream_in_another_framing_waits_and_never_gets_the_leaders_usag
     assert other.times[0] >= leader.times[-1]  # it waited for the whole answer
     assert await calls(upstream) == 1
     assert await followed(gw) == 0
+
+
+async def one_body(url: str, body: dict[str, object]) -> tuple[int, str, str, float]:
+    async with aiohttp.ClientSession() as s, s.post(url + PATH, json=body) as r:
+        doc = await r.json()
+        text = doc["choices"][0]["message"]["content"] if r.status == 200 else ""
+        return r.status, r.headers.get("X-Cache", ""), text, time.monotonic()
+
+
+async def test_a_client_that_stops_reading_holds_back_no_other_client(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """A streams a large answer and stops reading after its first bytes (a stalled consumer);
+    B asks the same question for one body. B is answered from A's flight when the upstream is
+    done, not when A's client has read it all: before, B waited out coalesce_wait_s and called
+    the upstream itself (and with a short route total got a 502 blamed on the upstream)."""
+    gw = start_gateway(cache_config(upstream.url, max_entry_bytes=64 << 20, coalesce_wait_s=20))
+    words = " ".join(["word"] * 100_000)  # a ~19 MB stream: far more than the sockets buffer
+    # (with its usage chunk: an OpenAI stream makes a one-body answer only with it)
+    body = chat(words, stream_options={"include_usage": True})
+    raw = json.dumps(body).encode()
+    host, port = gw.url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=4096)
+    writer.write(
+        b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(raw) + raw
+    )
+    await writer.drain()
+    assert (await reader.read(300)).startswith(b"HTTP/1.1 200")  # ... and A reads no more
+    try:
+        one = {k: v for k, v in body.items() if k != "stream_options"}
+        status, x_cache, text, _ = await one_body(gw.url, {**one, "stream": False})
+        assert status == 200 and x_cache == "miss" and text.endswith("word")
+        assert await calls(upstream) == 1  # A's call answered B
+    finally:
+        writer.close()
+
+
+async def test_waiters_go_upstream_as_soon_as_a_stream_outgrows_the_store(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """A stream larger than max_entry_bytes is neither kept nor shared: a request waiting on it
+    computes its own answer as soon as that is known, not after the stream's last byte."""
+    gw = start_gateway(cache_config(upstream.url, max_entry_bytes=2000))
+    body = chat(" ".join(["long" * 100] * 8))  # ~10 events, 8 of ~0.5 KB, 0.25 s apart
+    leader = Read()
+    async with aiohttp.ClientSession() as s:
+        first = asyncio.create_task(
+            read_stream(s, gw.url, body, {"X-Test-Event-Delay": "0.25"}, leader)
+        )
+        await asyncio.wait_for(leader.first.wait(), 10)
+        status, x_cache, text, done_at = await one_body(gw.url, {**body, "stream": False})
+        await first
+    assert status == 200 and x_cache == "miss" and text.endswith("longlong")
+    assert done_at < leader.times[-1]  # it did not wait for the leader's last byte
+    assert await calls(upstream) == 2

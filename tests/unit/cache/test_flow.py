@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from backends import UpstreamResponse
+from backends import UpstreamError, UpstreamResponse
 from cache import (
     AnswerIncomplete,
     Ask,
@@ -191,9 +191,11 @@ async def test_a_stream_cut_mid_way_fails_its_waiters() -> None:
     """A stream whose upstream failed mid-way (the read raised): the waiters share the
     failure (a 502), as the leader's client got a cut stream."""
     flow = _flow()
+    joined = asyncio.Event()
 
     async def broken() -> AsyncIterator[bytes]:
         yield b"part-"
+        await joined.wait()
         raise ConnectionResetError("the replica hung up")
 
     async def compute() -> UpstreamResponse:
@@ -202,8 +204,9 @@ async def test_a_stream_cut_mid_way_fails_its_waiters() -> None:
     leader = await flow.run(_ask(flow), compute)
     assert isinstance(leader, Fresh) and leader.recording is not None
     waiter = asyncio.create_task(flow.run(_ask(flow), compute))
-    await asyncio.sleep(0)
-    with pytest.raises(ConnectionResetError):
+    await asyncio.sleep(0.05)  # the waiter is on the flight
+    joined.set()
+    with pytest.raises(UpstreamError, match="the replica hung up"):
         async for _ in leader.recording.chunks():
             pass
     await leader.recording.close()
