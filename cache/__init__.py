@@ -13,7 +13,13 @@ from cache.codec import CacheEntry
 from cache.errors import CacheError, CodecError, TierError, TierTimeout
 from cache.flow import CacheFlow, Flows
 from cache.keys import CacheKey, KeyBuilder, Selector, canonical, tenant_of
-from cache.policy import CONDITIONAL_HEADERS, NotCached, RequestDirectives, request_directives
+from cache.policy import (
+    CACHED_METHODS,
+    CONDITIONAL_HEADERS,
+    NotCached,
+    RequestDirectives,
+    request_directives,
+)
 from cache.recording import Recording
 from cache.semantic.off import NoSemantic
 from cache.semantic.route import SemanticRoute
@@ -25,6 +31,7 @@ from cache.tenant import SECRET_ENV, identity_from_purge, share_generated_secret
 
 __all__ = [
     "ALIAS_MAX_BODY",
+    "CACHED_METHODS",
     "CONDITIONAL_HEADERS",
     "SECRET_ENV",
     "AliasKey",

@@ -252,6 +252,15 @@ class RouteCache:
         except Exception:  # the cache boundary: a failed insert is logged, the response still goes
             log.exception("cache store failed on route %s", self.route)
 
+    async def invalidate(self, key: CacheKey) -> None:
+        """Drop a key's entry from this process's memory and from Redis (RFC 9111 4.4: an
+        unsafe request changed what it answered). Through the cache boundary: a tier that
+        fails is logged, never the request's failure."""
+        try:
+            await self.tiers.delete(key.value)
+        except Exception:  # the cache boundary
+            log.exception("cache invalidation failed on route %s", self.route)
+
     async def peek(self, key_value: str, directives: RequestDirectives) -> CacheEntry | None:
         """An entry by its stored key (the semantic stage's payloads), through the same error
         boundary as `lookup` but not counted as a lookup of this request's own key."""

@@ -70,19 +70,27 @@ CONDITIONAL_HEADERS = (
 )
 
 
+# The methods whose answers the cache may look up or store (POST: an inference call, which the
+# route's exact cache keys by its body). Any other (PUT, PATCH, DELETE, ...) changes something
+# upstream: replaying its answer would skip that change (RFC 9111 2, 4.4).
+CACHED_METHODS = frozenset({"GET", "HEAD", "POST"})
+
+
 def request_directives(
     cache_control: str | None,
     pragma: str | None = None,
     conditional: bool = False,
     head: bool = False,
+    unsafe: bool = False,
 ) -> RequestDirectives:
     """no-cache: skip the lookup but store; no-store: skip both; max-age=N: bound the hit's age;
     min-fresh=N: the hit must stay fresh N seconds more; only-if-cached: a hit or nothing.
-    conditional (a Range or a precondition header) and head (a HEAD request, whose answer has
-    no body to store): neither looked up nor stored, nor joined to another request's flight."""
-    if conditional or head:
+    unsafe (a method not in CACHED_METHODS), conditional (a Range or a precondition header) and
+    head (a HEAD request, whose answer has no body to store): neither looked up nor stored, nor
+    joined to another request's flight."""
+    if unsafe or conditional or head:
         only = "only-if-cached" in _directives(cache_control)
-        reason = "conditional" if conditional else "head"
+        reason = "unsafe-method" if unsafe else "conditional" if conditional else "head"
         return RequestDirectives(False, False, only_if_cached=only, reason=reason)
     if not cache_control and not pragma:
         return DEFAULT

@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from cache import ALIAS_MAX_BODY, CONDITIONAL_HEADERS, AliasKey, CacheFlow, Flows, Hit
+from cache import (
+    ALIAS_MAX_BODY,
+    CACHED_METHODS,
+    CONDITIONAL_HEADERS,
+    AliasKey,
+    CacheFlow,
+    Flows,
+    Hit,
+)
 from gateway import responses
 from gateway.codings import coding_error
 from gateway.config import LimitSettings
@@ -73,6 +81,7 @@ def answer(
     headers = request.headers
     if (
         len(body) > ALIAS_MAX_BODY
+        or request.method not in CACHED_METHODS  # an unsafe method is never answered stored
         or "Cache-Control" in headers  # cache directives take the long way
         or "Pragma" in headers
         or any(h in headers for h in CONDITIONAL_HEADERS)  # ... and so do ranges, preconditions

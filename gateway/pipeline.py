@@ -30,6 +30,7 @@ from backends import (
     UpstreamTimeout,
 )
 from cache import (
+    CACHED_METHODS,
     CONDITIONAL_HEADERS,
     AliasKey,
     Ask,
@@ -278,6 +279,7 @@ class Pipeline:
             field(headers, "Pragma"),
             any(h in headers for h in CONDITIONAL_HEADERS),
             head=request.method == "HEAD",
+            unsafe=request.method not in CACHED_METHODS,
         )
         stage = self.backends[route.backend].timing_stage
         # sampled and no-store calls never touch the cache: no key, no alias
@@ -292,6 +294,8 @@ class Pipeline:
         except NotCached as exc:
             raise NotInCache(str(exc)) from None
         if passed is not None:
+            if passed.reason == "unsafe-method" and 200 <= passed.response.status < 400:
+                await self._invalidate_get(request)
             return await responses.fresh(request, passed, timing, self._count_cut)
         framing = framing_of(call)
         if len(body) > _PARSE_INLINE:  # canonicalising megabytes is as slow as parsing them
@@ -335,6 +339,30 @@ class Pipeline:
                 flow.aliases.remember(alias, key, framing, pin=result.entry.created_at)
             return responses.cached(request, result, framing, timing, own)
         return await responses.fresh(request, result, timing, self._count_cut)
+
+    async def _invalidate_get(self, request: web.Request) -> None:
+        """An unsafe request (PUT, PATCH, DELETE, ...) that succeeded drops the stored answer to
+        a GET of its target (RFC 9111 4.4), keyed exactly as that GET is: the route a GET of
+        this path resolves to, its adapter, this request's tenant. Only where that route is a
+        cached passthrough one, which keys a bodiless GET by method, raw path and query alone;
+        other processes' memory keeps their copy until it expires."""
+        candidates, _ = self.router.resolve("GET", request.path)
+        if len(candidates) != 1:
+            return
+        route = candidates[0]
+        flow = self.flows.get(route.name)
+        if route.protocol != "passthrough" or not route.policy.exact.enabled or flow is None:
+            return
+        call = route.adapter.parse(
+            "GET",
+            request.raw_path.partition("?")[0],
+            request.query_string,
+            "",
+            b"",
+            request.headers,
+        )
+        if call is not None:
+            await flow.rc.invalidate(flow.key(call.model, call.key_fields, request.headers))
 
     def _count_cut(self) -> None:
         self.metrics.upstream_errors.labels("-", "stream_cut").inc()

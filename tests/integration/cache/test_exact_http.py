@@ -147,6 +147,44 @@ async def test_passthrough_route_with_cache(upstream: ServerThread, gw: ServerTh
     assert (h4["X-Cache"], h5["X-Cache"], h6["X-Cache"]) == ("miss", "miss", "hit")
 
 
+async def _send(
+    url: str, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str]]:
+    h = {"Authorization": "Bearer sk-alice", **(headers or {})}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.request(method, url + path, data=body, headers=h) as r,
+    ):
+        await r.read()
+        return r.status, dict(r.headers)
+
+
+async def test_passthrough_unsafe_methods_bypass_and_invalidate_the_get(
+    upstream: ServerThread, gw: ServerThread
+) -> None:
+    """PUT, PATCH, DELETE are neither looked up nor stored: each one reaches the upstream. One
+    that succeeds drops the cached GET of its target, for its own tenant (RFC 9111 4.4)."""
+    for method in ("DELETE", "PUT", "PATCH"):
+        for _ in range(2):
+            before = await _upstream_calls(upstream, "/items/5")
+            status, h = await _send(gw.url, method, "/items/5", b"x" if method != "DELETE" else b"")
+            assert (status, h["X-Cache"]) == (200, "bypass")
+            assert h["X-Cache-Bypass-Reason"] == "unsafe-method"
+            assert await _upstream_calls(upstream, "/items/5") > before
+    target = "/items/7?v=1"
+    assert (await _send(gw.url, "GET", target))[1]["X-Cache"] == "miss"
+    assert (await _send(gw.url, "GET", target))[1]["X-Cache"] == "hit"
+    # another tenant's DELETE, a failed DELETE, a DELETE of another query: the GET stays
+    await _send(gw.url, "DELETE", target, headers={"Authorization": "Bearer sk-bob"})
+    await _send(gw.url, "DELETE", target, headers={"X-Test-Status": "500"})
+    await _send(gw.url, "DELETE", "/items/7?v=2")
+    assert (await _send(gw.url, "GET", target))[1]["X-Cache"] == "hit"
+    status, _ = await _send(gw.url, "DELETE", target)
+    assert status == 200
+    assert (await _send(gw.url, "GET", target))[1]["X-Cache"] == "miss"
+    assert (await _send(gw.url, "GET", target))[1]["X-Cache"] == "hit"
+
+
 async def _admin(
     url: str, method: str, path: str, body: Any = None, token: str | None = ADMIN_TOKEN
 ) -> tuple[int, Any]:
