@@ -95,7 +95,9 @@ def request_directives(
     if not cache_control and not pragma:
         return DEFAULT
     d = _directives(cache_control)
-    no_cache = "no-cache" in d or (not cache_control and (pragma or "").lower() == "no-cache")
+    # Pragma is a list too (RFC 9111 5.4: "no-cache, x-foo", or two lines combined); it counts
+    # only when there is no Cache-Control
+    no_cache = "no-cache" in d or (not cache_control and "no-cache" in _directives(pragma))
     no_store = "no-store" in d
     return RequestDirectives(
         lookup=not (no_cache or no_store),

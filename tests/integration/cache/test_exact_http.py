@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 import msgpack
+import multidict
 import pytest
 
 from tests.integration.cache.conftest import ADMIN_TOKEN, cache_config
@@ -84,6 +85,33 @@ async def test_request_cache_control(upstream: ServerThread, gw: ServerThread) -
     _, h, _ = await _post(gw.url, headers={"Cache-Control": "max-age=0"})
     assert h["X-Cache"] == "miss"  # any age is too old for max-age=0
     assert await _upstream_calls(upstream) == 4
+
+
+async def test_pragma_no_cache_is_read_as_a_list(upstream: ServerThread, gw: ServerThread) -> None:
+    """Without a Cache-Control, Pragma's no-cache counts anywhere in its list, and in any of
+    its lines (combined: RFC 9110 5.3, RFC 9111 5.4)."""
+    _, h, _ = await _post(gw.url)
+    assert h["X-Cache"] == "miss"
+    lines: list[list[tuple[str, str]]] = [
+        [("Pragma", "no-cache")],
+        [("Pragma", "no-cache, x-foo")],
+        [("Pragma", "x-foo"), ("Pragma", "no-cache")],
+        [("Pragma", " no-cache ,")],
+    ]
+    async with aiohttp.ClientSession() as s:
+        for pragma in lines:
+            headers = multidict.CIMultiDict(
+                [("Authorization", "Bearer sk-alice"), ("Content-Type", "application/json")]
+            )
+            headers.extend(pragma)
+            async with s.post(
+                gw.url + "/v1/chat/completions", data=json.dumps(CHAT).encode(), headers=headers
+            ) as r:
+                await r.read()
+                assert r.headers["X-Cache"] == "bypass", pragma
+                assert r.headers["X-Cache-Bypass-Reason"] == "no-cache", pragma
+    _, h, _ = await _post(gw.url, headers={"Pragma": "x-foo"})
+    assert h["X-Cache"] == "hit"
 
 
 async def test_no_cache_still_stores(upstream: ServerThread, gw: ServerThread) -> None:

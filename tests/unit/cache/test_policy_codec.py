@@ -22,6 +22,12 @@ def test_request_cache_control() -> None:
     d = request_directives("max-age=5")
     assert d.lookup and d.acceptable(4.9) and not d.acceptable(5.1)
     assert request_directives(None, "no-cache").lookup is False
+    # Pragma is a comma-separated list (RFC 9111 5.4), read only without a Cache-Control
+    for pragma in ("no-cache, x-foo", "x-foo, no-cache", " No-Cache ,", "x=1,no-cache"):
+        d = request_directives(None, pragma)
+        assert (d.lookup, d.store, d.reason) == (False, True, ""), pragma
+    assert request_directives(None, "x-no-cache").lookup
+    assert request_directives("max-age=5", "no-cache, x-foo").lookup
     assert not request_directives("max-age=oops").acceptable(0.5)
     d = request_directives("min-fresh=60")
     assert d.acceptable(0.0, time.time() + 120) and not d.acceptable(0.0, time.time() + 30)
