@@ -1,7 +1,9 @@
 """CacheEntry and its versioned msgpack form (the bytes Redis holds).
 
 An entry is either a whole body or the list of SSE events of a finished stream. Anything that
-does not decode to the current layout raises CodecError; callers treat it as a miss.
+does not decode to the current layout raises CodecError; callers treat it as a miss. So does a
+status outside 100-599 or a header that is not two strings free of CR, LF and NUL: the entry is
+replayed to clients as it stands.
 """
 
 from __future__ import annotations
@@ -70,6 +72,20 @@ def encode(entry: CacheEntry) -> bytes:
     return packed
 
 
+_UNSAFE_IN_HEADER = ("\r", "\n", "\0")
+
+
+def _header_ok(name: object, value: object) -> bool:
+    """A header line a client may be sent: two strings, no CR, LF or NUL (a tampered entry
+    could otherwise split the response it is replayed into)."""
+    return (
+        isinstance(name, str)
+        and isinstance(value, str)
+        and bool(name)
+        and not any(c in name or c in value for c in _UNSAFE_IN_HEADER)
+    )
+
+
 def decode(data: bytes) -> CacheEntry:
     try:
         doc = msgpack.unpackb(data, raw=False, use_list=True)
@@ -79,9 +95,10 @@ def decode(data: bytes) -> CacheEntry:
         raise CodecError("entry has an unknown layout or version")
     _, status, headers, body, events, created_at, ttl, model, policy_version, kind = doc
     ok = (
-        isinstance(status, int)
+        type(status) is int
+        and 100 <= status <= 599
         and isinstance(headers, list)
-        and all(isinstance(h, list) and len(h) == 2 for h in headers)
+        and all(isinstance(h, list) and len(h) == 2 and _header_ok(*h) for h in headers)
         and (body is None or isinstance(body, bytes))
         and (
             events is None
@@ -98,7 +115,7 @@ def decode(data: bytes) -> CacheEntry:
         raise CodecError("entry fields have the wrong types")
     return CacheEntry(
         status=status,
-        headers=[(str(k), str(v)) for k, v in headers],
+        headers=[(k, v) for k, v in headers],
         body=body,
         events=events,
         created_at=float(created_at),

@@ -84,6 +84,20 @@ def test_codec_round_trip_and_garbage() -> None:
     for bad in (b"", b"\xc1", encode(e)[:-3], b"\x93\x01\x02\x03"):
         with pytest.raises(CodecError):
             decode(bad)
+    # what no upstream answer could have been: a status outside 100-599, a header line that
+    # would split the response it is replayed into
+    for status, headers in (
+        (0, [("A", "b")]),
+        (99, [("A", "b")]),
+        (600, [("A", "b")]),
+        (200, [("A\r\nB", "c")]),
+        (200, [("A", "b\nSet-Cookie: x=y")]),
+        (200, [("A", "b\x00")]),
+        (200, [("", "b")]),
+    ):
+        with pytest.raises(CodecError):
+            decode(encode(CacheEntry(status, headers, body=b"{}")))
+    assert decode(encode(CacheEntry(599, [("A", "b c")], body=b""))).status == 599
 
 
 def test_breaker_opens_probes_and_closes() -> None:

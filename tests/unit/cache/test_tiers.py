@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 
+import msgpack
 import pytest
 from redis.asyncio import Redis
 
@@ -99,11 +100,45 @@ async def test_memory_is_bounded_in_bytes_lru(metrics: CacheMetrics) -> None:
     assert not mem.put_now("huge", _entry(body=b"x" * 5000))  # larger than the whole tier
 
 
+def _tampered(
+    status: object = 200, headers: tuple[tuple[object, object], ...] = (("A", "b"),)
+) -> bytes:
+    """An entry's layout with one field set by hand, as a corrupt or tampered value would be."""
+    fields = [1, status, [list(h) for h in headers], b"{}", None, time.time(), 60.0, "m", "", ""]
+    packed: bytes = msgpack.packb(fields, use_bin_type=True)
+    return packed
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"\xc1not msgpack",
+        _tampered(status=0),
+        _tampered(status=600),
+        _tampered(status=True),
+        _tampered(headers=(("X-A\r\nInjected", "v"),)),
+        _tampered(headers=(("X-A", "v\r\nSet-Cookie: a=b"),)),
+        _tampered(headers=(("X-A", "v\x00"),)),
+        _tampered(headers=(("X-A", 5),)),
+    ],
+    ids=[
+        "garbage",
+        "status-0",
+        "status-600",
+        "status-bool",
+        "name-crlf",
+        "value-crlf",
+        "nul",
+        "int",
+    ],
+)
 async def test_undecodable_redis_entry_is_a_miss_deleted_and_counted(
-    redis_server: RedisServer, metrics: CacheMetrics
+    redis_server: RedisServer, metrics: CacheMetrics, value: bytes
 ) -> None:
+    """Not msgpack, or an entry no upstream answer could have been (a status outside 100-599, a
+    header with CR, LF or NUL that would split the replayed response): a miss, counted, gone."""
     tier = RedisTier(redis_settings(redis_server.url), metrics)
-    await tier.client.set(tier.prefix + "a.b.c.bad", b"\xc1not msgpack")
+    await tier.client.set(tier.prefix + "a.b.c.bad", value)
     assert await tier.get("a.b.c.bad") is None
     await asyncio.sleep(0.1)
     assert await tier.client.exists(tier.prefix + "a.b.c.bad") == 0
