@@ -16,7 +16,13 @@ from collections.abc import Mapping
 from aiohttp import compression_utils, web
 from aiohttp.web_protocol import RequestPayloadError
 
-from gateway.errors import BadRequest, GatewayError, NotImplementedCoding, UnsupportedMediaType
+from gateway.errors import (
+    BadRequest,
+    GatewayError,
+    NotImplementedCoding,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+)
 
 DECODED = (
     ("gzip", "deflate")
@@ -68,11 +74,13 @@ def coding_error(headers: Mapping[str, str]) -> GatewayError | None:
 async def read_body(request: web.Request) -> bytes:
     """The body of a request the gateway reads itself (admin calls): as aiohttp decoded it, or
     the 415 for a coding it did not (a gzip body is not JSON, and must not be read as if it
-    were)."""
+    were); one over limits.max_body_bytes (as sent, or once decoded) is the JSON 413."""
     if request.body_exists and (refused := coding_error(request.headers)) is not None:
         raise refused
     try:
         return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise PayloadTooLarge(f"request body exceeds {request.client_max_size} bytes") from None
     except RequestPayloadError as exc:
         raise undecodable(request) from exc
 

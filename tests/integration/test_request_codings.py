@@ -195,3 +195,26 @@ async def test_an_admin_body_in_a_coding_the_gateway_does_not_decode_is_a_415(
     status, _, body = await admin("/admin/cache/purge", gzip.compress(purge), "gzip")
     assert status == 200, body
     assert json.loads(body)["purged"] == {"memory": 1}
+
+
+async def test_an_admin_body_over_the_limit_is_the_json_413(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """Sent over limits.max_body_bytes, or a small gzip body that decodes past it: the JSON
+    error envelope every other admin error uses, not aiohttp's text/plain 413."""
+    cfg = cache_config(upstream.url)
+    cfg["limits"] = {"max_body_bytes": 4096}
+    gw = start_gateway(cfg)
+    big = json.dumps({"route": "x" * 8192}).encode()
+    bomb = gzip.compress(json.dumps({"route": " " * 65536}).encode())
+    assert len(bomb) < 4096
+    for data, coding in ((big, "identity"), (bomb, "gzip")):
+        h = {"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Encoding": coding}
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(gw.url + "/admin/cache/purge", data=data, headers=h) as r,
+        ):
+            body = await r.read()
+            assert r.status == 413, body
+            assert r.headers["Content-Type"].startswith("application/json"), body
+            assert "4096" in json.loads(body)["error"]["message"]
