@@ -16,7 +16,7 @@ from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import LineTooLong
+from aiohttp.http_exceptions import ContentEncodingError, LineTooLong
 from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
@@ -46,6 +46,15 @@ def _response(status: int, reason: str, message: str) -> bytes:
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
     return head.encode() + body
+
+
+def _undecoded(message: str) -> str:
+    """What a client is told of a body the parser could not decode ("deflate", "Can not decode
+    content-encoding: gzip"): the same words pipeline.undecodable uses."""
+    coding = message.rpartition(":")[2].strip().lower()
+    if coding.isascii() and coding.replace("-", "").isalnum() and len(coding) <= 16:
+        return f"the request body does not decode as its Content-Encoding ({coding}) says"
+    return "the request body does not decode as its Content-Encoding says"
 
 
 def _loopback(host: str) -> bool:
@@ -98,6 +107,10 @@ class JsonErrorHandler(RequestHandler):
         said = (message or "").split("\n", 1)[0].strip().rstrip(":")
         if isinstance(exc, LineTooLong):  # its message quotes the line back
             said = "a request line or header field is too long"
+        elif isinstance(exc, ContentEncodingError):
+            # a compressed body that ends before its compressed stream does: the parser says
+            # only "deflate" (the request, its path and so its route's envelope are gone by now)
+            status, reason, said = 400, HTTPStatus.BAD_REQUEST.phrase, _undecoded(exc.message)
         text = said if status < 500 and said else reason
         resp = web.Response(
             status=status,

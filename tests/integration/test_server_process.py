@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import time
+import zlib
 from collections.abc import Iterator
 
 import aiohttp
@@ -386,6 +387,27 @@ def _raw(port: int, request: bytes) -> tuple[int, str, bytes]:
         "",
     )
     return int(lines[0].split()[1]), ctype, body
+
+
+async def test_a_truncated_deflate_body_is_a_json_400_that_says_so(
+    upstream: ServerThread, procs: list[GatewayProcess]
+) -> None:
+    """A deflate body whose compressed stream stops short: the parser's own word for it was
+    the whole message ("deflate"); the client is told its body does not decode."""
+    gw = GatewayProcess(base_config(upstream.url)).start(semantic_ready=False)
+    procs.append(gw)
+    cut = zlib.compress(json.dumps(CHAT).encode())[:-4]
+    for path in (b"/v1/chat/completions", b"/echo"):
+        request = (
+            b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Encoding: deflate\r\nContent-Length: %d\r\n\r\n" % len(cut) + cut
+        )
+        status, ctype, body = await asyncio.to_thread(_raw, gw.port, request)
+        assert status == 400, body
+        assert ctype.startswith("application/json"), (ctype, body)
+        error = json.loads(body)["error"]
+        assert error["code"] == 400
+        assert "does not decode as its Content-Encoding (deflate)" in error["message"], error
 
 
 async def test_requests_the_http_parser_refuses_get_a_json_400(
