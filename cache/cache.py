@@ -89,7 +89,8 @@ class Cache:
     ) -> dict[str, object]:
         # tenant: an identity string (cache.tenant.tenant_of), hashed as this cache's keys are
         selector = Selector.of(route, model, tenant, self.tenants)
-        out: dict[str, object] = {"memory": await self.memory.purge(selector)}
+        removed = await self.memory.purge(selector)
+        out: dict[str, object] = {"memory": removed}
         for listener in self.purge_listeners:
             out.setdefault("semantic", await listener(selector))
         if self.redis is not None:
@@ -97,6 +98,11 @@ class Cache:
                 out["redis"] = await self.redis.purge(selector)
             except TierError as exc:
                 out["redis"] = {"error": str(exc)}
+        # A Redis read that answered while Redis was being purged may have put back what the
+        # purge removes: a second pass drops it, and bumps the generation again, so a read or
+        # an upstream answer still in flight is not kept either (LayeredTier.lookup,
+        # RouteCache.store).
+        out["memory"] = removed + await self.memory.purge(selector)
         if self.fanout is not None:
             out["other_processes"] = await self.fanout.announce(selector)
         return out
@@ -179,7 +185,9 @@ class RouteCache:
     def key(
         self, model: str | None, key_fields: Any, headers: Mapping[str, str] | None
     ) -> CacheKey:
-        return self.keys.build(model, key_fields, headers)
+        # stamped with the purge generation: an answer to a call that began before a purge
+        # is not stored after it (store)
+        return self.keys.build(model, key_fields, headers, self.cache.memory.generation)
 
     def not_stored(self, reason: str) -> None:
         """A 2xx answer the upstream's headers kept out of the cache (counted by reason)."""
@@ -247,8 +255,18 @@ class RouteCache:
         if entry.size() > self.max_entry_bytes:
             self.cache.metrics.stores.labels("all", "too_large").inc()
             return
+        memory = self.cache.memory
+        generation = memory.generation
+        if key.generation is not None and key.generation != generation:
+            # a purge ran since this call began: its answer may be what the purge removed
+            # (purges are rare; the next call stores)
+            self.cache.metrics.stores.labels("all", "purged").inc()
+            return
         try:
             await self.tiers.put(key.value, entry)
+            if memory.generation != generation:
+                # a purge ran while the entry was written and may have missed it
+                await self.tiers.delete(key.value)
         except Exception:  # the cache boundary: a failed insert is logged, the response still goes
             log.exception("cache store failed on route %s", self.route)
 
@@ -308,13 +326,15 @@ class RouteCache:
         lease = redis.settings.lease if redis is not None else None
         if redis is None or lease is None or not lease.enabled or not self.tiers.has_l2:
             return Claim()
+        generation = self.cache.memory.generation
         token = await redis.acquire_lease(key.value, lease.ttl_ms)
         if token is None:
             peer = await self._await_peer(
                 redis, key, directives, min(wait_s, lease.ttl_ms / 1000), lease.poll_ms / 1000
             )
             if peer is not None:
-                if self.tiers.l1 is not None:
+                # (read before a purge that has run since: it answers this call only)
+                if self.tiers.l1 is not None and self.cache.memory.generation == generation:
                     self.tiers.l1.put_now(key.value, peer)
                 return Claim(peer=peer)
             return Claim()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cache.tenant import TenantHasher, credential_headers, tenant_of
@@ -73,12 +73,15 @@ def short_hash(text: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class CacheKey:
-    """A request's identity in the store; `value` is what tiers index by."""
+    """A request's identity in the store; `value` is what tiers index by. `generation`: the
+    memory tier's purge generation when the request's key was built (None: not known), so an
+    answer whose call began before a purge is not stored after it (RouteCache.store)."""
 
     value: str
     route_h: str
     model_h: str
     tenant_h: str
+    generation: int | None = field(default=None, compare=False)
 
 
 class KeyBuilder:
@@ -95,7 +98,11 @@ class KeyBuilder:
         self._hasher = hasher
 
     def build(
-        self, model: str | None, key_fields: Any, headers: Mapping[str, str] | None
+        self,
+        model: str | None,
+        key_fields: Any,
+        headers: Mapping[str, str] | None,
+        generation: int | None = None,
     ) -> CacheKey:
         tenant = self._hasher.digest(tenant_of(headers, self._identity_names, resolved=True))
         model_s = model or ""
@@ -108,7 +115,7 @@ class KeyBuilder:
         model_h = short_hash(model_s)
         tenant_h = tenant[:8].hex()
         value = f"{self._route_h}.{model_h}.{tenant_h}.{h.hexdigest()}"
-        return CacheKey(value, self._route_h, model_h, tenant_h)
+        return CacheKey(value, self._route_h, model_h, tenant_h, generation)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""L1 → L2 read-through: a memory hit answers at once, an L2 hit is promoted to L1; puts go to both.
+"""L1 → L2 read-through: a memory hit answers at once, an L2 hit is promoted to L1 (unless a
+purge ran while L2 answered); puts go to both.
 
 Either level may be absent (a route's `tiers` names which it uses); a missing L2 is a NullTier.
 """
@@ -39,11 +40,14 @@ class LayeredTier:
         if not self.has_l2:
             return None
         t0 = time.perf_counter()
+        generation = self.l1.generation if self.l1 is not None else 0
         entry = await (self.l2.get_checked(key) if checked else self.l2.get(key))
         self._metrics.observe_latency(self.l2.name, time.perf_counter() - t0)
         if entry is None:
             return None
-        if self.l1 is not None:
+        # a purge that ran while L2 answered may have missed what it read: that entry still
+        # answers this call, but is not promoted into memory to outlive the purge
+        if self.l1 is not None and self.l1.generation == generation:
             self.l1.put_now(key, entry)
         return entry, self.l2.name
 

@@ -22,6 +22,9 @@ class MemoryTier:
         self.bytes = 0
         self._data: OrderedDict[str, tuple[CacheEntry, int, float]] = OrderedDict()
         self._metrics = metrics
+        # Bumped by every purge and clear: a Redis read or an upstream answer that began before
+        # one must not land here after it (LayeredTier.lookup, RouteCache.store compare it).
+        self.generation = 0
         self._evictions = metrics.evictions.labels("memory") if metrics else None
         if metrics is not None:
             metrics.watch("memory", lambda: len(self._data), lambda: self.bytes)
@@ -75,6 +78,7 @@ class MemoryTier:
         self.delete_now(key)
 
     async def purge(self, selector: Selector) -> int:
+        self.generation += 1
         gone = [k for k in self._data if selector.matches(k)]
         for k in gone:
             self.delete_now(k)
@@ -82,6 +86,7 @@ class MemoryTier:
 
     def clear(self) -> int:
         """Drop every entry; how many there were."""
+        self.generation += 1
         n = len(self._data)
         self._data.clear()
         self.bytes = 0
