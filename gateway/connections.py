@@ -1,5 +1,6 @@
-"""Downstream connection guard: a per-client-IP connection cap and a deadline for the first
-request's headers (slowloris), plugged into aiohttp's connection manager; nothing else here.
+"""Downstream connection guard: a per-client-IP connection cap, a deadline for the first
+request's headers (slowloris), JSON bodies for what aiohttp refuses itself, and no lingering on a
+compressed body left unread, plugged into aiohttp's connection manager; nothing else here.
 
 Idle keep-alive connections (and a stalled later request) are closed by aiohttp's keep-alive timer,
 which `limits.client_idle_timeout_s` sets.
@@ -120,6 +121,25 @@ class JsonErrorHandler(RequestHandler):
         )
         resp.force_close()
         return resp
+
+    async def finish_response(
+        self, request: BaseRequest, resp: StreamResponse, start_time: float | None
+    ) -> tuple[StreamResponse, bool]:
+        out = await super().finish_response(request, resp, start_time)
+        if _coded_body_left(request):
+            # Answered (a 413, a 400...) with a compressed body still coming: aiohttp would
+            # linger up to 10 s reading the rest, which its parser decodes on the event loop
+            # (a small gzip bomb is gigabytes of inflating that stall every other client).
+            # Closed instead, now that the answer is written; a plain body keeps lingering, so
+            # a client still sending it reads its answer rather than a reset.
+            self.force_close()
+        return out
+
+
+def _coded_body_left(request: BaseRequest) -> bool:
+    """A request body in a Content-Encoding (not identity) that was not read to its end."""
+    coding = request.headers.get("Content-Encoding", "").strip(" \t").lower()
+    return coding not in ("", "identity") and not request.content.is_eof()
 
 
 class GuardedServer(Server):

@@ -6,6 +6,7 @@ client's error (a JSON 4xx), not a 500 with the connection closed."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import zlib
@@ -16,7 +17,7 @@ import pytest
 
 from tests.conftest import base_config
 from tests.integration.cache.conftest import ADMIN_TOKEN, anthropic_route, cache_config
-from tests.support.servers import ServerThread
+from tests.support.servers import GatewayProcess, ServerThread
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "two plus two"}], "temperature": 0}
 
@@ -218,3 +219,54 @@ async def test_an_admin_body_over_the_limit_is_the_json_413(
             assert r.status == 413, body
             assert r.headers["Content-Type"].startswith("application/json"), body
             assert "4096" in json.loads(body)["error"]["message"]
+
+
+async def _refused_then_again(port: int, body: bytes, coding: str | None) -> bytes:
+    """Half of an oversized body, its 413, then the other half and a second request on the
+    same connection: that request's status line, or b"" when the gateway closed it."""
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        head = (
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n"
+            + (f"Content-Encoding: {coding}\r\n" if coding else "")
+            + "\r\n"
+        )
+        half = len(body) // 2
+        w.write(head.encode() + body[:half])
+        await w.drain()
+        assert b" 413 " in await r.readline()
+        length = 0
+        while (line := await r.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        await r.readexactly(length)
+        try:
+            w.write(body[half:] + b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+            await w.drain()
+            return await r.readline()
+        except ConnectionError:
+            return b""
+    finally:
+        w.close()
+
+
+async def test_a_refused_compressed_body_closes_the_connection_instead_of_being_inflated(
+    upstream: ServerThread,
+) -> None:
+    """A small gzip body that inflates past max_body_bytes gets its 413, and the connection is
+    closed: aiohttp's lingering read would otherwise inflate the rest of it (gigabytes, for a
+    bomb) on the event loop for up to 10 s. A plain oversized body is still read to its end,
+    and its connection serves the next request."""
+    limit = 1 << 20
+    gw = GatewayProcess(base_config(upstream.url, limits={"max_body_bytes": limit})).start()
+    try:
+        packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip
+        bomb = packer.compress(b"\0" * (64 * limit)) + packer.flush()
+        assert len(bomb) < limit // 8
+        assert await _refused_then_again(gw.port, bomb, "gzip") == b""
+        plain = b" " * (2 * limit)
+        assert await _refused_then_again(gw.port, plain, None) == b"HTTP/1.1 200 OK\r\n"
+    finally:
+        gw.stop()
