@@ -105,4 +105,5 @@ def test_an_input_given_twice_is_a_400(local_gateway: ServerThread) -> None:
     one = {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}
     two = {"name": "text", "datatype": "BYTES", "shape": [2], "data": ["b", "c"]}
     status, body = _infer_error(local_gateway, [one, two])
-    assert status == 400 and "given twice" in body["error"]
+    # (the protocol adapter refuses it before the local backend's own check)
+    assert status == 400 and "'text' appears more than once" in body["error"]
