@@ -78,12 +78,20 @@ class LiveStreams:
                 waiting.exception()  # retrieved: a result this request left is not an error
 
 
+class FollowedStreamCut(UpstreamError):
+    """The stream a follower was sent was cut: the leader's reader reports the upstream's
+    failure (counted once), a follower's says it shared it."""
+
+
 class StreamReader:
     """One client's copy of a recorded stream: the leader's writer or a follower's. The
     recording's pump hands it each chunk; it yields them at its client's pace. A bool ends it:
     True at the stream's end, False cut. `aclose` unregisters it even if never iterated."""
 
-    def __init__(self, head: bytes, on_done: Callable[[StreamReader], None], cap: int) -> None:
+    def __init__(
+        self, head: bytes, on_done: Callable[[StreamReader], None], cap: int, follower: bool
+    ) -> None:
+        self._follower = follower
         self._queue: asyncio.Queue[bytes | bool] = asyncio.Queue()
         if head:
             self._queue.put_nowait(head)
@@ -92,7 +100,7 @@ class StreamReader:
         self._on_done: Callable[[StreamReader], None] | None = on_done
         self.room = asyncio.Event()  # set while its backlog is within the cap
         self.room.set()
-        self.error = "upstream stream cut mid-way"
+        self.error = "abandoned"  # why it was cut (the upstream's failure, or its own lag)
 
     def put(self, item: bytes | bool) -> None:
         if isinstance(item, bytes):
@@ -111,7 +119,7 @@ class StreamReader:
         if isinstance(item, bool):
             self._done()
             if not item:
-                raise UpstreamError(self.error)
+                raise (FollowedStreamCut if self._follower else UpstreamError)(self.error)
             raise StopAsyncIteration
         self.backlog -= len(item)
         if self.backlog <= self._cap:

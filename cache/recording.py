@@ -72,7 +72,7 @@ class Recording:
         self.on_close: Callable[[bool], None] | None = None
         self._cap = max(flow.rc.max_entry_bytes, _MIN_CAP)
         self._readers: set[StreamReader] = set()
-        self._leader = self._reader(b"")
+        self._leader = self._reader(b"", follower=False)
         self._pump: asyncio.Task[None] | None = None
         self._settled = False
 
@@ -122,13 +122,13 @@ class Recording:
             up.status,
             up.reason,
             list(up.headers),
-            stream=self._reader(bytes(self._copy)),
+            stream=self._reader(bytes(self._copy), follower=True),
             replica=up.replica,
             deadline=up.deadline,
         )
 
-    def _reader(self, head: bytes) -> StreamReader:
-        reader = StreamReader(head, self._reader_done, self._cap)
+    def _reader(self, head: bytes, follower: bool) -> StreamReader:
+        reader = StreamReader(head, self._reader_done, self._cap, follower)
         self._readers.add(reader)
         return reader
 
@@ -144,7 +144,7 @@ class Recording:
         assert self._up.stream is not None
         limit = self._flow.rc.max_entry_bytes
         deadline = self._up.deadline
-        why = "upstream stream cut mid-way"
+        why = "abandoned"
         try:
             async with asyncio.timeout(None if deadline is None else deadline - time.monotonic()):
                 async for chunk in self._up.stream:
@@ -153,23 +153,35 @@ class Recording:
                         copy += chunk
                         if len(copy) > limit:
                             self._outgrown()
+                    if not self._readers and self._copy is None:
+                        return  # nobody reads on and nothing is kept: free the upstream
                     for reader in tuple(self._readers):
                         reader.put(chunk)
-                    for reader in tuple(self._readers):
-                        await reader.room.wait()  # only a reader `cap` behind holds the pump
+                    await self._keep_pace()
             self._ended = True
         except TimeoutError:
-            why = "upstream stream cut mid-way: past the route's total timeout"
-        except asyncio.CancelledError:
-            why = "upstream stream abandoned"
-            raise
+            why = "past the route's total timeout"
         except Exception as exc:  # an upstream read error: the readers are cut with it
-            why = f"upstream stream cut mid-way: {exc}"
+            why = str(exc) or type(exc).__name__
         finally:
             for reader in tuple(self._readers):
                 reader.error = why
                 reader.put(self._ended)
             await self._settle()
+
+    async def _keep_pace(self) -> None:
+        """A reader more than `cap` behind (by then the answer has outgrown the store): alone,
+        it holds the pump, as a plain proxy's client would; beside others it is cut, so one
+        client's pace never holds back another's."""
+        for reader in tuple(self._readers):
+            if reader.room.is_set():
+                continue
+            if len(self._readers) > 1:
+                reader.error = "this client fell too far behind the stream"
+                reader.put(False)
+                self._readers.discard(reader)
+            else:
+                await reader.room.wait()
 
     def _outgrown(self) -> None:
         """The answer outgrew max_entry_bytes: nothing is kept, the flight's waiters and

@@ -19,7 +19,7 @@ from http import HTTPStatus
 from aiohttp import web
 
 from backends import UpstreamError, UpstreamResponse
-from cache import Fresh, Hit, Recording
+from cache import FollowedStreamCut, Fresh, Hit, Recording
 from gateway.errors import GatewayError, error_body
 from gateway.headers import downstream_headers
 from gateway.hit_response import HitResponse, header_block, prefer
@@ -151,8 +151,13 @@ async def upstream(
             if client_ok:
                 await resp.write_eof()
     except (UpstreamError, TimeoutError) as exc:
-        log.warning("upstream stream cut mid-way: %s", str(exc) or "past the route's total timeout")
-        on_cut()
+        if not isinstance(
+            exc, FollowedStreamCut
+        ):  # (a follower's cut is its leader's, counted once)
+            log.warning(
+                "upstream stream cut mid-way: %s", str(exc) or "past the route's total timeout"
+            )
+            on_cut()
         if request.transport is not None:
             request.transport.close()
     except ConnectionError:

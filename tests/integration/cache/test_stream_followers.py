@@ -17,6 +17,7 @@ from collections.abc import Callable
 import aiohttp
 import pytest
 
+from tests.fault.conftest import metric
 from tests.integration.cache.conftest import cache_config
 from tests.support.servers import ServerThread
 
@@ -65,6 +66,30 @@ async def read_stream(
                     return  # the client leaves mid-stream
         except aiohttp.ClientPayloadError:
             out.cut = True
+
+
+async def stalled_client(
+    url: str, body: dict[str, object], headers: bytes = b""
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A client with a tiny receive window that sends `body` and then reads only what the
+    caller reads (300 bytes, say): a stalled consumer."""
+    raw = json.dumps(body).encode()
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=4096)
+    writer.write(
+        b"POST "
+        + PATH.encode()
+        + b" HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        + headers
+        + b"Content-Length: %d\r\n\r\n" % len(raw)
+        + raw
+    )
+    await writer.drain()
+    return reader, writer
 
 
 def text_of(body: bytes) -> str:
@@ -140,6 +165,8 @@ async def test_a_follower_is_cut_with_the_leaders_stream_and_nothing_is_stored(
         assert got.status == 200 and b"[DONE]" not in got.body
     assert follower.cut
     assert await calls(upstream) == 1
+    # one upstream failure, counted once (not once per client that was sent it)
+    assert await metric(gw.url, "latentgate_upstream_errors_total", kind="stream_cut") == 1
     again = Read()
     async with aiohttp.ClientSession() as s:
         await read_stream(s, gw.url, body, {}, again)
@@ -212,18 +239,7 @@ async def test_a_client_that_stops_reading_holds_back_no_other_client(
     words = " ".join(["word"] * 100_000)  # a ~19 MB stream: far more than the sockets buffer
     # (with its usage chunk: an OpenAI stream makes a one-body answer only with it)
     body = chat(words, stream_options={"include_usage": True})
-    raw = json.dumps(body).encode()
-    host, port = gw.url.removeprefix("http://").split(":")
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
-    sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
-    reader, writer = await asyncio.open_connection(sock=sock, limit=4096)
-    writer.write(
-        b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n" % len(raw) + raw
-    )
-    await writer.drain()
+    reader, writer = await stalled_client(gw.url, body)
     assert (await reader.read(300)).startswith(b"HTTP/1.1 200")  # ... and A reads no more
     try:
         one = {k: v for k, v in body.items() if k != "stream_options"}
@@ -252,3 +268,50 @@ async def test_waiters_go_upstream_as_soon_as_a_stream_outgrows_the_store(
     assert status == 200 and x_cache == "miss" and text.endswith("longlong")
     assert done_at < leader.times[-1]  # it did not wait for the leader's last byte
     assert await calls(upstream) == 2
+
+
+async def test_a_follower_that_stops_reading_is_cut_not_the_leader(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """A follower that stops reading falls behind an ~8 MB stream (over max_entry_bytes, so
+    kept by nobody): it is cut when it is more than max(max_entry_bytes, 1 MiB) behind, and the
+    leader, reading at full speed, gets the whole stream. Before, the pump waited for the
+    follower and the leader was cut at the route's total."""
+    gw = start_gateway(cache_config(upstream.url))
+    body = chat(" ".join(["word"] * 40_000))
+    leader = Read()
+    async with aiohttp.ClientSession() as s:
+        first = asyncio.create_task(read_stream(s, gw.url, body, {"X-Test-Delay": "1"}, leader))
+        await asyncio.sleep(0.3)  # the leader is upstream, its headers not yet back
+        reader, writer = await stalled_client(gw.url, body, b"X-Test-Delay: 1\r\n")
+        try:
+            assert (await reader.read(300)).startswith(b"HTTP/1.1 200")  # ... and no more
+            await first
+        finally:
+            writer.close()
+    assert not leader.cut and leader.body.rstrip().endswith(b"data: [DONE]")
+    assert await calls(upstream) == 1
+
+
+async def in_flight(upstream: ServerThread) -> int:
+    async with aiohttp.ClientSession() as s, s.get(upstream.url + "/_test/stats") as r:
+        return int((await r.json())["in_flight"])
+
+
+async def test_a_stream_nobody_reads_or_keeps_any_more_frees_the_upstream(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """The leader's client leaves while its answer could still be kept (the store reads on for
+    it); then the answer outgrows max_entry_bytes: nobody wants the rest, so the gateway stops
+    reading and the replica's stream ends, long before the 20 s it would take (and the
+    route's 10 s total). Before, it was read on to the total."""
+    gw = start_gateway(cache_config(upstream.url, max_entry_bytes=4000))
+    body = chat(" ".join(["long" * 100] * 80))  # 80 events of ~0.5 KB, 0.25 s apart
+    leader = Read()
+    async with aiohttp.ClientSession() as s:
+        await read_stream(s, gw.url, body, {"X-Test-Event-Delay": "0.25"}, leader, stop_after=1)
+    for _ in range(50):  # polled: ~0.1 s per look, at most ~5 s, half the route's total
+        if await in_flight(upstream) == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert await in_flight(upstream) == 0
