@@ -135,7 +135,13 @@ class Recording:
     def _reader_done(self, reader: StreamReader) -> None:
         self._readers.discard(reader)
         pump = self._pump
-        if pump is not None and not pump.done() and not self._readers and self._copy is None:
+        if (
+            pump is not None
+            and not pump.done()
+            and not self._readers
+            and self._copy is None
+            and not self._settled  # (settling: its lease release must not be cut short)
+        ):
             pump.cancel()  # nobody reads on and nothing is kept: free the upstream
 
     async def _run(self) -> None:
@@ -167,7 +173,7 @@ class Recording:
             for reader in tuple(self._readers):
                 reader.error = why
                 reader.put(self._ended)
-            await self._settle()
+            await asyncio.shield(self._settle())  # (a cancel mid-way must not skip a release)
 
     async def _keep_pace(self) -> None:
         """A reader more than `cap` behind (by then the answer has outgrown the store): alone,
@@ -198,7 +204,7 @@ class Recording:
         await self._leader.aclose()
         self.start()  # (a writer that never iterated: the recording still settles)
         assert self._pump is not None
-        if not self.wanted:
+        if not self.wanted and not self._settled:
             self._pump.cancel()
         try:
             await asyncio.shield(self._pump)
