@@ -17,6 +17,7 @@ from cache.live_streams import FollowedStreamCut
 from cache.policy import (
     CACHED_METHODS,
     CONDITIONAL_HEADERS,
+    SAFE_METHODS,
     NotCached,
     RequestDirectives,
     request_directives,
@@ -34,6 +35,7 @@ __all__ = [
     "ALIAS_MAX_BODY",
     "CACHED_METHODS",
     "CONDITIONAL_HEADERS",
+    "SAFE_METHODS",
     "SECRET_ENV",
     "AliasKey",
     "AnswerIncomplete",

@@ -257,14 +257,14 @@ class RouteCache:
             return
         memory = self.cache.memory
         generation = memory.generation
-        if key.generation is not None and key.generation != generation:
-            # a purge ran since this call began: its answer may be what the purge removed
-            # (purges are rare; the next call stores)
+        if key.generation is not None and memory.dropped_since(key.generation, key.value):
+            # a purge (or an unsafe request's invalidation) of this key ran since this call
+            # began: its answer may be what that removed (the next call stores)
             self.cache.metrics.stores.labels("all", "purged").inc()
             return
         try:
             await self.tiers.put(key.value, entry)
-            if memory.generation != generation:
+            if memory.dropped_since(generation, key.value):
                 # a purge ran while the entry was written and may have missed it
                 await self.tiers.delete(key.value)
         except Exception:  # the cache boundary: a failed insert is logged, the response still goes
@@ -274,6 +274,8 @@ class RouteCache:
         """Drop a key's entry from this process's memory and from Redis (RFC 9111 4.4: an
         unsafe request changed what it answered). Through the cache boundary: a tier that
         fails is logged, never the request's failure."""
+        # logged as a drop first: a GET of it still in flight does not store the old answer
+        self.cache.memory.dropped(key.value.__eq__)
         try:
             await self.tiers.delete(key.value)
         except Exception:  # the cache boundary
@@ -334,7 +336,8 @@ class RouteCache:
             )
             if peer is not None:
                 # (read before a purge that has run since: it answers this call only)
-                if self.tiers.l1 is not None and self.cache.memory.generation == generation:
+                memory = self.cache.memory
+                if self.tiers.l1 is not None and not memory.dropped_since(generation, key.value):
                     self.tiers.l1.put_now(key.value, peer)
                 return Claim(peer=peer)
             return Claim()

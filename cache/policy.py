@@ -74,6 +74,9 @@ CONDITIONAL_HEADERS = (
 # route's exact cache keys by its body). Any other (PUT, PATCH, DELETE, ...) changes something
 # upstream: replaying its answer would skip that change (RFC 9111 2, 4.4).
 CACHED_METHODS = frozenset({"GET", "HEAD", "POST"})
+# Methods that change nothing (RFC 9110 9.2.1): not cached either, but they invalidate nothing
+# (a CORS preflight OPTIONS must not drop the cached GET of its target).
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 
 
 def request_directives(

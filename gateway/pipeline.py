@@ -32,6 +32,7 @@ from backends import (
 from cache import (
     CACHED_METHODS,
     CONDITIONAL_HEADERS,
+    SAFE_METHODS,
     AliasKey,
     Ask,
     CacheFlow,
@@ -294,7 +295,11 @@ class Pipeline:
         except NotCached as exc:
             raise NotInCache(str(exc)) from None
         if passed is not None:
-            if passed.reason == "unsafe-method" and 200 <= passed.response.status < 400:
+            if (
+                passed.reason == "unsafe-method"
+                and request.method not in SAFE_METHODS
+                and 200 <= passed.response.status < 400
+            ):
                 await self._invalidate_get(request)
             return await responses.fresh(request, passed, timing, self._count_cut)
         framing = framing_of(call)

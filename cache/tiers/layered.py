@@ -47,7 +47,7 @@ class LayeredTier:
             return None
         # a purge that ran while L2 answered may have missed what it read: that entry still
         # answers this call, but is not promoted into memory to outlive the purge
-        if self.l1 is not None and self.l1.generation == generation:
+        if self.l1 is not None and not self.l1.dropped_since(generation, key):
             self.l1.put_now(key, entry)
         return entry, self.l2.name
 

@@ -7,11 +7,18 @@ hit path uses, the async methods satisfy the Tier contract.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Callable
 
 from cache.codec import CacheEntry
 from cache.keys import Selector
 from cache.metrics import CacheMetrics
+
+_DROP_LOG = 1024  # purges, clears and invalidations remembered (older: any key counts as dropped)
+
+
+def _every(key: str) -> bool:
+    return True
 
 
 class MemoryTier:
@@ -22,9 +29,11 @@ class MemoryTier:
         self.bytes = 0
         self._data: OrderedDict[str, tuple[CacheEntry, int, float]] = OrderedDict()
         self._metrics = metrics
-        # Bumped by every purge and clear: a Redis read or an upstream answer that began before
-        # one must not land here after it (LayeredTier.lookup, RouteCache.store compare it).
+        # Bumped by every purge, clear and invalidation, each logged with what it dropped: a
+        # Redis read or an upstream answer that began before one that matches its key must not
+        # land here after it (`dropped_since`: LayeredTier.lookup, RouteCache.store/claim).
         self.generation = 0
+        self._drops: deque[tuple[int, Callable[[str], bool]]] = deque(maxlen=_DROP_LOG)
         self._evictions = metrics.evictions.labels("memory") if metrics else None
         if metrics is not None:
             metrics.watch("memory", lambda: len(self._data), lambda: self.bytes)
@@ -77,8 +86,22 @@ class MemoryTier:
     async def delete(self, key: str) -> None:
         self.delete_now(key)
 
-    async def purge(self, selector: Selector) -> int:
+    def dropped(self, matches: Callable[[str], bool]) -> None:
+        """Log a drop of the keys `matches` says (a purge's selector, one invalidated key)."""
         self.generation += 1
+        self._drops.append((self.generation, matches))
+
+    def dropped_since(self, generation: int, key: str) -> bool:
+        """Did a purge, clear or invalidation after `generation` drop `key`? Yes when the log
+        no longer reaches back that far (the safe answer: that answer is not kept)."""
+        if generation >= self.generation:
+            return False
+        if not self._drops or self._drops[0][0] > generation + 1:
+            return True
+        return any(g > generation and matches(key) for g, matches in self._drops)
+
+    async def purge(self, selector: Selector) -> int:
+        self.dropped(selector.matches)
         gone = [k for k in self._data if selector.matches(k)]
         for k in gone:
             self.delete_now(k)
@@ -86,7 +109,7 @@ class MemoryTier:
 
     def clear(self) -> int:
         """Drop every entry; how many there were."""
-        self.generation += 1
+        self.dropped(_every)
         n = len(self._data)
         self._data.clear()
         self.bytes = 0

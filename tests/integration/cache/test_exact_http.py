@@ -213,6 +213,35 @@ async def test_passthrough_unsafe_methods_bypass_and_invalidate_the_get(
     assert (await _send(gw.url, "GET", target))[1]["X-Cache"] == "hit"
 
 
+async def test_a_safe_method_invalidates_nothing(upstream: ServerThread, gw: ServerThread) -> None:
+    """OPTIONS and TRACE change nothing (RFC 9110 9.2.1): a CORS preflight does not drop the
+    cached GET of its target."""
+    target = "/items/8"
+    assert (await _send(gw.url, "GET", target))[1]["X-Cache"] == "miss"
+    for method in ("OPTIONS", "TRACE"):
+        status, h = await _send(gw.url, method, target)
+        assert 200 <= status < 400 and h["X-Cache"] == "bypass"
+        assert (await _send(gw.url, "GET", target))[1]["X-Cache"] == "hit"
+
+
+async def test_a_get_in_flight_when_its_target_is_deleted_keeps_no_old_answer(
+    upstream: ServerThread, gw: ServerThread
+) -> None:
+    """A GET still upstream when a DELETE of its target succeeds answers its client, but is not
+    stored over the invalidation: the next GET asks the upstream again."""
+    target = "/items/9"
+    slow = asyncio.create_task(_send(gw.url, "GET", target, headers={"X-Test-Delay": "1"}))
+    for _ in range(100):  # the GET is upstream
+        async with aiohttp.ClientSession() as s, s.get(upstream.url + "/_test/stats") as r:
+            if (await r.json())["in_flight"]:
+                break
+        await asyncio.sleep(0.05)
+    assert (await _send(gw.url, "DELETE", target))[0] == 200
+    assert (await slow)[1]["X-Cache"] == "miss"
+    assert (await _send(gw.url, "GET", target))[1]["X-Cache"] == "miss"
+    assert (await _send(gw.url, "GET", target))[1]["X-Cache"] == "hit"
+
+
 async def _admin(
     url: str, method: str, path: str, body: Any = None, token: str | None = ADMIN_TOKEN
 ) -> tuple[int, Any]:

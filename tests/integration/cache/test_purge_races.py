@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from tests.integration.cache.conftest import ADMIN_TOKEN, cache_config
@@ -29,11 +30,11 @@ async def _post(url: str, headers: dict[str, str] | None = None) -> tuple[int, s
         return r.status, r.headers.get("X-Cache", "")
 
 
-async def _purge(url: str) -> dict[str, Any]:
+async def _purge(url: str, selector: dict[str, Any] | None = None) -> dict[str, Any]:
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with (
         aiohttp.ClientSession() as s,
-        s.post(url + "/admin/cache/purge", json={"all": True}, headers=auth) as r,
+        s.post(url + "/admin/cache/purge", json=selector or {"all": True}, headers=auth) as r,
     ):
         assert r.status == 200
         return dict(await r.json())
@@ -151,6 +152,30 @@ async def test_an_answer_computed_across_a_purge_is_not_stored(
         assert await slow == (200, "miss")
         assert await _post(gw.url) == (200, "miss")  # the purge's effect holds
         assert await _post(gw.url) == (200, "hit")  # and the next answer is stored
+    finally:
+        release.set()
+        up.stop()
+
+
+@pytest.mark.parametrize(
+    "selector", [{"route": "embeddings"}, {"tenant": "Bearer sk-carol"}], ids=["route", "tenant"]
+)
+async def test_a_purge_of_something_else_does_not_cost_an_answer_in_flight_its_store(
+    start_gateway: Callable[..., ServerThread], selector: dict[str, Any]
+) -> None:
+    """A purge skips the stores of calls in flight only where it matches their keys: another
+    route's or another tenant's purge leaves this answer to be stored as usual."""
+    arrived, release = threading.Event(), threading.Event()
+    up = ServerThread(_held_upstream(arrived, release)).start()
+    try:
+        gw = start_gateway(cache_config(up.url, None, tiers=["memory"]))
+        alice = {"Authorization": "Bearer sk-alice"}
+        slow = asyncio.create_task(_post(gw.url, {**alice, "X-Test-Hold": "1"}))
+        assert await asyncio.to_thread(arrived.wait, 30)  # the miss is upstream
+        await _purge(gw.url, selector)
+        release.set()
+        assert await slow == (200, "miss")
+        assert await _post(gw.url, alice) == (200, "hit")
     finally:
         release.set()
         up.stop()

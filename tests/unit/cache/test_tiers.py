@@ -336,3 +336,19 @@ async def test_a_lease_that_could_not_be_released_is_released_once_redis_answers
     finally:
         await tier.aclose()
         await probe.aclose()
+
+
+def test_the_memory_tier_remembers_what_each_purge_dropped() -> None:
+    """An answer begun before a drop is kept out only when that drop matched its key; once the
+    log no longer reaches back to when it began, any key counts as dropped (the safe answer)."""
+    mem = MemoryTier(4096)
+    began = mem.generation
+    mem.dropped("a".__eq__)
+    assert mem.dropped_since(began, "a") and not mem.dropped_since(began, "b")
+    assert not mem.dropped_since(mem.generation, "a")  # begun after the drop
+    for _ in range(2000):
+        mem.dropped("c".__eq__)
+    assert mem.dropped_since(began, "b")  # the log forgot whether "b" was dropped back then
+    assert not mem.dropped_since(mem.generation - 1, "b")
+    mem.clear()
+    assert mem.dropped_since(mem.generation - 1, "b")
