@@ -13,7 +13,7 @@ from cache.codec import CacheEntry
 from cache.errors import CacheError, CodecError, TierError, TierTimeout
 from cache.flow import CacheFlow, Flows
 from cache.keys import CacheKey, KeyBuilder, Selector, canonical, tenant_of
-from cache.live_streams import FollowedStreamCut
+from cache.live_streams import StreamCut
 from cache.policy import (
     CACHED_METHODS,
     CONDITIONAL_HEADERS,
@@ -51,7 +51,6 @@ __all__ = [
     "CallerGone",
     "CodecError",
     "Flows",
-    "FollowedStreamCut",
     "Fresh",
     "Hit",
     "KeyBuilder",
@@ -64,6 +63,7 @@ __all__ = [
     "SemanticRoute",
     "SemanticSetup",
     "SingleFlight",
+    "StreamCut",
     "TierError",
     "TierTimeout",
     "build_semantic",

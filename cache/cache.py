@@ -251,24 +251,28 @@ class RouteCache:
             kind=kind,
         )
 
-    async def store(self, key: CacheKey, entry: CacheEntry) -> None:
+    async def store(self, key: CacheKey, entry: CacheEntry) -> bool:
+        """Store an answer; False when it was not kept (too large, or a drop of its key ran
+        since its call began or while it was written), so nothing should index it."""
         if entry.size() > self.max_entry_bytes:
             self.cache.metrics.stores.labels("all", "too_large").inc()
-            return
+            return False
         memory = self.cache.memory
         generation = memory.generation
         if key.generation is not None and memory.dropped_since(key.generation, key.value):
             # a purge (or an unsafe request's invalidation) of this key ran since this call
             # began: its answer may be what that removed (the next call stores)
             self.cache.metrics.stores.labels("all", "purged").inc()
-            return
+            return False
         try:
             await self.tiers.put(key.value, entry)
             if memory.dropped_since(generation, key.value):
                 # a purge ran while the entry was written and may have missed it
                 await self.tiers.delete(key.value)
+                return False
         except Exception:  # the cache boundary: a failed insert is logged, the response still goes
             log.exception("cache store failed on route %s", self.route)
+        return True
 
     async def invalidate(self, key: CacheKey) -> None:
         """Drop a key's entry from this process's memory and from Redis (RFC 9111 4.4: an

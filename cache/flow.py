@@ -346,11 +346,15 @@ class CacheFlow:
         return up
 
     async def _store(self, ask: Ask, entry: CacheEntry, vector: np.ndarray | None) -> None:
-        await self.rc.store(ask.key, entry)
+        stored = await self.rc.store(ask.key, entry)
         try:
-            # what the entry has left (its ttl also counts the Age it arrived with)
+            # what the entry has left (its ttl also counts the Age it arrived with); an answer
+            # not kept (too large, purged in flight) is not indexed, but still labels
             left = entry.expires_at - time.time()
-            await self.semantic.remember(ask.call, ask.key.tenant_h, ask.key.value, left, vector)
+            if stored:
+                await self.semantic.remember(
+                    ask.call, ask.key.tenant_h, ask.key.value, left, vector
+                )
             cand, sr = ask.semantic_candidate, self.semantic  # issue 14: label the candidate
             if cand is not None and isinstance(sr, SemanticRoute):
                 load = flow_hooks.stored_loader(self.rc, cand.exact_key)

@@ -78,9 +78,9 @@ class LiveStreams:
                 waiting.exception()  # retrieved: a result this request left is not an error
 
 
-class FollowedStreamCut(UpstreamError):
-    """The stream a follower was sent was cut: the leader's reader reports the upstream's
-    failure (counted once), a follower's says it shared it."""
+class StreamCut(UpstreamError):
+    """A recorded stream's reader was cut: the upstream failed (logged and counted once, by
+    the recording) or this client fell too far behind the others."""
 
 
 class StreamReader:
@@ -88,10 +88,7 @@ class StreamReader:
     recording's pump hands it each chunk; it yields them at its client's pace. A bool ends it:
     True at the stream's end, False cut. `aclose` unregisters it even if never iterated."""
 
-    def __init__(
-        self, head: bytes, on_done: Callable[[StreamReader], None], cap: int, follower: bool
-    ) -> None:
-        self._follower = follower
+    def __init__(self, head: bytes, on_done: Callable[[StreamReader], None], cap: int) -> None:
         self._queue: asyncio.Queue[bytes | bool] = asyncio.Queue()
         if head:
             self._queue.put_nowait(head)
@@ -119,7 +116,7 @@ class StreamReader:
         if isinstance(item, bool):
             self._done()
             if not item:
-                raise (FollowedStreamCut if self._follower else UpstreamError)(self.error)
+                raise StreamCut(self.error)
             raise StopAsyncIteration
         self.backlog -= len(item)
         if self.backlog <= self._cap:

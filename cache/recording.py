@@ -72,7 +72,9 @@ class Recording:
         self.on_close: Callable[[bool], None] | None = None
         self._cap = max(flow.rc.max_entry_bytes, _MIN_CAP)
         self._readers: set[StreamReader] = set()
-        self._leader = self._reader(b"", follower=False)
+        self._leader = self._reader(b"")
+        # Counts an upstream failure mid-stream, once (the writer sets it: gateway metrics)
+        self.on_cut: Callable[[], None] | None = None
         self._pump: asyncio.Task[None] | None = None
         self._settled = False
 
@@ -122,13 +124,13 @@ class Recording:
             up.status,
             up.reason,
             list(up.headers),
-            stream=self._reader(bytes(self._copy), follower=True),
+            stream=self._reader(bytes(self._copy)),
             replica=up.replica,
             deadline=up.deadline,
         )
 
-    def _reader(self, head: bytes, follower: bool) -> StreamReader:
-        reader = StreamReader(head, self._reader_done, self._cap, follower)
+    def _reader(self, head: bytes) -> StreamReader:
+        reader = StreamReader(head, self._reader_done, self._cap)
         self._readers.add(reader)
         return reader
 
@@ -167,13 +169,20 @@ class Recording:
             self._ended = True
         except TimeoutError:
             why = "past the route's total timeout"
+            self._cut(why)
         except Exception as exc:  # an upstream read error: the readers are cut with it
             why = str(exc) or type(exc).__name__
+            self._cut(why)
         finally:
             for reader in tuple(self._readers):
                 reader.error = why
                 reader.put(self._ended)
             await asyncio.shield(self._settle())  # (a cancel mid-way must not skip a release)
+
+    def _cut(self, why: str) -> None:
+        log.warning("upstream stream cut mid-way: %s", why)
+        if self.on_cut is not None:
+            self.on_cut()
 
     async def _keep_pace(self) -> None:
         """A reader more than `cap` behind (by then the answer has outgrown the store): alone,

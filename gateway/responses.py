@@ -19,7 +19,7 @@ from http import HTTPStatus
 from aiohttp import web
 
 from backends import UpstreamError, UpstreamResponse
-from cache import FollowedStreamCut, Fresh, Hit, Recording
+from cache import Fresh, Hit, Recording, StreamCut
 from gateway.errors import GatewayError, error_body
 from gateway.headers import downstream_headers
 from gateway.hit_response import HitResponse, header_block, prefer
@@ -132,6 +132,8 @@ async def upstream(
     length = up.header("Content-Length")
     if length is not None and length.isdigit():
         resp.content_length = int(length)
+    if recording is not None:
+        recording.on_cut = on_cut  # (before the loop runs again: the pump has not stepped)
     chunks: AsyncIterator[bytes] = recording.chunks() if recording is not None else up.stream
     client_ok = True
     try:
@@ -151,9 +153,7 @@ async def upstream(
             if client_ok:
                 await resp.write_eof()
     except (UpstreamError, TimeoutError) as exc:
-        if not isinstance(
-            exc, FollowedStreamCut
-        ):  # (a follower's cut is its leader's, counted once)
+        if not isinstance(exc, StreamCut):  # (a recording's cut is logged and counted by it)
             log.warning(
                 "upstream stream cut mid-way: %s", str(exc) or "past the route's total timeout"
             )

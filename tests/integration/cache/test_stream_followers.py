@@ -291,6 +291,43 @@ async def test_a_follower_that_stops_reading_is_cut_not_the_leader(
             writer.close()
     assert not leader.cut and leader.body.rstrip().endswith(b"data: [DONE]")
     assert await calls(upstream) == 1
+    # a client cut for lagging is no upstream failure
+    assert await metric(gw.url, "latentgate_upstream_errors_total", kind="stream_cut") == 0
+
+
+async def test_a_leader_that_stops_reading_is_cut_not_its_follower(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """The other way round: the leader's client stalls, the follower reads at full speed and
+    gets the whole stream; the leader's cut is not counted as an upstream failure."""
+    gw = start_gateway(cache_config(upstream.url))
+    body = chat(" ".join(["word"] * 40_000))
+    reader, writer = await stalled_client(gw.url, body, b"X-Test-Delay: 1\r\n")
+    follower = Read()
+    try:
+        await asyncio.sleep(0.3)  # the leader is upstream, its headers not yet back
+        async with aiohttp.ClientSession() as s:
+            await read_stream(s, gw.url, body, {"X-Test-Delay": "1"}, follower)
+        assert (await reader.read(300)).startswith(b"HTTP/1.1 200")
+    finally:
+        writer.close()
+    assert not follower.cut and follower.body.rstrip().endswith(b"data: [DONE]")
+    assert await calls(upstream) == 1
+    assert await metric(gw.url, "latentgate_upstream_errors_total", kind="stream_cut") == 0
+
+
+async def test_a_cut_is_counted_when_the_leaders_client_has_left(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    gw = start_gateway(cache_config(upstream.url))
+    body = chat("cut after the leader left")
+    cut = {"X-Test-Event-Delay": "0.25", "X-Test-Cut-Stream": "5"}
+    leader, follower = Read(), Read()
+    async with aiohttp.ClientSession() as s:
+        await read_stream(s, gw.url, body, cut, leader, stop_after=1)  # ... and it leaves
+        await read_stream(s, gw.url, body, cut, follower)
+    assert follower.cut and await calls(upstream) == 1
+    assert await metric(gw.url, "latentgate_upstream_errors_total", kind="stream_cut") == 1
 
 
 async def in_flight(upstream: ServerThread) -> int:
