@@ -7,6 +7,7 @@ the same `pair_features`, so a change here needs a retrained artifact (FEATURES_
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Hashable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -203,6 +204,8 @@ def contradicts(a: TextInfo, b: TextInfo) -> bool:
     and the learned score near its bar; they are never the same question, so no learned score
     may serve one for the other (restates' counterpart)."""
     x, y = a.words, b.words
+    if x != y and _blind(a.text, b.text):
+        return True  # only accents or invisible characters differ: see _unmarked
     if len(x) == len(y):
         diff = [(p, q) for p, q in zip(x, y, strict=True) if p.lower() != q.lower()]
         if len(diff) != 1:
@@ -217,6 +220,29 @@ def contradicts(a: TextInfo, b: TextInfo) -> bool:
             low = t.lower()
             return low in _NEGATIONS or low.endswith("n't")
     return False
+
+
+def _written(text: str) -> str:
+    """Spacing, the first letter's case and a closing ?/./! aside (restates' leeway), in one
+    Unicode form (a composed and a decomposed "é" are one letter)."""
+    t = unicodedata.normalize("NFC", " ".join(text.split()).rstrip("?.! "))
+    return t[:1].lower() + t[1:]
+
+
+def _unmarked(text: str) -> str:
+    """The text as the uncased embedder reads it: accents and invisible format characters (a
+    soft hyphen, a zero-width joiner) dropped and compatibility forms folded. Case is kept, as
+    the verifier keeps it (_words)."""
+    t = unicodedata.normalize("NFKD", text)
+    return "".join(c for c in t if unicodedata.category(c) not in ("Mn", "Cf"))
+
+
+def _blind(a: str, b: str) -> bool:
+    """Texts that differ as written but not as the embedder reads them ("pêche" / "péché":
+    peach, sin) sit at cosine 1.0 whatever they ask: nothing learned may serve one for the
+    other."""
+    wa, wb = _written(a), _written(b)
+    return wa != wb and _unmarked(wa) == _unmarked(wb) != ""
 
 
 @dataclass(frozen=True, slots=True)

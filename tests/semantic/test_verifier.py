@@ -37,6 +37,13 @@ OPPOSITES = [
     ("When was the Eiffel Tower built?", "Where was the Eiffel Tower built?"),
     ("Where was Mozart born?", "When was Mozart born?"),
     ("Is it safe to eat raw eggs?", "Is it not safe to eat raw eggs?"),
+    # only accents or invisible characters differ: the uncased embedder reads them as one text
+    # (cosine 1.0) and the learned score put "péché" (sin) over its bar for "pêche" (peach)
+    (
+        "Translate the French word pêche into English.",
+        "Translate the French word péché into English.",
+    ),
+    ("What does ABC\u00adDEF stand for?", "What does ABCDEF stand for?"),
 ]
 PARAPHRASES = [
     ("How do I reset my password?", "How can I reset my password?"),
@@ -75,6 +82,8 @@ def test_a_contradiction_is_one_swap_not_any_difference() -> None:
         ("How do I reset my password?", "How can I reset my password?"),
         ("Who did you call?", "Whom did you call?"),
         ("Is it safe to eat raw eggs?", "Is it safe to eat raw eggs"),
+        # one text in two Unicode forms (a composed and a decomposed é)
+        ("How do I make caf\u00e9 au lait?", "How do I make cafe\u0301 au lait?"),
     ]
     for a, b in same:
         assert not contradicts(text_info(a), text_info(b)), (a, b)
