@@ -28,9 +28,6 @@ class LiveStreams:
         self._live: dict[str, Recording] = {}
         self._turns: dict[str, list[asyncio.Future[Recording | None]]] = {}
 
-    def __len__(self) -> int:
-        return len(self._live)
-
     def started(self, key: str, recording: Recording | None) -> None:
         """The leader's answer is in (None) or streaming: tell the waiters, and let later ones
         find the stream until it closes."""

@@ -6,8 +6,8 @@ and one becomes the new leader. A waiter that times out, or gets an answer it ma
 computes on its own.
 
 Two ways to use it: `run(key, compute)` when the computation is one awaitable, or `try_lead` /
-`wait` when leadership outlives a call, as when a streamed answer is still going out to the
-leader's client and the flight must stay open until the stream has been recorded.
+`future` + `wait_on` when leadership outlives a call, as when a streamed answer is still going
+out to the leader's client and the flight must stay open until the stream has been recorded.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class SingleFlight(Generic[T]):
         return len(self._flights)
 
     def try_lead(self, key: str) -> Lead[T] | None:
-        """Leadership of `key` when no flight is open for it, else None (then `wait`)."""
+        """Leadership of `key` when no flight is open for it, else None (then `wait_on`)."""
         if key in self._flights:
             return None
         fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
@@ -53,25 +53,17 @@ class SingleFlight(Generic[T]):
         its outcome even when the flight closes before the waiter first runs."""
         return self._flights.get(key)
 
-    async def wait(
-        self, key: str, wait_s: float, usable: Callable[[T], bool] = lambda r: r is not None
-    ) -> T:
-        """The open flight's result. Raises its exception, LeaderGone when the leader gave up
-        (try again: one caller becomes the new leader) or TimeoutError; counts each outcome
-        (`usable`: whether the result answers this waiter, or it computes after all)."""
-        fut = self._flights.get(key)
-        if fut is None:
-            raise LeaderGone()
-        return await self.wait_on(fut, wait_s, usable)
-
     async def wait_on(
         self,
         fut: asyncio.Future[T],
         wait_s: float,
         usable: Callable[[T], bool] = lambda r: r is not None,
     ) -> T:
-        """`wait` on a flight's future held from before (it keeps its result once the flight
-        has closed: a semantic join may come as the leader stores its answer)."""
+        """The flight's result, from its future (`future`, or the leader's `Lead.future`: it keeps
+        its result once the flight has closed, as a semantic join may come as the leader stores
+        its answer). Raises its exception, LeaderGone when the leader gave up (try again: one
+        caller becomes the new leader) or TimeoutError; counts each outcome (`usable`: whether
+        the result answers this waiter, or it computes after all)."""
         try:
             result = await self._wait(fut, wait_s)
         except LeaderGone:

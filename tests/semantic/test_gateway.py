@@ -81,14 +81,8 @@ def test_refusals_other_tenants_and_sampled_calls_miss(gw: ServerThread) -> None
 def test_purge_removes_vectors(gw: ServerThread) -> None:
     c = client_for(gw.url)
     ask(c, "How do I reset my password?", temperature=0)
-    req = urllib.request.Request(
-        f"{gw.url}/admin/cache/purge",
-        data=json.dumps({"all": True}).encode(),
-        method="POST",
-        headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=10) as r:
-        assert r.status == 200 and json.loads(r.read())["purged"]["semantic"] == 1
+    status, doc = admin_post(gw.url, "/admin/cache/purge", {"all": True})
+    assert status == 200 and doc["purged"]["semantic"] == 1
     assert ask(c, "How can I reset my password?", temperature=0)[1]["x-cache"] == "miss"
 
 
@@ -101,15 +95,10 @@ def test_an_answer_a_purge_kept_out_is_not_indexed_either(
     c = client_for(gw.url)
 
     def purge() -> dict[str, Any]:
-        req = urllib.request.Request(
-            f"{gw.url}/admin/cache/purge",
-            data=json.dumps({"all": True}).encode(),
-            method="POST",
-            headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=10) as r:
-            doc: dict[str, Any] = json.loads(r.read())["purged"]
-            return doc
+        status, doc = admin_post(gw.url, "/admin/cache/purge", {"all": True})
+        assert status == 200
+        purged: dict[str, Any] = doc["purged"]
+        return purged
 
     slow = threading.Thread(
         target=lambda: ask(

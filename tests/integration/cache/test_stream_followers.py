@@ -352,3 +352,24 @@ async def test_a_stream_nobody_reads_or_keeps_any_more_frees_the_upstream(
             break
         await asyncio.sleep(0.1)
     assert await in_flight(upstream) == 0
+
+
+async def test_another_tenants_identical_stream_is_not_followed(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """The same body under another credential is another tenant's key: it neither follows nor
+    waits on the first tenant's stream, and calls the upstream itself."""
+    gw = start_gateway(cache_config(upstream.url))
+    body = chat("whose stream is it")
+    slow = {"X-Test-Event-Delay": "0.25"}
+    alice, bob = Read(), Read()
+    async with aiohttp.ClientSession() as s:
+        first = asyncio.create_task(
+            read_stream(s, gw.url, body, {**slow, "Authorization": "Bearer sk-alice"}, alice)
+        )
+        await asyncio.wait_for(alice.first.wait(), 10)
+        await read_stream(s, gw.url, body, {**slow, "Authorization": "Bearer sk-bob"}, bob)
+        await first
+    assert alice.x_cache == bob.x_cache == "miss" and text_of(bob.body) == text_of(alice.body)
+    assert await calls(upstream) == 2
+    assert await followed(gw) == 0
