@@ -88,9 +88,11 @@ async def read_body(request: web.Request) -> bytes:
 def undecodable(request: web.Request) -> BadRequest:
     """aiohttp decodes gzip/deflate request bodies as they arrive; one that does not decode is
     the client's error, said as such (not a 500 with the connection dropped)."""
-    coding = request.headers.get("Content-Encoding", "")
-    return BadRequest(
-        f"the request body does not decode as its Content-Encoding ({coding or 'none'}) says"
-        if coding
-        else "the request body could not be read"
-    )
+    return BadRequest(undecodable_message(request.headers.get("Content-Encoding", "")))
+
+
+def undecodable_message(coding: str) -> str:
+    """What a client is told of a body that does not decode as `coding` ("": unknown)."""
+    if coding:
+        return f"the request body does not decode as its Content-Encoding ({coding}) says"
+    return "the request body could not be read"

@@ -25,6 +25,7 @@ from aiohttp.web_response import StreamResponse
 from aiohttp.web_server import Server
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from gateway.codings import undecodable_message
 from gateway.config import LimitSettings
 
 log = logging.getLogger("latentgate.connections")
@@ -51,10 +52,10 @@ def _response(status: int, reason: str, message: str) -> bytes:
 
 def _undecoded(message: str) -> str:
     """What a client is told of a body the parser could not decode ("deflate", "Can not decode
-    content-encoding: gzip"): the same words pipeline.undecodable uses."""
+    content-encoding: gzip"): codings.undecodable's words."""
     coding = message.rpartition(":")[2].strip().lower()
     if coding.isascii() and coding.replace("-", "").isalnum() and len(coding) <= 16:
-        return f"the request body does not decode as its Content-Encoding ({coding}) says"
+        return undecodable_message(coding)
     return "the request body does not decode as its Content-Encoding says"
 
 

@@ -59,6 +59,7 @@ from gateway.errors import (
     ServiceUnavailable,
 )
 from gateway.headers import field, upstream_headers
+from gateway.invalidation import invalidate_get
 from gateway.metrics import Metrics
 from gateway.protocols.base import Call
 from gateway.render import framing_of
@@ -300,7 +301,7 @@ class Pipeline:
                 and request.method not in SAFE_METHODS
                 and 200 <= passed.response.status < 400
             ):
-                await self._invalidate_get(request)
+                await invalidate_get(self.router, self.flows, request)
             return await responses.fresh(request, passed, timing, self._count_cut)
         framing = framing_of(call)
         if len(body) > _PARSE_INLINE:  # canonicalising megabytes is as slow as parsing them
@@ -344,30 +345,6 @@ class Pipeline:
                 flow.aliases.remember(alias, key, framing, pin=result.entry.created_at)
             return responses.cached(request, result, framing, timing, own)
         return await responses.fresh(request, result, timing, self._count_cut)
-
-    async def _invalidate_get(self, request: web.Request) -> None:
-        """An unsafe request (PUT, PATCH, DELETE, ...) that succeeded drops the stored answer to
-        a GET of its target (RFC 9111 4.4), keyed exactly as that GET is: the route a GET of
-        this path resolves to, its adapter, this request's tenant. Only where that route is a
-        cached passthrough one, which keys a bodiless GET by method, raw path and query alone;
-        other processes' memory keeps their copy until it expires."""
-        candidates, _ = self.router.resolve("GET", request.path)
-        if len(candidates) != 1:
-            return
-        route = candidates[0]
-        flow = self.flows.get(route.name)
-        if route.protocol != "passthrough" or not route.policy.exact.enabled or flow is None:
-            return
-        call = route.adapter.parse(
-            "GET",
-            request.raw_path.partition("?")[0],
-            request.query_string,
-            "",
-            b"",
-            request.headers,
-        )
-        if call is not None:
-            await flow.rc.invalidate(flow.key(call.model, call.key_fields, request.headers))
 
     def _count_cut(self) -> None:
         self.metrics.upstream_errors.labels("-", "stream_cut").inc()
