@@ -2,12 +2,13 @@
 
 An entry is either a whole body or the list of SSE events of a finished stream. Anything that
 does not decode to the current layout raises CodecError; callers treat it as a miss. So does a
-status outside 100-599 or a header that is not two strings free of CR, LF and NUL: the entry is
-replayed to clients as it stands.
+status outside 100-599 or a header that is not a token and a value free of control characters
+(CR, LF, NUL, DEL...): the entry is replayed to clients as it stands.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -72,17 +73,20 @@ def encode(entry: CacheEntry) -> bytes:
     return packed
 
 
-_UNSAFE_IN_HEADER = ("\r", "\n", "\0")
+# a field name is a token; no value holds a control character but HTAB, nor DEL (RFC 9110 5.5)
+_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_UNSAFE_IN_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 def _header_ok(name: object, value: object) -> bool:
-    """A header line a client may be sent: two strings, no CR, LF or NUL (a tampered entry
-    could otherwise split the response it is replayed into)."""
+    """A header line a client may be sent: two strings, a token for a name, no CR, LF, NUL or
+    other control character in the value (a tampered entry could otherwise split the response
+    it is replayed into; aiohttp's writer refuses the rest mid-response)."""
     return (
         isinstance(name, str)
         and isinstance(value, str)
-        and bool(name)
-        and not any(c in name or c in value for c in _UNSAFE_IN_HEADER)
+        and _NAME.fullmatch(name) is not None
+        and _UNSAFE_IN_VALUE.search(value) is None
     )
 
 

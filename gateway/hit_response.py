@@ -81,7 +81,9 @@ class HitResponse(web.StreamResponse):
             f"HTTP/1.1 {self.status} {self.reason}\r\n{self._block}{extra}"
             f"Date: {rfc822_formatted_time()}\r\n{_SERVER}\r\n"
         )
-        data = head.encode("latin-1") + self._hit_body
+        # UTF-8, as aiohttp's writer encodes every other response's headers: a miss and its
+        # hits send a non-ASCII value as the same bytes (backends' response_head.field_text)
+        data = head.encode() + self._hit_body
         self._sent = len(data)
         transport.write(data)
 

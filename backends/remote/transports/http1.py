@@ -23,6 +23,7 @@ from backends.errors import (
     UpstreamProtocolError,
     UpstreamTimeout,
 )
+from backends.remote.transports.response_head import response_head
 from backends.settings import PoolLimits, Timeouts
 
 # Bodies up to this size with a Content-Length are read whole: one write downstream, no chunking.
@@ -216,8 +217,14 @@ class Http1Transport:
             if failed:  # aiohttp wraps what the body raised: it was the client's, say so
                 raise failed[0] from exc
             raise translate(exc, self.url, "request") from exc
-        out_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in resp.raw_headers]
-        out = UpstreamResponse(resp.status, resp.reason or "", out_headers, replica=self.url)
+        try:
+            # (aiohttp's reason is text already: its bytes again, as the lean transport has them)
+            reason = (resp.reason or "").encode("utf-8", "surrogateescape")
+            text, fields = response_head(self.url, reason, resp.raw_headers)
+        except BaseException:
+            resp.close()  # never back to the pool with its body unread
+            raise
+        out = UpstreamResponse(resp.status, text, fields, replica=self.url)
         length = resp.content_length
         ctype = resp.headers.get("Content-Type", "")
         if read_whole(length, ctype):

@@ -32,6 +32,7 @@ from backends.remote.transports.h1conn import (
     ReadTimeout,
 )
 from backends.remote.transports.http1 import read_whole, with_deadline
+from backends.remote.transports.response_head import response_head
 from backends.settings import PoolLimits, Timeouts
 
 _NO_LENGTH_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE"})
@@ -172,12 +173,8 @@ class LeanHttp1Transport:
             await self._write(conn, request, headers, request.body)
             while not conn.headers_done:
                 await conn.wait(req.next_wait())
-            out = UpstreamResponse(
-                conn.status,
-                conn.reason.decode("latin-1"),
-                [(k.decode("latin-1"), v.decode("latin-1")) for k, v in conn.headers],
-                replica=self.url,
-            )
+            reason, fields = response_head(self.url, conn.reason, conn.headers)
+            out = UpstreamResponse(conn.status, reason, fields, replica=self.url)
             if request.method == "HEAD" or conn.status in (204, 304):
                 if not conn.done:  # the parser would wait for the body a HEAD answer announces
                     conn.keep_alive = False
