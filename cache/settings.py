@@ -68,6 +68,8 @@ class JudgeSettings(_Frozen):
         return self
 
 
+MAX_HALF_LIFE_S = 10 * 365 * 86400.0  # label_half_life's ceiling: ten years
+
 _BUDGET_ONLY = frozenset(
     {
         "audit_rate",
@@ -126,8 +128,10 @@ class SemanticPolicy(_Frozen):
     # shipped verifier); ignored with another verifier artifact than the one it was built for.
     prior: bool = True
     # Labels fade so that a change in the traffic is followed: one this many seconds old
-    # weighs half (shared counts fade by wall-clock epochs of a quarter of it).
-    label_half_life: float = Field(86400.0, gt=0)
+    # weighs half (shared counts fade by wall-clock epochs of a quarter of it). Finite and at
+    # most ten years: the shared counts' epochs and their hash's expiry are whole seconds
+    # (an infinite one stopped the stage at start-up; 1e300 failed every flush).
+    label_half_life: float = Field(86400.0, gt=0, le=MAX_HALF_LIFE_S, allow_inf_nan=False)
     min_labels: int = Field(100, ge=1)  # prior and live, in a served region before it serves
 
     @model_validator(mode="after")

@@ -128,7 +128,11 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
             del cache.routes[name]
         flows.replace(new_flows)
         if semantic is not None:
-            semantic.serve_only({r.name for r in new.routes if r.cache.semantic.enabled})
+            # a route's semantic stage serves only through its exact cache's flow: a reload that
+            # turns the exact cache off turns the semantic one off too (and its bar says so)
+            semantic.serve_only(
+                {r.name for r in new.routes if r.cache.semantic.enabled and r.name in new_flows}
+            )
 
     def pool_source() -> dict[str, dict[str, dict[str, int]]]:
         out = {}

@@ -96,6 +96,11 @@ def test_config_keys_are_validated() -> None:
         SemanticPolicy(max_error_rate=1.5)
     with pytest.raises(ValidationError):
         SemanticPolicy(audit_rate=0.2)  # audits never exceed 10 % of hits
+    # an infinite half-life ("never fade") stopped the stage at start-up with Redis
+    # configured, and 1e300 failed every flush of the shared counts
+    for bad in (float("inf"), float("nan"), 1e300):
+        with pytest.raises(ValidationError, match="label_half_life"):
+            SemanticPolicy(max_error_rate=0.05, label_half_life=bad)
     judge = {"url": "http://127.0.0.1:1/v1", "model": "j"}
     ok = SemanticPolicy(max_error_rate=0.05, answer_match="judge", judge=judge)
     assert ok.judge is not None and ok.judge.model == "j"

@@ -228,3 +228,29 @@ def test_batch_ids_are_dropped_only_when_no_resend_can_follow(verifier: MlpVerif
     counts = {fresh: int(now) - 60, old: int(now) - 3600, "l:x:0:0.97:0.6": 5}
     (labels, _, _), stale = _arrays(grid, counts, now)
     assert stale == [old, "l:x:0:0.97:0.6"] and labels.sum() == 0
+
+
+async def test_the_longest_half_life_config_allows_is_shared_and_read_back(
+    redis_server: RedisServer, stage: SemanticStage, verifier: MlpVerifier
+) -> None:
+    """label_half_life's ceiling (ten years) still makes whole-second epochs and an expiry
+    Redis takes: a label sent by one process is read by another."""
+    from cache.settings import MAX_HALF_LIFE_S
+
+    prefix = f"hl{uuid.uuid4().hex[:8]}:"
+    r = aioredis.from_url(redis_server.url)
+
+    def route() -> RouteBudget:
+        grid = BudgetGrid(0.5, verifier.floor, verifier.p_min, half_life=MAX_HALF_LIFE_S)
+        return RouteBudget("chat", grid, ExactMatch(), stage, stage.metrics, 0.1, verifier)
+
+    a, b = route(), route()
+    sa, sb = BudgetStore(r, {"chat": a}, prefix), BudgetStore(r, {"chat": b}, prefix)
+    try:
+        assert a.on_count is not None
+        a.on_count(0.97, 0.6, 1, 1, 0)  # one wrong label
+        assert await sa.flush() and await sb.flush()
+        assert (b.grid.labels.sum(), b.grid.wrong.sum()) == (1, 1)
+        assert await r.ttl(sa.key("chat")) > 0
+    finally:
+        await r.aclose()
