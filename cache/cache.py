@@ -276,14 +276,23 @@ class RouteCache:
 
     async def invalidate(self, key: CacheKey) -> None:
         """Drop a key's entry from this process's memory and from Redis (RFC 9111 4.4: an
-        unsafe request changed what it answered). Through the cache boundary: a tier that
-        fails is logged, never the request's failure."""
+        unsafe request changed what it answered), then from the memory tier of every other
+        process on that Redis (the purge fan-out, this one key alone). Through the cache
+        boundary: a tier or an announcement that fails is logged, never the request's failure."""
         # logged as a drop first: a GET of it still in flight does not store the old answer
         self.cache.memory.dropped(key.value.__eq__)
         try:
             await self.tiers.delete(key.value)
         except Exception:  # the cache boundary
             log.exception("cache invalidation failed on route %s", self.route)
+        fanout, redis = self.cache.fanout, self.cache.redis
+        if fanout is not None and redis is not None:
+            # awaited, so the others are told before the client hears of its change; bounded
+            # by a Redis op's deadline, so a stalled Redis costs the request no more than that
+            try:
+                await fanout.announce(Selector.one(key), redis.settings.timeouts.op)
+            except Exception:  # the cache boundary (Redis's own errors are counted there)
+                log.exception("announcing an invalidation failed on route %s", self.route)
 
     async def peek(self, key_value: str, directives: RequestDirectives) -> CacheEntry | None:
         """An entry by its stored key (the semantic stage's payloads), through the same error

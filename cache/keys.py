@@ -120,11 +120,18 @@ class KeyBuilder:
 
 @dataclass(frozen=True, slots=True)
 class Selector:
-    """Which entries a purge removes: every given field must match; none given = all."""
+    """Which entries a purge removes: every given field must match; none given = all. `key`:
+    that one entry alone (an unsafe request's invalidation, RFC 9111 4.4); the three hashes
+    are then its own, so a reader that knows only those drops no other tenant's entries."""
 
     route_h: str | None = None
     model_h: str | None = None
     tenant_h: str | None = None
+    key: str | None = None
+
+    @classmethod
+    def one(cls, key: CacheKey) -> Selector:
+        return cls(key.route_h, key.model_h, key.tenant_h, key.value)
 
     @classmethod
     def of(
@@ -144,6 +151,8 @@ class Selector:
         )
 
     def matches(self, key: str) -> bool:
+        if self.key is not None:
+            return key == self.key
         r, m, t, _ = key.split(".", 3)
         return (
             (self.route_h is None or self.route_h == r)
@@ -153,4 +162,6 @@ class Selector:
 
     def pattern(self) -> str:
         """A Redis glob over key strings (hashes are hex, so no escaping is needed)."""
+        if self.key is not None:
+            return self.key
         return f"{self.route_h or '*'}.{self.model_h or '*'}.{self.tenant_h or '*'}.*"

@@ -2,7 +2,8 @@
 
 The purging process deletes the Redis keys itself; what the others still hold is their own
 memory tier, which keeps serving an entry until its TTL unless they are told. Each purge's
-selector (route, model and tenant hashes, never a credential) is appended to a Redis Stream,
+selector (route, model and tenant hashes, never a credential; for an unsafe request's
+invalidation, also the one key) is appended to a Redis Stream,
 `{<prefix>}purge`, that every process tails, as the semantic index sync does. A stream, not
 pub/sub: a reader that lost its connection resumes from the last purge it applied, so a purge
 made during a blip still arrives, and streams work the same on a standalone Redis, Sentinel
@@ -28,7 +29,7 @@ log = logging.getLogger("latentgate.cache.purge")
 
 # Purges are rare admin calls: a short history covers any reader's reconnect.
 _STREAM_MAXLEN = 1000
-_FIELDS = (b"r", b"m", b"t")
+_FIELDS = (b"r", b"m", b"t", b"k")
 
 
 class PurgeFanout:
@@ -55,6 +56,8 @@ class PurgeFanout:
         self._closing = False
         hint = 'latentgate_cache_redis_errors_total{op="purge_fanout"}'
         self._tail_log = OutageLog(log, "purge fan-out: the stream tail", hint)
+        # announcing runs per unsafe request too: an outage is logged once, not per request
+        self._announce_log = OutageLog(log, "purge fan-out: announcing", hint)
 
     @classmethod
     def from_settings(
@@ -64,8 +67,10 @@ class PurgeFanout:
         on_error: Callable[[str], None],
     ) -> PurgeFanout:
         t = settings.timeouts
-        # the tail blocks in XREAD for block_ms: its socket timeout is above that
-        client = connect(settings, socket_timeout=0.5 + 1.0 + t.connect, max_connections=2)
+        # the tail blocks in XREAD for block_ms: its socket timeout is above that. One
+        # connection for the tail; the rest for announcements, which come with every
+        # invalidating request, not only with rare admin purges.
+        client = connect(settings, socket_timeout=0.5 + 1.0 + t.connect, max_connections=8)
         return cls(client, apply, settings.key_prefix, on_error=on_error)
 
     def start(self) -> None:
@@ -79,20 +84,30 @@ class PurgeFanout:
                 await self._task
         await self.redis.aclose()
 
-    async def announce(self, selector: Selector) -> str:
-        """Tell the other processes; what the admin answer says about it."""
+    async def announce(self, selector: Selector, deadline_s: float | None = None) -> str:
+        """Tell the other processes; what the admin answer says about it. deadline_s bounds
+        the wait (a request's invalidation must not wait out a stalled Redis)."""
         fields: dict[Any, Any] = {
             b"o": self.origin,
             b"r": selector.route_h or "",
             b"m": selector.model_h or "",
             b"t": selector.tenant_h or "",
         }
+        if selector.key is not None:
+            # (a reader without this field drops the key's route, model and tenant: more of
+            # that one tenant's entries, never another's)
+            fields[b"k"] = selector.key
         try:
-            await self.redis.xadd(self.stream_key, fields, maxlen=_STREAM_MAXLEN, approximate=True)
-        except REDIS_ERRORS as exc:
+            async with asyncio.timeout(deadline_s):
+                await self.redis.xadd(
+                    self.stream_key, fields, maxlen=_STREAM_MAXLEN, approximate=True
+                )
+        except REDIS_ERRORS as exc:  # (TimeoutError is an OSError)
             self.on_error(type(exc).__name__)
-            log.warning("purge fan-out: could not announce a purge (%s)", exc)
-            return f"not announced: {exc}"
+            detail = str(exc) or type(exc).__name__
+            self._announce_log.failed(detail)
+            return f"not announced: {detail}"
+        self._announce_log.ok()
         return "announced"
 
     async def _tail(self) -> None:
@@ -118,9 +133,9 @@ class PurgeFanout:
     async def _apply(self, fields: dict[bytes, bytes]) -> None:
         if fields.get(b"o", b"").decode() == self.origin:
             return
-        route_h, model_h, tenant_h = (fields.get(f, b"").decode() or None for f in _FIELDS)
+        route_h, model_h, tenant_h, key = (fields.get(f, b"").decode() or None for f in _FIELDS)
         try:
-            await self.apply(Selector(route_h, model_h, tenant_h))
+            await self.apply(Selector(route_h, model_h, tenant_h, key))
             self.applied += 1
         except Exception:  # one bad record does not stop the tail
             log.exception("purge fan-out: applying a purge failed")

@@ -13,7 +13,8 @@ async def invalidate_get(router: Router, flows: Flows, request: web.Request) -> 
     """Drop the stored answer to a GET of this request's target, keyed exactly as that GET is:
     the route a GET of this path resolves to, its adapter, this request's tenant. Only where
     that route is a cached passthrough one, which keys a bodiless GET by method, raw path and
-    query alone; other processes' memory keeps their copy until it expires."""
+    query alone. The other processes on the same Redis drop it through the purge fan-out
+    (RouteCache.invalidate); without Redis, other workers keep their copy until it expires."""
     candidates, _ = router.resolve("GET", request.path)
     if len(candidates) != 1:
         return

@@ -102,7 +102,10 @@ class MemoryTier:
 
     async def purge(self, selector: Selector) -> int:
         self.dropped(selector.matches)
-        gone = [k for k in self._data if selector.matches(k)]
+        if selector.key is not None:  # one invalidated key: no scan of every entry
+            gone = [selector.key] if selector.key in self._data else []
+        else:
+            gone = [k for k in self._data if selector.matches(k)]
         for k in gone:
             self.delete_now(k)
         return len(gone)

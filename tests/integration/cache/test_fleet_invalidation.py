@@ -1,0 +1,221 @@
+"""An unsafe request's invalidation (RFC 9111 4.4) across processes: sidecars sharing one Redis
+and `serve --workers 2`, each a real `latentgate serve` process with its own memory tier.
+
+What a process must not do is answer a GET from its memory after a PUT or DELETE of that target
+went through another process. The tests wait for each process's memory tier to let go of the
+entry (a condition with a generous deadline, never a fixed delay), then ask again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.integration.cache.conftest import ADMIN_TOKEN, cache_config
+from tests.support.servers import GatewayProcess, RedisServer, ServerThread
+
+ALICE = "Bearer sk-alice"
+BOB = "Bearer sk-bob"
+PATIENCE_S = 20.0
+
+
+def _request(
+    url: str, method: str = "GET", auth: str = ALICE, body: bytes | None = None
+) -> tuple[int, dict[str, str], Any]:
+    # a new connection each: with --workers N, SO_REUSEPORT spreads them over the workers
+    headers = {"Authorization": auth, "Connection": "close"}
+    req = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, dict(resp.headers), json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+def _get_json(url: str, auth: str | None = None) -> Any:
+    headers = {"Authorization": auth} if auth else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _upstream_calls(upstream: ServerThread, path: str) -> int:
+    return int(_get_json(upstream.url + "/_test/stats")["requests"].get(path, 0))
+
+
+def _memory_entries(gw: GatewayProcess) -> int:
+    stats = _get_json(gw.url + "/admin/cache/stats", f"Bearer {ADMIN_TOKEN}")
+    return int(stats["tiers"]["memory"]["entries"])
+
+
+_WORKER_ENTRIES = re.compile(
+    r'^latentgate_cache_entries\{tier="memory",worker="(\d+)"\} (\S+)$', re.MULTILINE
+)
+
+
+def _entries_per_worker(gw: GatewayProcess) -> dict[str, int]:
+    """Each worker's memory-tier entries, from the merged /metrics every worker answers."""
+    with urllib.request.urlopen(gw.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {w: int(float(n)) for w, n in _WORKER_ENTRIES.findall(text)}
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + PATIENCE_S
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {PATIENCE_S:g}s: {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def processes() -> Iterator[Callable[..., GatewayProcess]]:
+    started: list[GatewayProcess] = []
+
+    def start(config: dict[str, Any], workers: int = 1) -> GatewayProcess:
+        started.append(GatewayProcess(config, workers=workers))
+        return started[-1].start()
+
+    yield start
+    for p in started:
+        p.stop()
+
+
+@pytest.mark.parametrize("method", ["DELETE", "PUT"])
+def test_an_unsafe_request_on_one_sidecar_drops_the_get_from_the_others_memory(
+    method: str,
+    upstream: ServerThread,
+    redis_server: RedisServer,
+    processes: Callable[..., GatewayProcess],
+) -> None:
+    """A GET cached in both sidecars' memory; a DELETE (PUT) of its target through A: B asks
+    the upstream again. Tenant isolation: bob's entry for the same target stays in both, and
+    still answers bob with bob's own upstream answer."""
+    cfg = cache_config(upstream.url, redis_server.url, routes=("default",))
+    a, b = processes(cfg), processes(cfg)
+    path = f"/items/{uuid.uuid4().hex[:8]}"
+    assert _request(a.url + path)[1]["X-Cache"] == "miss"
+    assert _request(b.url + path)[1]["X-Cache"] == "hit"  # from Redis, now in B's memory too
+    assert _request(b.url + path, auth=BOB)[1]["X-Cache"] == "miss"
+    assert _request(a.url + path, auth=BOB)[1]["X-Cache"] == "hit"
+    assert _memory_entries(a) == _memory_entries(b) == 2
+
+    status, headers, _ = _request(a.url + path, method, body=b"new" if method == "PUT" else None)
+    assert (status, headers["X-Cache"]) == (200, "bypass")
+    _until(lambda: _memory_entries(b) == 1, "B's memory still holds alice's entry")
+
+    calls = _upstream_calls(upstream, path)
+    status, headers, doc = _request(b.url + path)
+    assert (status, headers["X-Cache"]) == (200, "miss")
+    assert ["Authorization", ALICE] in doc["headers"]
+    assert _upstream_calls(upstream, path) > calls  # B's GET went upstream
+    calls = _upstream_calls(upstream, path)
+    for gw in (a, b):  # bob's entry, bob's answer, in both sidecars
+        status, headers, doc = _request(gw.url + path, auth=BOB)
+        assert (status, headers["X-Cache"]) == (200, "hit")
+        assert ["Authorization", BOB] in doc["headers"]
+    assert _upstream_calls(upstream, path) == calls
+
+
+def test_an_unsafe_request_on_one_sidecar_drops_the_get_from_redis_for_the_others(
+    upstream: ServerThread,
+    redis_server: RedisServer,
+    processes: Callable[..., GatewayProcess],
+) -> None:
+    """The Redis tier alone: the sidecar that took the DELETE deletes the shared entry, so the
+    other asks the upstream at once; bob's entry stays."""
+    cfg = cache_config(upstream.url, redis_server.url, routes=("default",), tiers=["redis"])
+    a, b = processes(cfg), processes(cfg)
+    path = f"/items/{uuid.uuid4().hex[:8]}"
+    assert _request(a.url + path)[1]["X-Cache"] == "miss"
+    assert _request(b.url + path)[1]["X-Cache"] == "hit"
+    assert _request(b.url + path, auth=BOB)[1]["X-Cache"] == "miss"
+    assert _request(a.url + path, "DELETE")[0] == 200
+    assert _request(b.url + path)[1]["X-Cache"] == "miss"
+    status, headers, doc = _request(a.url + path, auth=BOB)
+    assert (status, headers["X-Cache"]) == (200, "hit")
+    assert ["Authorization", BOB] in doc["headers"]
+
+
+def test_with_redis_stalled_or_gone_an_unsafe_request_still_invalidates_locally(
+    upstream: ServerThread, processes: Callable[..., GatewayProcess]
+) -> None:
+    """Redis stopped (SIGSTOP: connections open, nothing answers) and then killed: the DELETE
+    is answered (not a 500, not a hang) and this sidecar's own memory lets go of the GET."""
+    redis = RedisServer().start()
+    assert redis.proc is not None
+    try:
+        a = processes(cache_config(upstream.url, redis.url, routes=("default",)))
+        path = f"/items/{uuid.uuid4().hex[:8]}"
+        for stall in (signal.SIGSTOP, signal.SIGKILL):
+            assert _request(a.url + path)[1]["X-Cache"] in ("miss", "hit")
+            assert _request(a.url + path)[1]["X-Cache"] == "hit"  # from memory
+            redis.proc.send_signal(stall)
+            status, headers, _ = _request(a.url + path, "DELETE")
+            assert (status, headers["X-Cache"]) == (200, "bypass")
+            status, headers, _ = _request(a.url + path)
+            assert (status, headers["X-Cache"]) == (200, "miss")
+            if stall == signal.SIGSTOP:
+                redis.proc.send_signal(signal.SIGCONT)
+    finally:
+        if redis.proc.poll() is None:
+            redis.proc.send_signal(signal.SIGCONT)
+        redis.stop()
+
+
+def _in_every_worker(gw: GatewayProcess, path: str, count: int) -> None:
+    """GETs (new connections) until each of the workers holds `count` entries in memory."""
+
+    def filled() -> bool:
+        _request(gw.url + path)
+        per = _entries_per_worker(gw)
+        return len(per) == 2 and all(n == count for n in per.values())
+
+    _until(filled, "a GET cached in both workers' memory")
+
+
+def test_an_unsafe_request_on_one_worker_drops_the_get_from_the_others_memory(
+    upstream: ServerThread,
+    redis_server: RedisServer,
+    processes: Callable[..., GatewayProcess],
+) -> None:
+    """`serve --workers 2` on a Redis: each worker has its own memory tier, and a DELETE that
+    one of them took reaches the other's through the purge fan-out."""
+    cfg = cache_config(upstream.url, redis_server.url, routes=("default",))
+    gw = processes(cfg, workers=2)
+    path = f"/items/{uuid.uuid4().hex[:8]}"
+    _in_every_worker(gw, path, 1)
+    assert _request(gw.url + path, "DELETE")[0] == 200
+    _until(
+        lambda: set(_entries_per_worker(gw).values()) == {0},
+        "a worker's memory still holds the deleted target's entry",
+    )
+    calls = _upstream_calls(upstream, path)
+    assert _request(gw.url + path)[1]["X-Cache"] == "miss"
+    assert _upstream_calls(upstream, path) > calls
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="--workers N without Redis: no channel carries an invalidation's key to the other "
+    "workers (SIGUSR1 drops every tenant's entries); docs/architecture.md, known limits",
+)
+def test_without_redis_an_unsafe_request_stays_in_its_worker(
+    upstream: ServerThread, processes: Callable[..., GatewayProcess]
+) -> None:
+    cfg = cache_config(upstream.url, routes=("default",), tiers=["memory"])
+    gw = processes(cfg, workers=2)
+    path = f"/items/{uuid.uuid4().hex[:8]}"
+    _in_every_worker(gw, path, 1)
+    assert _request(gw.url + path, "DELETE")[0] == 200
+    _until(
+        lambda: set(_entries_per_worker(gw).values()) == {0},
+        "a worker's memory still holds the deleted target's entry",
+    )
