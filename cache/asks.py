@@ -93,6 +93,9 @@ class Ask:
     # stored questions that contest a paraphrase in flight (None: the lookup did not finish,
     # so no flight is joined)
     semantic_rivals: int | None = None
+    # the lookup missed and left its count to the flow: a miss, or a hit if a paraphrase in
+    # flight serves this request (cache.semantic.flow_hooks.flight_hit)
+    semantic_missed: bool = False
     # The route's upstream total (None: none): time spent waiting for another request's answer
     # (a flight, a paraphrase's flight, another gateway's lease) comes off it, so a fruitless
     # wait does not add a whole total to the client's wait. Only waits count: reading the body,

@@ -152,34 +152,15 @@ class CacheFlow:
         vector = None
         if d.lookup:
             hit, vector = await self._semantic(ask, t, compute)
+            if hit is None:  # issue 14: a paraphrase of a miss in flight waits for that answer
+                wait_s = self.rc.policy.coalesce_wait_s
+                hit = await flow_hooks.flight_hit(
+                    self.semantic, self.flights, ask, vector, compute, wait_s
+                )
             if hit is not None:
                 return hit
             if d.only_if_cached:
                 raise NotCached("only-if-cached: no stored answer for this request")
-            # issue 14: a paraphrase of a miss in flight waits for that answer
-            sr = self.semantic
-            rivals = ask.semantic_rivals  # None: the lookup failed; no flight is joined
-            if (
-                vector is not None
-                and d.store
-                and isinstance(sr, SemanticRoute)
-                and rivals is not None
-            ):
-                with ask.waiting():
-                    joined = await flow_hooks.join_flight(
-                        sr,
-                        self.flights,
-                        ask.call,
-                        ask.key.tenant_h,
-                        vector,
-                        ask.wait_s(self.rc.policy.coalesce_wait_s),
-                        ask.key.value,
-                        rivals,
-                        ask.answers,
-                        d,
-                    )
-                if joined is not None and ask.answers.serves(joined[0]):
-                    return Hit(joined[0], "semantic-hit", joined[1])
         if not d.store:
             return Fresh(await self._compute(ask, compute), "bypass", reason="no-store")
         return await self._coalesced(ask, compute, "miss" if d.lookup else "bypass", vector)
@@ -214,14 +195,14 @@ class CacheFlow:
             vector = await sr.embed(ask.call)
             # issue 14: search = lookup + the unserved candidate (labelled after the miss)
             assert isinstance(sr, SemanticRoute)
-            res = await sr.search(ask.call, ask.key.tenant_h, payload, vector, ask.key.value)
+            # a miss is counted by flow_hooks.flight_hit: a paraphrase in flight may serve it
+            tenant, own = ask.key.tenant_h, ask.key.value
+            res = await sr.search(ask.call, tenant, payload, vector, own, defer_miss=True)
             hit, ask.semantic_candidate = res.hit, res.candidate
-            ask.semantic_rivals = res.rivals
+            ask.semantic_rivals, ask.semantic_missed = res.rivals, res.missed
             # an only-if-cached client asked that nothing go upstream for it: no audit either
-            audit = hit is not None and not ask.directives.only_if_cached
-            if audit and hit is not None and sr.should_audit(ask.call, hit):
-                fetch = flow_hooks.audit_fetch(compute, ask.answers, ask.kind)
-                sr.audit(ask.call, hit, found[hit.exact_key], fetch)
+            if hit is not None and not ask.directives.only_if_cached:
+                flow_hooks.count_hit(sr, ask, hit, found[hit.exact_key], compute)
         except Exception:  # the cache boundary: a semantic failure is a miss, never an error
             log.exception("semantic lookup failed on route %s", self.route)
         ask.clock.add("semantic", t)

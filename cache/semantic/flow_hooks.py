@@ -1,9 +1,10 @@
 """What cache/flow.py calls for the semantic error budget and semantic single flight.
 
-Kept out of the flow so its edits stay a few marked lines: building a fresh answer for an
-audit (a second backend call, read whole and sealed by the request's protocol, never stored or
-shown to a client), loading a candidate's stored answer for a label, and waiting for an
-equivalent miss in flight.
+Kept out of the flow so its edits stay a few marked lines: counting a served semantic hit and
+building a fresh answer for its audit (a second backend call, read whole and sealed by the
+request's protocol, never stored or shown to a client), loading a candidate's stored answer for
+a label, and waiting for an equivalent miss in flight (counted and audited as a semantic hit
+when it serves the request).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from backends import UpstreamResponse
+from cache.asks import Ask, Hit
 from cache.codec import CacheEntry
 from cache.keys import CacheKey
 from cache.policy import DEFAULT, RequestDirectives
@@ -29,6 +31,7 @@ log = logging.getLogger("latentgate.semantic.flow")
 
 _ANY_AGE = RequestDirectives()
 R = TypeVar("R")
+Compute = Callable[[], Awaitable[UpstreamResponse]]
 
 
 class Sealer(Protocol):
@@ -40,7 +43,7 @@ class Peek(Protocol):
 
 
 def audit_fetch(
-    compute: Callable[[], Awaitable[UpstreamResponse]], answers: Sealer, kind: str
+    compute: Compute, answers: Sealer, kind: str
 ) -> Callable[[], Awaitable[CacheEntry | None]]:
     async def fetch() -> CacheEntry | None:
         up = await compute()
@@ -53,6 +56,63 @@ def audit_fetch(
         return CacheEntry(up.status, [], body=sealed, kind=kind)
 
     return fetch
+
+
+def count_hit(
+    sr: SemanticRoute, ask: Ask, hit: SemanticHit, served: CacheEntry, compute: Compute
+) -> None:
+    """A semantic hit going out (found in the index, or a paraphrase's flight's answer): the
+    budget counts it (`should_audit`), and for its share the client's own question goes
+    upstream in the background, its answer compared with `served`, the one the client got."""
+    if sr.should_audit(ask.call, hit):
+        sr.audit(ask.call, hit, served, audit_fetch(compute, ask.answers, ask.kind))
+
+
+async def flight_hit(
+    sr: object,
+    flights: SingleFlight[CacheEntry | None],
+    ask: Ask,
+    vector: np.ndarray | None,
+    compute: Compute,
+    wait_s: float,
+) -> Hit | None:
+    """After the index missed: the answer of an equivalent miss in flight, as a semantic hit
+    (`join_flight`), or None (go on as a miss). The lookup left its count here
+    (`Search.missed`), and it is counted once: a hit when a flight's answer is served (in
+    `lookups{result}`, and by the budget, which may audit it: the leader's answer, which this
+    client got, against this client's own question's), else a miss. None for an only-if-cached
+    or no-store request, or when the lookup failed (no rivals: a flight cannot be weighed)."""
+    if not ask.semantic_missed or not isinstance(sr, SemanticRoute):
+        return None
+    ask.semantic_missed = False  # counted below, whatever happens
+    d, rivals, served = ask.directives, ask.semantic_rivals, None
+    try:
+        if vector is None or not d.store or d.only_if_cached or rivals is None:
+            return None
+        tenant, own = ask.key.tenant_h, ask.key.value
+        with ask.waiting():
+            joined = await join_flight(
+                sr,
+                flights,
+                ask.call,
+                tenant,
+                vector,
+                ask.wait_s(wait_s),
+                own,
+                rivals,
+                ask.answers,
+                d,
+            )
+        if joined is None or not ask.answers.serves(joined[0]):
+            return None
+        served = Hit(joined[0], "semantic-hit", joined[1])
+    finally:
+        sr.count("miss" if served is None else "hit")
+    try:
+        count_hit(sr, ask, joined[1], joined[0], compute)
+    except Exception:  # the cache boundary: the hit goes out whatever its count did
+        log.exception("semantic hit count failed on route %s", sr.route)
+    return served
 
 
 def stored_loader(rc: Peek, exact_key: str) -> Callable[[], Awaitable[CacheEntry | None]]:
@@ -186,5 +246,10 @@ async def join_flight(
         # An error is the leader's own (a 429 names its caller's quota, a 400 its request), and
         # so is an answer not kept (no-cache, max-age=0): an identical request may share it, a
         # paraphrase goes upstream itself. Only a stored answer is a semantic hit.
+        return None
+    bar = sr.bar()
+    if bar is not None and not bar.serves(joined.similarity, joined.score):
+        # The bar moved while this request waited (labels or audits raised or closed it): it
+        # would not serve this match now, so neither does the flight (nor does it count a hit).
         return None
     return shared, SemanticHit(joined.flight.key, joined.similarity, joined.score)

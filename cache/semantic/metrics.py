@@ -13,7 +13,8 @@ class SemanticMetrics:
         p = "latentgate_semantic_"
         self.lookups = Counter(
             p + "lookups",
-            "Semantic lookups by result (hit, miss, stale, contested)",
+            "Semantic lookups by result (hit, miss, stale, contested; hit: also a paraphrase"
+            " served by an equivalent miss in flight)",
             ["result"],
             registry=registry,
         )

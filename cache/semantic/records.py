@@ -49,6 +49,9 @@ class Search:
     # Stored questions at or over the route's rival cosine (cache.semantic.rivals): a paraphrase
     # in flight is contested by them too.
     rivals: int = 0
+    # A miss the stage left uncounted (asked with defer_miss): the caller counts it, as a hit
+    # when a paraphrase in flight serves the request after all.
+    missed: bool = False
 
 
 class Bar(Protocol):

@@ -132,17 +132,21 @@ class SemanticRoute:
         payload_exists: Callable[[str], Awaitable[bool | None]] | None = None,
         vector: np.ndarray | None = None,
         own_key: str | None = None,
+        defer_miss: bool = False,
     ) -> Search:
         """`lookup` plus, on a route with an error budget, the best candidate it did not serve
         (hand it to `label_after_miss` once the upstream has answered; never the request's own
         entry, `own_key`). Without a budget the hit is exactly `lookup`'s and the candidate is
-        None."""
+        None. defer_miss: a miss comes back `missed` and uncounted; the caller `count`s it (a
+        paraphrase in flight may still serve the request: then it is a hit)."""
         if not self.applies(call):
             return Search(None, None)
         assert call.semantic_text is not None
         ns, text, rival = self.namespace(call, tenant), call.semantic_text, self.policy.rival_cosine
         if self.budget is None:
-            return await self.stage.find(ns, text, self.verifier, payload_exists, vector, rival)
+            return await self.stage.find(
+                ns, text, self.verifier, payload_exists, vector, rival, defer_miss
+            )
         return await self.stage.search(
             ns,
             text,
@@ -153,7 +157,13 @@ class SemanticRoute:
             self.budget.observe,
             rival,
             own_key,
+            defer_miss,
         )
+
+    def count(self, result: str) -> None:
+        """A lookup's result on /metrics (`lookups{result}`): the flow counts the miss it asked
+        `search` to leave to it, or the hit a paraphrase in flight served instead."""
+        self.stage.count(result)
 
     def labels(self, call: CallLike) -> bool:
         """Answers to this call may label: a budget, a deterministic call, and under exact

@@ -122,15 +122,16 @@ class SemanticStage:
         payload_exists: Callable[[str], Awaitable[bool | None]] | None = None,
         vector: np.ndarray | None = None,
         rival: float | None = None,
+        defer_miss: bool = False,
     ) -> Search:
         """The verifier's pick among the nearest entries, unless another stored question is at
-        or over `rival` too (contested: cache.semantic.rivals; None: no such rule)."""
+        or over `rival` too (contested: cache.semantic.rivals; None: no such rule). defer_miss:
+        a miss is not counted but comes back `missed`, for the caller to `count`."""
         vec = await self.embed(text) if vector is None else vector
         t2, cands, sims = self._candidates(namespace, vec)
         cands, sims, there = await self._without_stale_rivals(cands, sims, rival, payload_exists)
         if not cands:
-            self.metrics.lookups.labels("miss").inc()
-            return Search(None, None)
+            return self._missed(Search(None, None), defer_miss)
         cos = np.asarray(sims, dtype=np.float32)
         near = rivals(cos, rival)
         idents = [entry_id(c.exact_key) for c in cands]
@@ -153,8 +154,7 @@ class SemanticStage:
         if decision.refused:
             self.metrics.refusals.inc(decision.refused)
         if decision.index < 0:
-            self.metrics.lookups.labels("miss").inc()
-            return Search(None, None, near)
+            return self._missed(Search(None, None, near), defer_miss)
         if contested(cos, decision.index, rival):
             self.metrics.lookups.labels("contested").inc()
             return Search(None, None, near)
@@ -166,8 +166,7 @@ class SemanticStage:
             self.metrics.lookups.labels("stale").inc()
             return Search(None, None, rivals(np.delete(cos, decision.index), rival))
         if found is None:  # there, but not for this request (its max-age, its framing)
-            self.metrics.lookups.labels("miss").inc()
-            return Search(None, None, near)
+            return self._missed(Search(None, None, near), defer_miss)
         self.metrics.lookups.labels("hit").inc()
         hit = SemanticHit(chosen.exact_key, float(cos[decision.index]), decision.score)
         return Search(hit, None, near)
@@ -183,6 +182,7 @@ class SemanticStage:
         observe: Callable[[float, float], None] | None = None,
         rival: float | None = None,
         own_key: str | None = None,
+        defer_miss: bool = False,
     ) -> Search:
         """A lookup under a learned bar: every candidate over the cosine floor is scored, the
         most probable one the bar (and its own per-entry bar) serves is the hit; the best one
@@ -192,7 +192,8 @@ class SemanticStage:
         candidates it may serve. `own_key`: the request's exact key. Its own entry is no
         candidate: when it is there but cannot serve this request (a stream asked for as one
         body, an answer older than the client's max-age), the miss stores its fresh answer
-        under that key, and a label would compare the answer with itself (always "agree")."""
+        under that key, and a label would compare the answer with itself (always "agree").
+        defer_miss: as for `find`."""
         vec = await self.embed(text) if vector is None else vector
         t2, cands, sims = self._candidates(namespace, vec)
         if own_key is not None and any(c.exact_key == own_key for c in cands):
@@ -202,8 +203,7 @@ class SemanticStage:
         cos = np.asarray(sims, dtype=np.float32)
         near = rivals(cos, rival)
         if not cands or float(cos.max()) < verifier.floor:
-            self.metrics.lookups.labels("miss").inc()
-            return Search(None, None, near)
+            return self._missed(Search(None, None, near), defer_miss)
         idents = [entry_id(c.exact_key) for c in cands]
         infos = [self._info(i, c) for i, c in zip(idents, cands, strict=True)]
         args = (text_info(text), vec, infos, self.index.vectors(idents))
@@ -223,8 +223,7 @@ class SemanticStage:
         if not free[score >= 0].any():
             # "contested" only when the rule kept a hit from being served
             kept = any(servable(i) for i in range(len(cands)))
-            self.metrics.lookups.labels("contested" if kept else "miss").inc()
-            return Search(None, None, near)
+            return self._missed(Search(None, None, near), defer_miss, kept)
         score = np.where(free, score, -1.0)
         best = int(np.argmax(score))
         if observe is not None:
@@ -243,13 +242,26 @@ class SemanticStage:
                 continue
             self.metrics.lookups.labels("hit").inc()
             return Search(SemanticHit(cands[i].exact_key, c, p), None, near)
-        self.metrics.lookups.labels("miss").inc()
         b = cands[best]
         if entry_id(b.exact_key) not in self.entries:
-            return Search(None, None, near)  # its payload was gone (removed above)
+            # its payload was gone (removed above)
+            return self._missed(Search(None, None, near), defer_miss)
         served = bar.serves(float(cos[best]), float(score[best]))
         cand = Candidate(b.exact_key, float(cos[best]), float(score[best]), served)
-        return Search(None, cand, near)
+        return self._missed(Search(None, cand, near), defer_miss)
+
+    def count(self, result: str) -> None:
+        """One lookup's result on /metrics (the flow counts a miss a lookup left to it)."""
+        self.metrics.lookups.labels(result).inc()
+
+    def _missed(self, found: Search, defer: bool, contested: bool = False) -> Search:
+        """A lookup that serves nothing: counted as a miss (or contested), or, a miss with
+        `defer`, left to the caller: a paraphrase in flight may still serve that lookup, and it
+        is then a hit (cache.semantic.flow_hooks.flight_hit), counted once either way."""
+        if defer and not contested:
+            return dataclasses.replace(found, missed=True)
+        self.count("contested" if contested else "miss")
+        return found
 
     async def _without_stale_rivals(
         self,
