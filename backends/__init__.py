@@ -21,6 +21,7 @@ from backends.errors import (
     UpstreamTimeout,
 )
 from backends.factory import build_backends, preflight
+from backends.preprocess.unknown import UnknownSpans
 from backends.remote.metrics import RemoteMetrics
 from backends.settings import BackendSettings, BatcherSettings, RoutePolicy, SessionOptions
 
@@ -39,6 +40,7 @@ __all__ = [
     "RequestBodyError",
     "RoutePolicy",
     "SessionOptions",
+    "UnknownSpans",
     "UpstreamConnectError",
     "UpstreamError",
     "UpstreamProtocolError",

@@ -21,7 +21,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.semantic_data import MODEL_TAG, embed_cached, load_qqp, splits, st_encoder
+from bench.semantic_data import (
+    MODEL_TAG,
+    embed_cached,
+    load_qqp,
+    splits,
+    st_encoder,
+    unseen_spans,
+)
 from bench.semantic_pooled import label_roots
 from cache.semantic.budget import grid_edges
 from cache.semantic.budget_prior import DEFAULT_PRIOR, digest
@@ -54,7 +61,8 @@ def replay(
     """ver: the verifier as a budgeted route scores with it (from its learning floor). Lookups
     whose candidates are all contested (cache.semantic.rivals) give no row: a route neither
     serves nor labels them."""
-    infos = [text_info(t) for t in texts]
+    spans = unseen_spans()  # as the serving stage builds them (Embedder.unseen)
+    infos = [text_info(t, spans) for t in texts]
     buf = np.zeros((len(texts), vec.shape[1]), np.float32)
     owner: list[int] = []
     seen: set[str] = set()

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.budget_prior import scorer
-from bench.semantic_data import MODEL_TAG, embed_cached, load_qqp, splits, st_encoder
+from bench.semantic_data import MODEL_TAG, embed_cached, load_qqp, splits, st_encoder, unseen_spans
 from bench.semantic_pooled import label_roots
 from cache.semantic.budget import OPEN_LABELS, BudgetGrid, grid_edges
 from cache.semantic.budget_prior import DEFAULT_PRIOR, Prior, load_prior
@@ -54,7 +54,8 @@ def run(
     ver: MlpVerifier,
     routes: list[RouteSim],
 ) -> None:
-    infos = [text_info(t) for t in texts]
+    spans = unseen_spans()  # as the serving stage builds them (Embedder.unseen)
+    infos = [text_info(t, spans) for t in texts]
     for i, t in enumerate(texts):
         for r in routes:
             if t in r.exact:

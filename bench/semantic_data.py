@@ -324,6 +324,16 @@ def st_encoder() -> Callable[[list[str]], np.ndarray]:
     return encode
 
 
+def unseen_spans() -> Callable[[str], tuple[str, ...]]:
+    """The serving embedder's [UNK] spans (Embedder.unseen: its tokenizer as the engine loads
+    it, 256 tokens) on the packaged MiniLM: the verifiers never serve across a difference there
+    (cache.semantic.features.contradicts), and the benchmarks score as they serve."""
+    from backends.preprocess.cpu import TextPreprocessor
+
+    pre = TextPreprocessor.from_file(str(Path(model_path()) / "tokenizer.json"), 256, True)
+    return pre.unknown.spans
+
+
 def model_path() -> str:
     import importlib
 

@@ -35,6 +35,7 @@ from bench.semantic_data import (
     load_streams,
     splits,
     st_encoder,
+    unseen_spans,
 )
 from bench.semantic_pooled import (
     Pool,
@@ -174,9 +175,10 @@ def latency(
     va = embed_cached(ps.a, enc, MODEL_TAG)
     index = VectorIndex(va.shape[1], device="cpu")
     infos = {}
+    spans = unseen_spans()  # as the serving stage builds them (Embedder.unseen)
     for i, (t, v) in enumerate(zip(ps.a, va, strict=True)):
         index.add("ns", i, v)
-        infos[i] = text_info(t)
+        infos[i] = text_info(t, spans)
     emb, srch, verf, total = [], [], [], []
     for q in ps.b[:n]:
         t0 = time.perf_counter()
@@ -184,7 +186,7 @@ def latency(
         t1 = time.perf_counter()
         hits = index.search("ns", qv, 5)
         t2 = time.perf_counter()
-        qi = text_info(q)
+        qi = text_info(q, spans)
         ids = [h[0] for h in hits]
         ver.choose(qi, qv, [infos[i] for i in ids], va[ids], np.asarray([h[1] for h in hits]))
         t3 = time.perf_counter()
@@ -253,6 +255,7 @@ def search_100k(data: dict[str, dict[str, PairSet]], enc, n: int = 200) -> dict[
 def streams(enc, ver: Verifier, limit: int) -> dict[str, object]:  # type: ignore[no-untyped-def]
     out: dict[str, object] = {}
     print(f"\nquery streams (first {limit} queries each; a miss is cached):")
+    spans = unseen_spans()  # as the serving stage builds them (Embedder.unseen)
     for st in load_streams(limit):
         vec = embed_cached(st.texts, enc, MODEL_TAG)
         norm = [
@@ -274,7 +277,7 @@ def streams(enc, ver: Verifier, limit: int) -> dict[str, object]:  # type: ignor
                         j = ev[top[0]] if sims[top[0]] >= thr else -1
                     else:
                         d = ver.choose(
-                            text_info(t),
+                            text_info(t, spans),
                             vec[i],
                             [infos[k] for k in top],
                             vec[[ev[k] for k in top]],
@@ -291,7 +294,7 @@ def streams(enc, ver: Verifier, limit: int) -> dict[str, object]:  # type: ignor
                 else:
                     seen.setdefault(norm[i], i)
                     ev.append(i)
-                    infos.append(text_info(t))
+                    infos.append(text_info(t, spans))
             prec = correct / hits if hits and st.labels is not None else float("nan")
             out[f"{st.name}/{method}"] = {"hit_rate": hits / len(st.texts), "precision": prec}
             print(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.semantic_data import PairSet
+from bench.semantic_data import PairSet, unseen_spans
 from cache.semantic.features import contradicts, restates, text_info
 from cache.semantic.rivals import RIVAL_COSINE
 
@@ -155,9 +155,10 @@ def restated(pool: Pool, queries: list[str], prob: np.ndarray) -> np.ndarray:
     one that asks its minimal opposite at -1 (unscored), as the serving verifiers score them
     (cache.semantic.verifier.restated)."""
     out = np.array(prob, dtype=np.float32, copy=True)
-    entries = {int(j): text_info(pool.entries[int(j)]) for j in np.unique(pool.cand)}
+    spans = unseen_spans()
+    entries = {int(j): text_info(pool.entries[int(j)], spans) for j in np.unique(pool.cand)}
     for i, q in enumerate(queries):
-        qi = text_info(q)
+        qi = text_info(q, spans)
         for k, j in enumerate(pool.cand[i]):
             if out[i, k] >= 0 and restates(qi, entries[int(j)]):
                 out[i, k] = 1.0

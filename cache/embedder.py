@@ -2,7 +2,9 @@
 
 `load_embedder` prefers `backends.local.text_encoder` (ONNX Runtime, micro-batched, no torch);
 when that module is absent it falls back, visibly (a log line, `device` says "cpu-st"), to
-sentence-transformers on the same packaged weights. Either way vectors are L2-normalised float32.
+sentence-transformers on the same packaged weights. Either way vectors are L2-normalised float32,
+and `unseen` says which spans of a text the model reads as its unknown token (the semantic
+verifiers never serve a candidate whose unseen spans differ from the question's).
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ class Embedder(Protocol):
 
     def embed_sync(self, texts: list[str]) -> np.ndarray: ...
 
+    def unseen(self, text: str) -> tuple[str, ...]:
+        """The spans of `text` the tokenizer maps to its unknown token (an emoji, an unspaced
+        Thai sentence): the vector is the same whichever they are."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -47,6 +54,9 @@ class TextEncoderEmbedder:
     def embed_sync(self, texts: list[str]) -> np.ndarray:
         return np.asarray(self._enc.encode(texts), dtype=np.float32)
 
+    def unseen(self, text: str) -> tuple[str, ...]:
+        return tuple(self._enc.unknown_spans(text))
+
     async def aclose(self) -> None:
         await self._enc.aclose()
 
@@ -59,9 +69,13 @@ class SentenceTransformersEmbedder:
     def __init__(self, model_dir: str) -> None:
         from sentence_transformers import SentenceTransformer
 
+        from backends import UnknownSpans
+
         self._model = SentenceTransformer(model_dir, device="cpu")
         self.dim = int(self._model.get_sentence_embedding_dimension() or 384)
         self.device = "cpu"
+        # the fast tokenizer's own (tokenizers) object: the spans it maps to [UNK]
+        self._unknown = UnknownSpans(self._model.tokenizer.backend_tokenizer)
 
     def embed_sync(self, texts: list[str]) -> np.ndarray:
         out = self._model.encode(
@@ -72,6 +86,9 @@ class SentenceTransformersEmbedder:
     async def embed(self, text: str) -> np.ndarray:
         out: np.ndarray = (await asyncio.to_thread(self.embed_sync, [text]))[0]
         return out
+
+    def unseen(self, text: str) -> tuple[str, ...]:
+        return self._unknown.spans(text)
 
     async def aclose(self) -> None:
         return None

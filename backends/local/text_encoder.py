@@ -88,6 +88,11 @@ class TextEncoder:
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
         return self.preprocessor.tokenize(texts)
 
+    def unknown_spans(self, text: str) -> tuple[str, ...]:
+        """The spans of `text` the tokenizer maps to its unknown token: the model reads each as
+        the same token, whatever it says (backends.preprocess.unknown)."""
+        return self.preprocessor.unknown.spans(text)
+
     def encode(self, texts: list[str]) -> NDArray[np.float32]:
         """(n, dim) float32, L2-normalised rows. Raises BadInput for too-long inputs."""
         if not texts:

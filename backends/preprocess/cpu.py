@@ -15,6 +15,7 @@ from numpy.typing import NDArray
 from tokenizers import Encoding, Tokenizer
 
 from backends.errors import BadInput
+from backends.preprocess.unknown import UnknownSpans
 from backends.settings import ImagePreprocess
 
 # A WordPiece/BPE token covers a handful of characters (English averages ~4); no real text needs
@@ -49,6 +50,8 @@ class TextPreprocessor:
             self._tok.enable_truncation(max_tokens)
         else:
             self._tok.no_truncation()
+        # what the model cannot read apart (configured as above: it sees what the model sees)
+        self.unknown = UnknownSpans(self._tok, self.max_chars)
 
     @classmethod
     def from_file(cls, path: str, max_tokens: int, truncate: bool) -> TextPreprocessor:

@@ -7,13 +7,14 @@ the same `pair_features`, so a change here needs a retrained artifact (FEATURES_
 from __future__ import annotations
 
 import re
-import unicodedata
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
+
+from cache.semantic.unseen import blind, unseen_apart
 
 FEATURES_VERSION = 2
 
@@ -202,10 +203,12 @@ def contradicts(a: TextInfo, b: TextInfo) -> bool:
     built?"), a word and its prefixed opposite ("safe" / "unsafe"), or one negation more ("Is
     it safe" / "Is it not safe"). The embedding puts such minimal pairs at cosine ~0.97-0.99
     and the learned score near its bar; they are never the same question, so no learned score
-    may serve one for the other (restates' counterpart)."""
+    may serve one for the other (restates' counterpart). So too two texts that differ where the
+    embedder cannot see: only in accents or invisible characters, or in any span it reads as
+    [UNK] (an emoji: "Can my dog eat 🍎?" / "... 🍇?"), which it embeds alike whatever they say."""
     x, y = a.words, b.words
-    if x != y and _blind(a.text, b.text):
-        return True  # only accents or invisible characters differ: see _unmarked
+    if x != y and (unseen_apart(a.unseen, b.unseen) or blind(a.text, b.text)):
+        return True  # they differ where the embedder cannot see (cache.semantic.unseen)
     if len(x) == len(y):
         diff = [(p, q) for p, q in zip(x, y, strict=True) if p.lower() != q.lower()]
         if len(diff) != 1:
@@ -220,29 +223,6 @@ def contradicts(a: TextInfo, b: TextInfo) -> bool:
             low = t.lower()
             return low in _NEGATIONS or low.endswith("n't")
     return False
-
-
-def _written(text: str) -> str:
-    """Spacing, the first letter's case and a closing ?/./! aside (restates' leeway), in one
-    Unicode form (a composed and a decomposed "é" are one letter)."""
-    t = unicodedata.normalize("NFC", " ".join(text.split()).rstrip("?.! "))
-    return t[:1].lower() + t[1:]
-
-
-def _unmarked(text: str) -> str:
-    """The text as the uncased embedder reads it: accents and invisible format characters (a
-    soft hyphen, a zero-width joiner) dropped and compatibility forms folded. Case is kept, as
-    the verifier keeps it (_words)."""
-    t = unicodedata.normalize("NFKD", text)
-    return "".join(c for c in t if unicodedata.category(c) not in ("Mn", "Cf"))
-
-
-def _blind(a: str, b: str) -> bool:
-    """Texts that differ as written but not as the embedder reads them ("pêche" / "péché":
-    peach, sin) sit at cosine 1.0 whatever they ask: nothing learned may serve one for the
-    other."""
-    wa, wb = _written(a), _written(b)
-    return wa != wb and _unmarked(wa) == _unmarked(wb) != ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,9 +243,12 @@ class TextInfo:
     qnext: str = ""  # the word after the question word ("how many" vs "how do")
     text: str = ""  # the text itself (the cross-encoder reads it whole)
     words: tuple[str, ...] = ()  # `tokens`, first one lower-cased, without closing ?/./!
+    unseen: tuple[str, ...] = ()  # the spans the embedder reads as [UNK] (Embedder.unseen)
 
 
-def text_info(text: str) -> TextInfo:
+def text_info(text: str, unseen: Callable[[str], tuple[str, ...]] | None = None) -> TextInfo:
+    """unseen: the embedder's (Embedder.unseen); without it no span counts as unseen (features
+    alone, as the trainer computes them)."""
     tokens = tuple(_TOKEN.findall(text))
     lower = tuple(t.lower() for t in tokens)
     negated = any(t in _NEGATIONS or t.endswith("n't") for t in lower)
@@ -296,6 +279,7 @@ def text_info(text: str) -> TextInfo:
         qnext=qnext,
         text=text,
         words=_words(tokens),
+        unseen=unseen(text) if unseen is not None else (),
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -87,17 +88,19 @@ class Joined:
 
 
 class PendingFlights:
-    """One per SemanticRoute; one event loop owns it."""
+    """One per SemanticRoute; one event loop owns it. info: the stage's text_info (with the
+    embedder's [UNK] spans, so that a flight is joined by the rule a lookup serves by)."""
 
-    def __init__(self) -> None:
+    def __init__(self, info: Callable[[str], TextInfo] = text_info) -> None:
         self._by_ns: dict[str, list[Flight]] = {}
+        self._info = info
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._by_ns.values())
 
     def begin(self, namespace: str, text: str, vector: np.ndarray, key: str = "") -> Flight:
         vec = np.asarray(vector, np.float32)
-        flight = Flight(namespace, text, vec, text_info(text), self, key)
+        flight = Flight(namespace, text, vec, self._info(text), self, key)
         self._by_ns.setdefault(namespace, []).append(flight)
         return flight
 
@@ -132,7 +135,7 @@ class PendingFlights:
         order = np.argsort(-cos, kind="stable")[:8]  # like the index's top k
         cands = [flights[i] for i in order.tolist()]
         ccos = cos[order]
-        args = (text_info(text), vector, [f.info for f in cands], vecs[order], ccos)
+        args = (self._info(text), vector, [f.info for f in cands], vecs[order], ccos)
         if bar is None:
             if verifier.offload:
                 d = await asyncio.to_thread(verifier.choose, *args)

@@ -43,7 +43,7 @@ class SemanticRoute:
         self.verifier = verifier
         # Set (by cache.semantic.setup) when the policy has max_error_rate: the bar is learned.
         self.budget: RouteBudget | None = None
-        self.pending = PendingFlights()
+        self.pending = PendingFlights(stage.text_info)
 
     def skip_reason(self, call: CallLike) -> str | None:
         """Why the stage does not look this call up (None: it does). Reasons: "disabled",

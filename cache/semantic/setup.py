@@ -68,6 +68,9 @@ class _Pending:
     def embed_sync(self, texts: list[str]) -> Any:
         raise RuntimeError("the semantic embedder is still loading")
 
+    def unseen(self, text: str) -> tuple[str, ...]:
+        return ()
+
     async def aclose(self) -> None:
         return None
 

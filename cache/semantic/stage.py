@@ -75,6 +75,11 @@ class SemanticStage:
         self.ready = True
         metrics.device.labels(embedder.device, index.device).set(1)
 
+    def text_info(self, text: str) -> TextInfo:
+        """The verifier's view of a text, with the spans this embedder reads as [UNK] (which
+        no verifier may serve across: features.contradicts)."""
+        return text_info(text, self.embedder.unseen)
+
     async def embed(self, text: str) -> np.ndarray:
         t = time.perf_counter()
         vec = await self.embedder.embed(text)
@@ -136,7 +141,7 @@ class SemanticStage:
         near = rivals(cos, rival)
         idents = [entry_id(c.exact_key) for c in cands]
         args = (
-            text_info(text),
+            self.text_info(text),
             vec,
             [self._info(i, c) for i, c in zip(idents, cands, strict=True)],
             self.index.vectors(idents),
@@ -206,7 +211,7 @@ class SemanticStage:
             return self._missed(Search(None, None, near), defer_miss)
         idents = [entry_id(c.exact_key) for c in cands]
         infos = [self._info(i, c) for i, c in zip(idents, cands, strict=True)]
-        args = (text_info(text), vec, infos, self.index.vectors(idents))
+        args = (self.text_info(text), vec, infos, self.index.vectors(idents))
         if verifier.offload:
             score = await asyncio.to_thread(verifier.scores, *args, cos)
         else:
@@ -302,7 +307,7 @@ class SemanticStage:
     def _info(self, ident: int, entry: Entry) -> TextInfo:
         info = self._infos.get(ident)
         if info is None:
-            info = self._infos[ident] = text_info(entry.text)
+            info = self._infos[ident] = self.text_info(entry.text)
             if len(self._infos) > INFO_CACHE:
                 self._infos.popitem(last=False)
         else:

@@ -35,6 +35,9 @@ class LoopFree:
     def embed_sync(self, texts: list[str]) -> np.ndarray:
         return self.inner.embed_sync(texts)
 
+    def unseen(self, text: str) -> tuple[str, ...]:
+        return self.inner.unseen(text)
+
     async def aclose(self) -> None:
         return None
 

@@ -6,6 +6,7 @@ import json
 from types import SimpleNamespace
 from typing import Any, cast
 
+from cache.semantic.features import text_info
 from cache.semantic.route import SemanticRoute
 from cache.semantic.stage import SemanticStage
 from cache.semantic.verifier import MlpVerifier
@@ -71,7 +72,8 @@ def test_skip_reasons_say_why_the_stage_did_not_look() -> None:
             model="m", deterministic=deterministic, semantic_text=text, context=None
         )
 
-    loaded = cast(Any, SimpleNamespace(ready=True))  # a stage whose embedder is in
+    # a stage whose embedder is in
+    loaded = cast(Any, SimpleNamespace(ready=True, text_info=text_info))
     route = SemanticRoute(loaded, "chat", SemanticPolicy(enabled=True), cast(Any, None))
     assert route.skip_reason(call("How do I reset my password?")) is None
     assert route.skip_reason(call(None)) == "no_text"
