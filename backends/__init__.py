@@ -8,6 +8,7 @@ from backends.base import (
     UpstreamRequest,
     UpstreamResponse,
 )
+from backends.bodies import MSGPACK_TYPES
 from backends.errors import (
     BackendError,
     BadInput,
@@ -28,6 +29,7 @@ from backends.settings import BackendSettings, BatcherSettings, RoutePolicy, Ses
 __all__ = [
     "GRPC_MESSAGE_HEADER",
     "GRPC_STATUS_HEADER",
+    "MSGPACK_TYPES",
     "Backend",
     "BackendError",
     "BackendSettings",

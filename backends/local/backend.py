@@ -177,8 +177,9 @@ class LocalBackend:
             return _json({"name": "latentgate", "version": "0.1.0",
                           "extensions": ["binary_tensor_data"]})  # fmt: skip
         body = request.body if isinstance(request.body, bytes) else b""
+        ctype = _header(request, "content-type")
         if path.rstrip("/") == "/v1/embeddings" and method == "POST":
-            return await self._embeddings(body)
+            return await self._embeddings(body, ctype)
         m = _MODEL_PATH.match(path)
         if m is None:
             raise ModelNotFound(f"{method} {path} is not served by local model {self.model_name}")
@@ -197,11 +198,11 @@ class LocalBackend:
         if op == "/config" and method == "GET":
             return _json(v2tensors.model_config(self._metadata()))
         if op == "/infer" and method == "POST":
-            return await self._infer(body, _header(request, BINARY_HEADER))
+            return await self._infer(body, _header(request, BINARY_HEADER), ctype)
         raise ModelNotFound(f"{method} {path} is not served by local model {self.model_name}")
 
-    async def _embeddings(self, body: bytes) -> UpstreamResponse:
-        req = await _maybe_thread(len(body) > _INLINE_BYTES, parse_embeddings, body)
+    async def _embeddings(self, body: bytes, ctype: str | None) -> UpstreamResponse:
+        req = await _maybe_thread(len(body) > _INLINE_BYTES, parse_embeddings, body, ctype)
         if req.model != self.model_name:
             raise ModelNotFound(
                 f"model '{req.model}' is not served here (this is {self.model_name})"
@@ -232,8 +233,12 @@ class LocalBackend:
         return {"name": self.model_name, "versions": ["1"], "platform": platform,
                 "inputs": inputs, "outputs": outputs}  # fmt: skip
 
-    async def _infer(self, body: bytes, header_length: str | None) -> UpstreamResponse:
-        req = await _maybe_thread(len(body) > _INLINE_BYTES, decode_infer, body, header_length)
+    async def _infer(
+        self, body: bytes, header_length: str | None, ctype: str | None
+    ) -> UpstreamResponse:
+        req = await _maybe_thread(
+            len(body) > _INLINE_BYTES, decode_infer, body, header_length, ctype
+        )
         if self.encoder is not None:
             texts = self._texts(req.inputs)
             vectors = await self.encoder.aencode_tokens(await self.encoder.atokenize(texts))

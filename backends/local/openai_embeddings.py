@@ -1,6 +1,8 @@
 """OpenAI `/v1/embeddings` for local embedders: request parsing and the response body.
 
-The OpenAI SDK asks for `encoding_format: base64` by default (little-endian float32).
+The OpenAI SDK asks for `encoding_format: base64` by default (little-endian float32). A body is
+JSON or msgpack, and `dimensions` an integer or an integral float, as the cache key reads them
+(backends.bodies): a request the key calls the same gets the same answer, hit or miss.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from backends.bodies import as_integer, load_document
 from backends.errors import BadInput
 
 MAX_INPUTS = 2048
@@ -26,13 +29,10 @@ class EmbeddingsRequest:
     dimensions: int | None
 
 
-def parse_embeddings(body: bytes) -> EmbeddingsRequest:
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadInput(f"request body is not valid JSON: {exc}") from None
+def parse_embeddings(body: bytes, content_type: str | None = None) -> EmbeddingsRequest:
+    doc = load_document(content_type, body, "request body")
     if not isinstance(doc, dict):
-        raise BadInput("request body must be a JSON object")
+        raise BadInput("request body must be an object")
     model, raw = doc.get("model"), doc.get("input")
     if not isinstance(model, str):
         raise BadInput("'model' is required and must be a string")
@@ -57,8 +57,9 @@ def parse_embeddings(body: bytes) -> EmbeddingsRequest:
     fmt = doc.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise BadInput("'encoding_format' must be 'float' or 'base64'")
-    dims = doc.get("dimensions")
-    if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool)):
+    raw_dims = doc.get("dimensions")
+    dims = as_integer(raw_dims)
+    if raw_dims is not None and dims is None:
         raise BadInput("'dimensions' must be an integer")
     return EmbeddingsRequest(model, texts, fmt, dims)
 

@@ -1,7 +1,10 @@
 """Open Inference Protocol v2 tensors for local engines: decode infer requests, encode responses.
 
 JSON `data` and the binary tensor extension both work, in and out (tritonclient uses binary by
-default). Everything the client got wrong is a BadInput naming the tensor and the problem.
+default); a body without the extension may be msgpack, as the cache key reads it (backends.bodies).
+Everything the client got wrong is a BadInput naming the tensor and the problem, and so is an
+output parameter this codec does not honour (the classification extension's `classification`,
+shared memory): ignoring it would answer another question than the one asked.
 """
 
 from __future__ import annotations
@@ -13,11 +16,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from backends.bodies import load_document
 from backends.errors import BadInput
 from backends.v2tensors import BINARY_HEADER, V2_NUMERIC, bytes_elements, element_count, flatten
 
 NUMERIC = V2_NUMERIC
-__all__ = ["BINARY_HEADER", "InferRequest", "decode_infer", "encode_infer"]
+__all__ = ["BINARY_HEADER", "OUTPUT_PARAMETERS", "InferRequest", "decode_infer", "encode_infer"]
+# The output parameters encode_infer honours; any other is refused, not ignored.
+OUTPUT_PARAMETERS = frozenset({"binary_data"})
 
 
 @dataclass(slots=True)
@@ -29,17 +35,20 @@ class InferRequest:
     binary_default: bool
 
 
-def decode_infer(body: bytes, header_length: str | None) -> InferRequest:
+def decode_infer(
+    body: bytes, header_length: str | None, content_type: str | None = None
+) -> InferRequest:
     binary = b""
-    try:
-        if header_length is not None:
+    if header_length is not None:
+        try:
             n = int(header_length)
-            if not 0 <= n <= len(body):
-                raise BadInput("Inference-Header-Content-Length is larger than the body")
-            body, binary = body[:n], body[n:]
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadInput(f"the inference request is not valid JSON: {exc}") from None
+        except ValueError:
+            raise BadInput("Inference-Header-Content-Length must be an integer") from None
+        if not 0 <= n <= len(body):
+            raise BadInput("Inference-Header-Content-Length is larger than the body")
+        body, binary = body[:n], body[n:]
+        content_type = None  # the extension's header is JSON whatever the body's type says
+    doc = load_document(content_type, body, "the inference request")
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list) or not doc["inputs"]:
         raise BadInput("'inputs' is required and must be a non-empty array")
     inputs: dict[str, tuple[str, list[int], Any]] = {}
@@ -73,10 +82,12 @@ def decode_infer(body: bytes, header_length: str | None) -> InferRequest:
                 raise BadInput(f"input '{name}': 'data' is required without binary_data_size")
             flat = flatten(inp["data"])
             if datatype == "BYTES":
-                if not all(isinstance(v, str) for v in flat):
+                # msgpack's bin elements are taken as they are: the key hashes them as the
+                # same string's UTF-8, so refusing them would refuse only on a miss
+                if not all(isinstance(v, str | bytes) for v in flat):
                     raise BadInput(f"input '{name}': BYTES data must be strings")
                 try:
-                    value = [v.encode() for v in flat]
+                    value = [v.encode() if isinstance(v, str) else v for v in flat]
                 except UnicodeEncodeError:  # JSON lets "\ud800" through
                     raise BadInput(
                         f"input '{name}': a string is not valid Unicode (a lone surrogate)"
@@ -110,11 +121,28 @@ def decode_infer(body: bytes, header_length: str | None) -> InferRequest:
             o_params = o.get("parameters") or {}
             if not isinstance(o_params, dict):
                 raise BadInput(f"output '{o['name']}': 'parameters' must be an object")
+            _check_output_parameters(o["name"], o_params)
             if o_params.get("binary_data", binary_default):
                 bin_outs.add(o["name"])
     rid = doc.get("id")
     return InferRequest(rid if isinstance(rid, str) else None, inputs, bin_outs, requested,
                         binary_default)  # fmt: skip
+
+
+def _check_output_parameters(name: str, params: dict[Any, Any]) -> None:
+    unknown = sorted(str(k) for k in params if k not in OUTPUT_PARAMETERS)
+    if not unknown:
+        return
+    if "classification" in unknown:
+        raise BadInput(
+            f"output '{name}': parameter 'classification' (class_count) is not supported: "
+            "local models do not implement the classification extension; "
+            "request the raw output and rank it client-side"
+        )
+    raise BadInput(
+        f"output '{name}': unsupported parameter {', '.join(map(repr, unknown))}; "
+        f"local models honour only {', '.join(map(repr, sorted(OUTPUT_PARAMETERS)))}"
+    )
 
 
 def encode_infer(

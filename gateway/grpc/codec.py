@@ -160,8 +160,12 @@ def to_http_v2(req: Any, tensors: list[Tensor]) -> tuple[str, bytes, list[tuple[
         "parameters": {**params_of(req.parameters), "binary_data_output": True},
     }
     if req.outputs:
+        # each output's own parameters go along (classification, ...): the engine or the HTTP
+        # upstream must see them to honour or refuse them, as it would over HTTP. binary_data
+        # is ours: raw_output_contents are binary whatever the client set.
         doc["outputs"] = [
-            {"name": o.name, "parameters": {"binary_data": True}} for o in req.outputs
+            {"name": o.name, "parameters": {**params_of(o.parameters), "binary_data": True}}
+            for o in req.outputs
         ]
     if req.id:
         doc["id"] = req.id

@@ -9,11 +9,9 @@ from typing import Any, Protocol
 
 import msgpack
 
+# one set with the local engines' (backends.bodies): a body the key reads as msgpack, they do too
+from backends import MSGPACK_TYPES
 from gateway.errors import BadRequest
-
-MSGPACK_TYPES = frozenset(
-    {"application/msgpack", "application/x-msgpack", "application/vnd.msgpack"}
-)
 
 # Request headers an adapter puts into its key (anthropic: the API version and beta set).
 # Anything keyed on request bytes without parsing them (the exact cache's alias) must tell

@@ -1,0 +1,52 @@
+"""Request documents for local engines: JSON or msgpack by Content-Type, read as the protocol
+layer reads them for the cache key.
+
+The exact cache keys a msgpack body and its JSON twin alike, and an integral float like its
+integer (cache.keys.normalise). An engine stricter than the key would refuse a request on a miss
+and serve it once its twin had been cached: the answer would depend on cache state. So local
+engines take what the key treats as the same request.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgpack
+
+from backends.errors import BadInput
+
+MSGPACK_TYPES = frozenset(
+    {"application/msgpack", "application/x-msgpack", "application/vnd.msgpack"}
+)
+
+
+def is_msgpack(content_type: str | None) -> bool:
+    return (content_type or "").split(";", 1)[0].strip().lower() in MSGPACK_TYPES
+
+
+def load_document(content_type: str | None, body: bytes, what: str) -> Any:
+    """msgpack when the Content-Type says so, JSON otherwise; BadInput names `what` was wrong."""
+    if is_msgpack(content_type):
+        try:
+            # the protocol layer's options (gateway.protocols.base.decode_body): str keys as
+            # str, other map keys allowed
+            return msgpack.unpackb(body, raw=False, strict_map_key=False)
+        except Exception as exc:  # msgpack raises several unrelated types
+            raise BadInput(f"{what} is not valid msgpack: {exc}") from None
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise BadInput(f"{what} is not valid JSON: {exc}") from None
+
+
+def as_integer(value: Any) -> int | None:
+    """An integer field's value: an int, or a float with no fraction (384.0, as the key reads
+    it); None for anything else (a bool is no integer here)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
