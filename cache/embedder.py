@@ -74,8 +74,16 @@ class SentenceTransformersEmbedder:
         self._model = SentenceTransformer(model_dir, device="cpu")
         self.dim = int(self._model.get_sentence_embedding_dimension() or 384)
         self.device = "cpu"
-        # the fast tokenizer's own (tokenizers) object: the spans it maps to [UNK]
-        self._unknown = UnknownSpans(self._model.tokenizer.backend_tokenizer)
+        # the fast tokenizer's own (tokenizers) object: the spans it maps to [UNK], and the tail
+        # past the model's window. A copy, set to truncate as the model reads: the library
+        # reconfigures its own on every call, from the thread that embeds.
+        from tokenizers import Tokenizer
+
+        window = int(self._model.max_seq_length or 256)
+        tok = Tokenizer.from_str(self._model.tokenizer.backend_tokenizer.to_str())
+        tok.no_padding()
+        tok.enable_truncation(window)
+        self._unknown = UnknownSpans(tok, window=window)
 
     def embed_sync(self, texts: list[str]) -> np.ndarray:
         out = self._model.encode(

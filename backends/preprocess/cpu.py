@@ -51,7 +51,7 @@ class TextPreprocessor:
         else:
             self._tok.no_truncation()
         # what the model cannot read apart (configured as above: it sees what the model sees)
-        self.unknown = UnknownSpans(self._tok, self.max_chars)
+        self.unknown = UnknownSpans(self._tok, self.max_chars, max_tokens if truncate else None)
 
     @classmethod
     def from_file(cls, path: str, max_tokens: int, truncate: bool) -> TextPreprocessor:

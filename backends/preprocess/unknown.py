@@ -2,7 +2,10 @@
 
 A model reads every such span as the same token: "Can my dog eat 🍎?" and "Can my dog eat 🍇?"
 are one input to it, and so is any pair of unspaced Thai sentences of one word each. Whoever
-compares texts by their embeddings needs to know what the embedding could not see.
+compares texts by their embeddings needs to know what the embedding could not see. That
+includes what lies past the model's window: two long prompts that share their first 254 tokens
+and ask other questions after them are one input too, so the unread tail is a span as well
+(the last one, marked with TAIL).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 # deletes, which can join two words into one (and so one over the word-length limit).
 _SPACES = " \t\n\r"
 _PRINTABLE = "".join(chr(i) for i in range(33, 127))
+TAIL = "\u2026"  # marks the span past the model's window: never a span's own first character
 
 
 class UnknownSpans:
@@ -27,11 +31,18 @@ class UnknownSpans:
     unless a word is over the model's max_input_chars_per_word. Such texts are answered without
     tokenising; checked against the vocab when built, so another vocab gets no shortcut."""
 
-    __slots__ = ("_cut", "_risky", "_tok", "_unk")
+    __slots__ = ("_cut", "_risky", "_short", "_tok", "_unk")
 
-    def __init__(self, tokenizer: Any, max_chars: int | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any, max_chars: int | None = None, window: int | None = None
+    ) -> None:
+        """tokenizer: configured as the model reads (truncating at its window, `window` tokens
+        with the special ones, if it has one: an encoding that overflows had an unread tail)."""
         self._tok = tokenizer
         self._cut = max_chars  # the embedder reads only this prefix of a text
+        # An ASCII text this short cannot overflow the window: a token covers one character at
+        # least, and ASCII characters are never split (two special tokens frame the text).
+        self._short = None if window is None else window - 2
         model = tokenizer.model
         unk = getattr(model, "unk_token", None)
         self._unk: int | None = tokenizer.token_to_id(unk) if unk else None
@@ -44,18 +55,33 @@ class UnknownSpans:
             self._risky = re.compile(f"[^{_SPACES}{printable}]|[{printable}]{{{limit + 1}}}")
 
     def spans(self, text: str) -> tuple[str, ...]:
-        if self._unk is None:
-            return ()  # a byte-level or fully covering vocab: every text is seen
-        if self._cut is not None:
-            text = text[: self._cut]
-        if self._risky is not None and text.isascii() and self._risky.search(text) is None:
+        tail = ""
+        if self._cut is not None and len(text) > self._cut:
+            text, tail = text[: self._cut], text[self._cut :]
+        short = self._short is None or len(text) <= self._short
+        if (
+            not tail
+            and short
+            and (
+                self._unk is None  # a byte-level or fully covering vocab: every word is seen
+                or (self._risky is not None and text.isascii() and self._risky.search(text) is None)
+            )
+        ):
             return ()
         enc = self._tok.encode(text)
-        return tuple(
+        out = tuple(
             unicodedata.normalize("NFC", text[a:b])
             for i, (a, b) in zip(enc.ids, enc.offsets, strict=True)
             if i == self._unk
         )
+        if enc.overflowing:
+            read = [
+                b for (_, b), sp in zip(enc.offsets, enc.special_tokens_mask, strict=True) if not sp
+            ]
+            tail = text[max(read, default=0) :] + tail
+        if tail.strip():
+            out += (TAIL + unicodedata.normalize("NFC", tail),)
+        return out
 
 
 def _ascii_known(tokenizer: Any) -> bool:
