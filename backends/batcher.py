@@ -3,6 +3,11 @@
 Items are grouped into length buckets so one long input does not pad a batch of short ones. The
 engine runs in one worker thread; while it runs, the next batch gathers. Adaptive mode sizes the
 wait from the observed arrival rate and run time, and does not wait at all when traffic is light.
+
+Fairness: every engine run is a turn. A request's items in a bucket are due one batch's worth per
+turn from the turn it arrived in, and the item due first goes first, so work that arrives later
+(a long request's tail, a bucket that others keep full) never holds an item back for more than
+the runs already due before it.
 """
 
 from __future__ import annotations
@@ -10,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import heapq
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,6 +38,10 @@ class _Pending(Generic[T, R]):
     length: int
     future: asyncio.Future[R]
     enqueued: float = field(default_factory=time.perf_counter)
+
+
+# (turn, arrival order, item): a bucket is a heap, so the item due first is at its head.
+_Entry = tuple[int, int, _Pending[T, R]]
 
 
 class _Rates:
@@ -86,8 +95,10 @@ class Batcher(Generic[T, R]):
         self._m_run = metrics.run_seconds.labels(name)
         self._m_wait = metrics.wait_target.labels(name)
         self._edges = sorted(settings.buckets)
-        self._queues: list[deque[_Pending[T, R]]] = [deque() for _ in range(len(self._edges) + 1)]
+        self._queues: list[list[_Entry[T, R]]] = [[] for _ in range(len(self._edges) + 1)]
         self._queued = 0
+        self._turn = 0  # engine runs so far: the clock that items' turns are counted on
+        self._seq = 0  # arrival order, to break ties between items due on the same turn
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lg-batch-{name}")
@@ -104,10 +115,18 @@ class Batcher(Generic[T, R]):
             self._bind(loop)
         pending = []
         now = time.perf_counter()
+        per_bucket = [0] * len(self._queues)
+        size = self.settings.max_batch
         for item in items:
             n = self._length(item)
             p: _Pending[T, R] = _Pending(item, n, loop.create_future(), now)
-            self._queues[bisect.bisect_left(self._edges, n)].append(p)
+            b = bisect.bisect_left(self._edges, n)
+            # A request larger than a batch is taken as if its batches arrived one per run:
+            # what other callers send meanwhile is interleaved instead of queued behind it all.
+            turn = self._turn + per_bucket[b] // size
+            per_bucket[b] += 1
+            self._seq += 1
+            heapq.heappush(self._queues[b], (turn, self._seq, p))
             self._rates.arrival(now)
             pending.append(p)
         self._queued += len(pending)
@@ -145,43 +164,52 @@ class Batcher(Generic[T, R]):
         fill = max(0, s.max_batch - self._queued) * gap
         return max(0.0, min(cap, budget, fill))
 
-    def _full_bucket(self) -> deque[_Pending[T, R]] | None:
-        for q in self._queues:
-            if len(q) >= self.settings.max_batch:
-                return q
-        return None
+    def _full_bucket(self) -> list[_Entry[T, R]] | None:
+        full = [q for q in self._queues if len(q) >= self.settings.max_batch]
+        return min(full, key=lambda q: q[0][:2]) if full else None
 
-    def _oldest_bucket(self) -> deque[_Pending[T, R]] | None:
+    def _first_bucket(self) -> list[_Entry[T, R]] | None:
+        """The bucket whose head is due first (earliest turn, then earliest arrival)."""
         live = [q for q in self._queues if q]
-        return min(live, key=lambda q: q[0].enqueued) if live else None
+        return min(live, key=lambda q: q[0][:2]) if live else None
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            oldest = self._oldest_bucket()
-            if oldest is None:
+            first = self._first_bucket()
+            if first is None:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
             wait = self._wait_s()
             self._m_wait.set(wait)
-            deadline = oldest[0].enqueued + wait
+            deadline = first[0][2].enqueued + wait
             while self._full_bucket() is None and (left := deadline - time.perf_counter()) > 0:
                 self._wakeup.clear()
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), left)
                 except TimeoutError:
                     break
-            queue = self._full_bucket() or self._oldest_bucket()
-            assert queue is not None
+            queue = self._next_bucket(wait)
             batch: list[_Pending[T, R]] = []
             while queue and len(batch) < self.settings.max_batch:
-                p = queue.popleft()
+                p = heapq.heappop(queue)[2]
                 self._queued -= 1
                 if not p.future.done():
                     batch.append(p)
             if batch:
+                self._turn += 1
                 await self._run_batch(loop, batch)
+
+    def _next_bucket(self, wait: float) -> list[_Entry[T, R]]:
+        """The bucket due first once its head has waited out the wait; until then a full bucket
+        may go ahead (a full batch gains nothing by waiting). A full bucket never goes ahead of
+        an item whose wait is over, which is what kept one full bucket running indefinitely."""
+        first = self._first_bucket()
+        assert first is not None
+        if time.perf_counter() >= first[0][2].enqueued + wait:
+            return first
+        return self._full_bucket() or first
 
     async def _run_batch(
         self, loop: asyncio.AbstractEventLoop, batch: list[_Pending[T, R]]
@@ -226,8 +254,8 @@ class Batcher(Generic[T, R]):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         for q in self._queues:
-            while q:
-                p = q.popleft()
+            for _, _, p in q:
                 if not p.future.done():
                     p.future.set_exception(EngineError(f"engine {self.name} is shutting down"))
+            q.clear()
         self._pool.shutdown(wait=True)

@@ -151,3 +151,69 @@ async def test_close_during_a_batch_fails_its_callers_instead_of_hanging() -> No
     await b.aclose()
     with pytest.raises(EngineError, match="shutting down"):
         await asyncio.wait_for(job, 2)
+
+
+class Gate(Recorder):
+    """Holds the first engine run until released, so callers can queue work behind it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, items: list[tuple[str, int]]) -> list[str]:
+        self.running.set()
+        self.release.wait(10)
+        return super().__call__(items)
+
+    def run_of(self, text: str) -> int:
+        return next(i for i, batch in enumerate(self.batches) if any(t == text for t, _ in batch))
+
+
+async def test_a_huge_request_is_interleaved_with_requests_sent_after_it() -> None:
+    """80 long items (ten runs of 8): a short and a long one-item request sent while its first
+    run is in the engine go in the next runs, not after all ten."""
+    gate = Gate()
+    b = _batcher(gate, max_batch=8, max_delay_ms=0, buckets=[16, 64])
+    huge = asyncio.ensure_future(b.submit([(f"h{i}", 60) for i in range(80)]))
+    assert await asyncio.to_thread(gate.running.wait, 10)
+    short = asyncio.ensure_future(b.submit([("short", 5)]))
+    long = asyncio.ensure_future(b.submit([("long", 60)]))  # the huge request's bucket
+    await asyncio.sleep(0)  # both are queued
+    gate.release.set()
+    await asyncio.gather(huge, short, long)
+    assert len(gate.batches) == 12  # 81 long items in 11 runs, the short one alone
+    # Run 0 was in the engine; run 1 is the huge request's batch due on the same turn as theirs.
+    assert gate.run_of("short") == 2
+    assert gate.run_of("long") == 3
+    assert all(t.startswith("h") for t, _ in gate.batches[1])
+    await b.aclose()
+
+
+async def test_a_bucket_kept_full_does_not_starve_an_older_item_in_another() -> None:
+    """Two callers keep the long bucket full with back-to-back requests of a batch and a half;
+    a short item sent meanwhile runs before any request sent after it."""
+    gate = Gate()
+    b = _batcher(gate, max_batch=4, max_delay_ms=0, buckets=[16, 64])
+    sent: list[str] = []  # request names, in the order they were queued
+
+    async def flood(client: int) -> None:
+        for r in range(8):
+            name = f"f{client}.{r}"
+            sent.append(name)
+            await b.submit([(f"{name}.{i}", 60) for i in range(6)])
+
+    floods = [asyncio.ensure_future(flood(c)) for c in (0, 1)]
+    assert await asyncio.to_thread(gate.running.wait, 10)
+    sent.append("short")
+    short = asyncio.ensure_future(b.submit([("short", 5)]))
+    await asyncio.sleep(0)
+    gate.release.set()
+    await asyncio.gather(short, *floods)
+    younger = set(sent[sent.index("short") + 1 :])
+    assert younger, "the flood stopped before the short item was sent"
+    ran_before = {
+        t.rsplit(".", 1)[0] for batch in gate.batches[: gate.run_of("short")] for t, _ in batch
+    }
+    assert not ran_before & younger, f"requests sent after it ran first: {ran_before & younger}"
+    await b.aclose()
