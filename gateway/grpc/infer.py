@@ -24,7 +24,7 @@ from gateway.grpc.calls import Context, Reply, grpc_route, metadata_of, parse, s
 from gateway.grpc.codec import params_of
 from gateway.grpc.proto import pb2
 from gateway.grpc.status import RpcError, from_response
-from gateway.headers import field
+from gateway.headers import HOP_BY_HOP, field
 from gateway.protocols.v2 import in_sequence
 
 if TYPE_CHECKING:
@@ -71,6 +71,9 @@ class _NoClock:
 
 _ANSWERS = _Answers()
 _CLOCK = _NoClock()
+# Headers that describe the translated body, which the gateway writes: call metadata under these
+# names describes the gRPC message (or nothing) and, first in the list, would be read instead.
+_TRANSLATION_OWNS = HOP_BY_HOP | {"content-type", "content-length", "content-encoding", "host"}
 
 
 class InferFlow:
@@ -141,10 +144,11 @@ class InferFlow:
     ) -> bytes:
         """Local engines and HTTP v2 upstreams: the same inference in the v2 binary form."""
         path, body, headers = codec.to_http_v2(msg, tensors)
+        owned = _TRANSLATION_OWNS | {k.lower() for k, _ in headers}
         up = UpstreamRequest(
             "POST",
             path,
-            [*metadata, *headers],
+            [*((k, v) for k, v in metadata if k.lower() not in owned), *headers],
             body=body,
             deadline_s=ctx.time_remaining(),
             policy=route.upstream,

@@ -110,3 +110,17 @@ def test_bad_input_is_invalid_argument_naming_the_problem(gw: ServerThread) -> N
     with pytest.raises(InferenceServerException) as err:
         c.infer("other-model", [_text(["a"])])
     assert err.value.status() == "StatusCode.NOT_FOUND"
+
+
+@pytest.mark.parametrize("length", ["10", "0", "99999"])
+def test_call_metadata_cannot_override_the_translated_v2_headers(
+    gw: ServerThread, length: str
+) -> None:
+    """The gateway writes the v2 body it sends the engine; metadata under the names that
+    describe that body is the client's and must not be read in their place."""
+    got = client(gw).infer(
+        MODEL,
+        [_text(SENTENCES[:2])],
+        headers={"inference-header-content-length": length, "cache-control": "no-store"},
+    )
+    assert got.as_numpy("embedding").shape == (2, 384)
