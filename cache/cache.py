@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
+from cache.breaker import OPEN
 from cache.codec import CacheEntry
 from cache.errors import TierError
 from cache.keys import CacheKey, KeyBuilder, Selector
@@ -281,18 +282,27 @@ class RouteCache:
         boundary: a tier or an announcement that fails is logged, never the request's failure."""
         # logged as a drop first: a GET of it still in flight does not store the old answer
         self.cache.memory.dropped(key.value.__eq__)
+        started = time.monotonic()
         try:
             await self.tiers.delete(key.value)
         except Exception:  # the cache boundary
             log.exception("cache invalidation failed on route %s", self.route)
         fanout, redis = self.cache.fanout, self.cache.redis
-        if fanout is not None and redis is not None:
-            # awaited, so the others are told before the client hears of its change; bounded
-            # by a Redis op's deadline, so a stalled Redis costs the request no more than that
-            try:
-                await fanout.announce(Selector.one(key), redis.settings.timeouts.op)
-            except Exception:  # the cache boundary (Redis's own errors are counted there)
-                log.exception("announcing an invalidation failed on route %s", self.route)
+        if fanout is None or redis is None:
+            return
+        # Announced after the delete (a peer told first could read the old entry back from
+        # Redis into its memory), and awaited, so the others are told before the client hears
+        # of its change. Both within one Redis op's deadline: a stalled Redis costs the request
+        # no more than that, and nothing while the tier's breaker has it marked down (the
+        # announcement would only wait out its deadline on every request of the outage).
+        left = redis.settings.timeouts.op - (time.monotonic() - started)
+        if redis.breaker.state == OPEN or left <= 0:
+            fanout.skipped("Redis marked down" if left > 0 else "the delete used the deadline")
+            return
+        try:
+            await fanout.announce(Selector.one(key), left)
+        except Exception:  # the cache boundary (Redis's own errors are counted there)
+            log.exception("announcing an invalidation failed on route %s", self.route)
 
     async def peek(self, key_value: str, directives: RequestDirectives) -> CacheEntry | None:
         """An entry by its stored key (the semantic stage's payloads), through the same error

@@ -201,7 +201,7 @@ class CacheFlow:
             hit, ask.semantic_candidate = res.hit, res.candidate
             ask.semantic_rivals, ask.semantic_missed = res.rivals, res.missed
             # an only-if-cached client asked that nothing go upstream for it: no audit either
-            if hit is not None and not ask.directives.only_if_cached:
+            if hit is not None:
                 flow_hooks.count_hit(sr, ask, hit, found[hit.exact_key], compute)
         except Exception:  # the cache boundary: a semantic failure is a miss, never an error
             log.exception("semantic lookup failed on route %s", self.route)

@@ -110,6 +110,12 @@ class PurgeFanout:
         self._announce_log.ok()
         return "announced"
 
+    def skipped(self, why: str) -> None:
+        """An announcement not made because Redis is known to be down or slow: counted (as
+        one that failed) and logged once per outage, as a failed one is."""
+        self.on_error("skipped")
+        self._announce_log.failed(f"not sent: {why}")
+
     async def _tail(self) -> None:
         await follow(self.redis, self._read, lambda: self._closing, self._failed)
 

@@ -63,8 +63,9 @@ def count_hit(
 ) -> None:
     """A semantic hit going out (found in the index, or a paraphrase's flight's answer): the
     budget counts it (`should_audit`), and for its share the client's own question goes
-    upstream in the background, its answer compared with `served`, the one the client got."""
-    if sr.should_audit(ask.call, hit):
+    upstream in the background, its answer compared with `served`, the one the client got.
+    An only-if-cached client asked that nothing go upstream for it: counted, never audited."""
+    if sr.should_audit(ask.call, hit, may_audit=not ask.directives.only_if_cached):
         sr.audit(ask.call, hit, served, audit_fetch(compute, ask.answers, ask.kind))
 
 

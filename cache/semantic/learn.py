@@ -112,9 +112,12 @@ class RouteBudget:
 
     # -- audits ----------------------------------------------------------------------------
 
-    def should_audit(self, hit: SemanticHit) -> bool:
-        """Counts the hit; True for the share to audit (never above 10 % of hits so far)."""
+    def should_audit(self, hit: SemanticHit, may_audit: bool = True) -> bool:
+        """Counts the hit; True for the share to audit (never above 10 % of hits so far).
+        may_audit False (an only-if-cached client): counted, and no audit credit earned."""
         self.hits += 1
+        if not may_audit:
+            return False
         rate = self.audit_rate
         if self.grid.bar().labels < LEARNING_LABELS:
             rate = min(AUDIT_CAP, 2 * rate)

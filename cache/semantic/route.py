@@ -182,8 +182,11 @@ class SemanticRoute:
             return
         self.budget.label_after_miss(candidate, call.semantic_text or "", stored, fresh)
 
-    def should_audit(self, call: CallLike, hit: SemanticHit) -> bool:
-        return self.budget is not None and self.labels(call) and self.budget.should_audit(hit)
+    def should_audit(self, call: CallLike, hit: SemanticHit, may_audit: bool = True) -> bool:
+        """Counts a served hit (of a call that may label); True for the share to audit."""
+        if self.budget is None or not self.labels(call):
+            return False
+        return self.budget.should_audit(hit, may_audit)
 
     def audit(
         self,

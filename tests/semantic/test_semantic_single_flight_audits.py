@@ -71,6 +71,27 @@ def test_joined_paraphrases_are_counted_and_audited_as_semantic_hits(
     assert upstream_calls(upstream) == 2  # the leader's call and the audit's
 
 
+def test_an_only_if_cached_semantic_hit_is_counted_but_never_audited(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """/metrics counted it as a hit and /admin/semantic did not, so the audits' 10 % cap was
+    worked out from an undercount (found by review)."""
+    gw = start_gateway(semantic_config(upstream.url, **BUDGET))
+    c = client_for(gw.url)
+    ask(c, Q, temperature=0)
+    only = {"Cache-Control": "only-if-cached"}
+    for _ in range(PARAPHRASES):  # audit_rate 0.10: a plain hit would be audited by now
+        assert ask(c, PARA, temperature=0, extra_headers=only)[1]["x-cache"] == "semantic-hit"
+    budget = admin_state(gw.url)["budget"]
+    assert budget["semantic_hits"] == PARAPHRASES == metric(gw.url, LOOKUPS + '"hit"}')
+    assert budget["audits"] == 0
+    assert upstream_calls(upstream) == 1  # nothing went upstream for an only-if-cached client
+    # a plain hit after them still earns its own audit credit: the first one comes at the 10th
+    for _ in range(PARAPHRASES):
+        ask(c, PARA, temperature=0)
+    wait_for(lambda: admin_state(gw.url)["budget"]["audits"] == 1, "the plain hits' audit")
+
+
 def test_a_joined_paraphrase_is_a_hit_on_metrics_without_a_budget(
     upstream: ServerThread, start_gateway: Callable[..., ServerThread]
 ) -> None:
