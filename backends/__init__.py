@@ -8,7 +8,7 @@ from backends.base import (
     UpstreamRequest,
     UpstreamResponse,
 )
-from backends.bodies import MSGPACK_TYPES
+from backends.bodies import MSGPACK_TYPES, unpack_msgpack
 from backends.errors import (
     BackendError,
     BadInput,
@@ -51,5 +51,6 @@ __all__ = [
     "UpstreamTimeout",
     "build_backends",
     "preflight",
+    "unpack_msgpack",
     "v2tensors",
 ]

@@ -25,13 +25,41 @@ def is_msgpack(content_type: str | None) -> bool:
     return (content_type or "").split(";", 1)[0].strip().lower() in MSGPACK_TYPES
 
 
+def _plain(value: Any) -> Any:
+    if isinstance(value, (msgpack.Timestamp, msgpack.ExtType)):
+        # no JSON twin: the key could not canonicalise it (a Timestamp was a 500) and no
+        # engine or upstream field takes one
+        raise ValueError("msgpack extension types (timestamps included) are not accepted")
+    return value
+
+
+def _plain_map(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    return {_plain(k): _plain(v) for k, v in pairs}
+
+
+def _plain_list(items: list[Any]) -> list[Any]:
+    return [_plain(v) for v in items]
+
+
+def unpack_msgpack(body: bytes) -> Any:
+    """A msgpack body as the key and the engines read it: str keys as str, other map keys
+    allowed, no extension types anywhere (ValueError and msgpack's own errors otherwise)."""
+    return _plain(
+        msgpack.unpackb(
+            body,
+            raw=False,
+            strict_map_key=False,
+            object_pairs_hook=_plain_map,
+            list_hook=_plain_list,
+        )
+    )
+
+
 def load_document(content_type: str | None, body: bytes, what: str) -> Any:
     """msgpack when the Content-Type says so, JSON otherwise; BadInput names `what` was wrong."""
     if is_msgpack(content_type):
         try:
-            # the protocol layer's options (gateway.protocols.base.decode_body): str keys as
-            # str, other map keys allowed
-            return msgpack.unpackb(body, raw=False, strict_map_key=False)
+            return unpack_msgpack(body)  # as the protocol layer reads it for the key
         except Exception as exc:  # msgpack raises several unrelated types
             raise BadInput(f"{what} is not valid msgpack: {exc}") from None
     try:

@@ -31,6 +31,29 @@ def _connection_tokens(value: str) -> frozenset[str]:
 
 
 _ACCEPT_ENCODING = frozenset({"accept-encoding"})
+# Connection options that name no header of their own beyond the hop-by-hop ones always dropped
+_PLAIN_OPTIONS = frozenset({"keep-alive", "close", "upgrade", "te"})
+
+
+def nominated(headers: CIMultiDictProxy[str]) -> frozenset[str]:
+    """The headers a request's Connection header makes hop-by-hop (RFC 9110 7.6.1), beyond
+    those always dropped: they never reach the upstream or an engine."""
+    if "Connection" not in headers:
+        return frozenset()
+    names = frozenset().union(*(_connection_tokens(v) for v in headers.getall("Connection")))
+    return names - _PLAIN_OPTIONS
+
+
+def end_to_end(headers: CIMultiDictProxy[str]) -> CIMultiDictProxy[str]:
+    """The request's headers as the upstream (or an engine) gets them, for reading the body
+    by: without those its Connection header nominates. A request that nominates Content-Type
+    is read as the upstream reads it, whether its answer is cached or not."""
+    named = nominated(headers)
+    if not named:
+        return headers
+    return CIMultiDictProxy(
+        CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in named)
+    )
 
 
 def upstream_headers(

@@ -31,6 +31,7 @@ from cache import (
 from gateway import responses
 from gateway.codings import coding_error
 from gateway.config import LimitSettings
+from gateway.headers import nominated
 from gateway.metrics import Metrics
 from gateway.protocols.base import KEYED_HEADERS
 from gateway.render import Framing
@@ -85,6 +86,7 @@ def answer(
         or "Cache-Control" in headers  # cache directives take the long way
         or "Pragma" in headers
         or any(h in headers for h in CONDITIONAL_HEADERS)  # ... and so do ranges, preconditions
+        or nominated(headers)  # headers the upstream will not get: the key must not read them
     ):
         return Early(body, None)
     alias = alias_of(request, flow, body)

@@ -58,7 +58,7 @@ from gateway.errors import (
     RequestTimeout,
     ServiceUnavailable,
 )
-from gateway.headers import field, upstream_headers
+from gateway.headers import end_to_end, field, upstream_headers
 from gateway.invalidation import invalidate_get
 from gateway.metrics import Metrics
 from gateway.protocols.base import Call
@@ -217,9 +217,11 @@ class Pipeline:
                 if route.protocol == "passthrough"
                 else request.path,
                 request.query_string,
-                request.headers.get("Content-Type", ""),
+                # as the upstream gets them: a header the client's Connection nominates is not
+                # sent, so the key must not read the body by it either
+                (seen := end_to_end(request.headers)).get("Content-Type", ""),
                 body,
-                request.headers,
+                seen,
             )
             # Megabytes of JSON take 100s of ms to decode: off the event loop, so health checks
             # and cache hits keep being answered meanwhile.

@@ -73,7 +73,15 @@ _ANSWERS = _Answers()
 _CLOCK = _NoClock()
 # Headers that describe the translated body, which the gateway writes: call metadata under these
 # names describes the gRPC message (or nothing) and, first in the list, would be read instead.
-_TRANSLATION_OWNS = HOP_BY_HOP | {"content-type", "content-length", "content-encoding", "host"}
+# accept-encoding: the translated answer is parsed as it arrives (the transport does not
+# decode), so only identity is asked for, whatever the client's metadata says.
+_TRANSLATION_OWNS = HOP_BY_HOP | {
+    "content-type",
+    "content-length",
+    "content-encoding",
+    "host",
+    "accept-encoding",
+}
 
 
 class InferFlow:
@@ -148,7 +156,11 @@ class InferFlow:
         up = UpstreamRequest(
             "POST",
             path,
-            [*((k, v) for k, v in metadata if k.lower() not in owned), *headers],
+            [
+                *((k, v) for k, v in metadata if k.lower() not in owned),
+                *headers,
+                ("accept-encoding", "identity"),
+            ],
             body=body,
             deadline_s=ctx.time_remaining(),
             policy=route.upstream,

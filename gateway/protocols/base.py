@@ -7,10 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import msgpack
-
 # one set with the local engines' (backends.bodies): a body the key reads as msgpack, they do too
-from backends import MSGPACK_TYPES
+from backends import MSGPACK_TYPES, unpack_msgpack
 from gateway.errors import BadRequest
 
 # Request headers an adapter puts into its key (anthropic: the API version and beta set).
@@ -65,7 +63,7 @@ def decode_body(content_type: str, body: bytes) -> Any:
     ctype = content_type.split(";", 1)[0].strip().lower()
     if ctype in MSGPACK_TYPES:
         try:
-            return msgpack.unpackb(body, raw=False, strict_map_key=False)
+            return unpack_msgpack(body)
         except Exception as exc:  # msgpack raises several unrelated types
             raise BadRequest(f"request body is not valid msgpack: {exc}") from None
     if not body:

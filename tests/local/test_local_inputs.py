@@ -104,6 +104,27 @@ def test_msgpack_and_its_json_twin_get_one_outcome_cold_and_warm(
         assert (warm[0], warm[1], warm[2]) == (200, "hit", cold[2]), warm
 
 
+@pytest.mark.parametrize("path", ["/v1/embeddings", INFER])
+@pytest.mark.parametrize(
+    "odd", [msgpack.Timestamp(1, 0), msgpack.ExtType(5, b"x")], ids=["timestamp", "ext"]
+)
+def test_msgpack_extension_types_are_a_json_400(gw: ServerThread, path: str, odd: Any) -> None:
+    """No JSON twin, so no key: a Timestamp anywhere in the body was a 500 (review)."""
+    text = _unique("ext")
+    if path == "/v1/embeddings":
+        docs = [
+            {"model": MODEL, "input": text, "dimensions": odd},
+            {"model": MODEL, "input": [odd]},
+        ]
+    else:
+        doc = _v2_doc(text)
+        docs = [{**doc, "parameters": {"at": odd}}, {**doc, "id": odd}]
+    for d in docs:
+        status, _, answer = _post(gw, path, msgpack.packb(d), "application/msgpack")
+        assert status == 400, (status, answer)
+        assert "extension types" in json.dumps(answer)
+
+
 def test_msgpack_bin_strings_are_the_same_v2_text(gw: ServerThread) -> None:
     """msgpack may carry a BYTES element as bin; the key hashes it as the same string's
     UTF-8, so the engine takes it too, cold, and it equals the JSON answer."""
@@ -204,3 +225,24 @@ def test_class_count_over_grpc_is_invalid_argument_even_after_the_plain_answer_i
         assert "'classification'" in (err.value.message() or "")
     again = triton.infer(MODEL, [_grpc_text(text)], outputs=[plain]).as_numpy("embedding")
     np.testing.assert_array_equal(again, want)
+
+
+def test_a_header_the_connection_header_nominates_is_not_read_hit_or_miss(
+    gw: ServerThread,
+) -> None:
+    """Connection: Content-Type makes Content-Type hop-by-hop: the engine never gets it, so it
+    reads JSON. The key read the body as msgpack all the same, so the request was a 400 cold
+    and a 200 hit once its plain twin was cached (review)."""
+    import httpx2
+
+    body = msgpack.packb({"model": MODEL, "input": _unique("nominated")})
+    plain = {"Content-Type": "application/msgpack"}
+    hop = {**plain, "Connection": "keep-alive, Content-Type"}
+    with httpx2.Client(base_url=gw.url, timeout=60) as c:
+        cold = c.post("/v1/embeddings", content=body, headers=hop)
+        assert cold.status_code == 400 and "JSON" in cold.text, cold.text
+        stored = c.post("/v1/embeddings", content=body, headers=plain)
+        assert (stored.status_code, stored.headers["x-cache"]) == (200, "miss")
+        again = c.post("/v1/embeddings", content=body, headers=hop)
+        assert (again.status_code, again.json()) == (400, cold.json())
+        assert c.post("/v1/embeddings", content=body, headers=plain).headers["x-cache"] == "hit"
