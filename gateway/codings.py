@@ -1,17 +1,26 @@
-"""Request body codings: which ones the gateway decodes, and a 415 for the others.
+"""Request body codings: which ones the gateway decodes, the decoding, and a 415 for the others.
 
-aiohttp's server decodes a request body whose Content-Encoding is one header line naming one
-coding it knows (gzip, deflate; br with Brotli; zstd with Python 3.14's compression.zstd or
-backports.zstd: dependencies of this project) and passes any other body through as it came,
-even "gzip, identity" or a gzip line beside an identity one. What goes upstream
-is the decoded body without the label (gateway.headers.upstream), so a body in a coding it did
-not decode, or in a chain of codings ("gzip, br"), would reach the replica still encoded and
-labelled as plain: refused instead, as RFC 9110 15.5.16 says, with the codings it does take.
+The gateway decodes a request body whose Content-Encoding is one header line naming one coding
+it knows (gzip, deflate; br with Brotli; zstd with Python 3.14's compression.zstd or
+backports.zstd: dependencies of this project), the same set aiohttp's server would decode, and
+takes any other body as it came, even "gzip, identity" or a gzip line beside an identity one.
+What goes upstream is the decoded body without the label (gateway.headers.upstream), so a body
+in a coding it did not decode, or in a chain of codings ("gzip, br"), would reach the replica
+still encoded and labelled as plain: refused instead, as RFC 9110 15.5.16 says, with the codings
+it does take.
+
+The gateway's server runs with aiohttp's decoding off (SERVER_OPTIONS) and decodes here
+(BodyDecoder): aiohttp checks only a deflate stream for its end, so a gzip, br or zstd body cut
+short was decoded as far as it went and forwarded as if whole. Here every coding must end where
+the body ends, and the decoded size is held to limits.max_body_bytes as it grows (a small bomb
+is refused after max_body_bytes of output, not inflated whole).
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
+from typing import Any
 
 from aiohttp import compression_utils, web
 from aiohttp.web_protocol import RequestPayloadError
@@ -30,6 +39,8 @@ DECODED = (
     + (("zstd",) if getattr(compression_utils, "HAS_ZSTD", False) else ())
 )
 _PLAIN = frozenset({"", "identity"})
+# aiohttp runner options for the gateway's listeners: request bodies reach it as sent
+SERVER_OPTIONS: dict[str, Any] = {"auto_decompress": False}
 
 
 def coding_error(headers: Mapping[str, str]) -> GatewayError | None:
@@ -77,12 +88,30 @@ async def read_body(request: web.Request) -> bytes:
     were); one over limits.max_body_bytes (as sent, or once decoded) is the JSON 413."""
     if request.body_exists and (refused := coding_error(request.headers)) is not None:
         raise refused
+    decoder = body_decoder(request, request.client_max_size)
     try:
+        if decoder is not None:
+            return await read_coded(request, decoder)
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(f"request body exceeds {request.client_max_size} bytes") from None
     except RequestPayloadError as exc:
         raise undecodable(request) from exc
+
+
+async def read_coded(request: web.BaseRequest, decoder: BodyDecoder) -> bytes:
+    """A coded body read through its decoder as it arrives: the 413 comes as soon as the output
+    (or the coded input) passes the limit, not once the whole body is in."""
+    content = request.content
+    if content.is_eof():
+        return decoder.whole(content.read_nowait())
+    parts = []
+    async for chunk in content.iter_any():
+        if decoder.seen + len(chunk) > decoder.limit:
+            raise PayloadTooLarge(f"request body exceeds {decoder.limit} bytes")
+        parts.append(decoder.feed(chunk))
+    decoder.finish()
+    return b"".join(parts)
 
 
 def undecodable(request: web.Request) -> BadRequest:
@@ -96,3 +125,105 @@ def undecodable_message(coding: str) -> str:
     if coding:
         return f"the request body does not decode as its Content-Encoding ({coding}) says"
     return "the request body could not be read"
+
+
+def body_decoder(request: web.BaseRequest, limit: int) -> BodyDecoder | None:
+    """The decoder a request's body needs before the gateway reads it, or None: no coding, or
+    one the server decoded already (an app run under a runner with aiohttp's decoding on).
+    Call after coding_error, which refuses the codings no decoder here takes."""
+    coding = request.headers.get("Content-Encoding")
+    if coding is None or not request.body_exists:
+        return None  # (a request without a body has an EmptyStreamReader: nothing to decode)
+    if request.content.total_compressed_bytes is not None:
+        return None
+    coding = coding.strip(" \t").lower()
+    if coding in _PLAIN or coding not in DECODED:
+        return None
+    return BodyDecoder(coding, limit)
+
+
+class BodyDecoder:
+    """One request body's Content-Encoding undone as its bytes arrive. `feed` returns what each
+    chunk decodes to and raises the JSON 413 once the output passes `limit` (before inflating
+    any further); `finish` raises the 400 unless the coded stream ended exactly where the body
+    did. A gzip or zstd body may hold several members, one after another (RFC 1952 2.2)."""
+
+    def __init__(self, coding: str, limit: int) -> None:
+        self.coding = coding
+        self.room = limit
+        self.limit = limit
+        self.seen = 0  # coded bytes fed
+        self._d: Any = None  # the current member's decompressor (made on the first byte)
+        self._ended = False  # the current member's stream ended
+        self._errors: tuple[type[Exception], ...] = (zlib.error,)  # what its decompressor raises
+
+    def whole(self, raw: bytes) -> bytes:
+        """A body that arrived whole, decoded and checked."""
+        out = self.feed(raw)
+        self.finish()
+        return out
+
+    def feed(self, chunk: bytes) -> bytes:
+        if not chunk:
+            return b""
+        self.seen += len(chunk)
+        parts: list[bytes] = []
+        data = chunk
+        try:
+            while data:
+                if self._d is None or self._ended:
+                    if self._ended and self.coding not in ("gzip", "zstd"):
+                        raise ValueError("data after the end of the coded stream")
+                    self._d = self._new(data)
+                    self._ended = False
+                out, data = self._step(data)
+                parts.append(out)
+        except (zlib.error, ValueError, EOFError) as exc:
+            raise BadRequest(undecodable_message(self.coding)) from exc
+        return b"".join(parts)
+
+    def finish(self) -> None:
+        if self.seen and not self._ended:
+            raise BadRequest(undecodable_message(self.coding))
+
+    def _new(self, first: bytes) -> Any:
+        if self.coding == "gzip":
+            return zlib.decompressobj(16 + zlib.MAX_WBITS)
+        if self.coding == "deflate":
+            # RFC 9110 says zlib-wrapped; raw deflate is sent often enough that aiohttp takes it
+            # too (its first byte's low nibble is not 8, the zlib CM field): so does this
+            raw = first[0] & 0x0F != 8
+            return zlib.decompressobj(-zlib.MAX_WBITS if raw else zlib.MAX_WBITS)
+        if self.coding == "br":
+            import brotli  # (the Brotli package, a dependency; imported where it is used)
+
+            self._errors = (brotli.error,)
+            return brotli.Decompressor()
+        try:
+            from compression import zstd  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:
+            from backports import zstd  # type: ignore[import-not-found,no-redef,unused-ignore]
+        self._errors = (zstd.ZstdError,)
+        return zstd.ZstdDecompressor()
+
+    def _step(self, data: bytes) -> tuple[bytes, bytes]:
+        """Decode as much of `data` as the room allows: (output, input left for a next member)."""
+        d = self._d
+        try:
+            if self.coding == "br":
+                out: bytes = d.process(data, output_buffer_limit=self.room + 1)
+                self._take(out)
+                self._ended = d.is_finished()
+                return out, b""
+            out = d.decompress(data, self.room + 1)  # zlib and zstd: at most that many bytes
+        except self._errors as exc:
+            raise ValueError(str(exc)) from exc
+        self._take(out)
+        self._ended = d.eof
+        left: bytes = d.unused_data if d.eof else b""
+        return out, left
+
+    def _take(self, out: bytes) -> None:
+        if len(out) > self.room:
+            raise PayloadTooLarge(f"request body exceeds {self.limit} bytes once decoded")
+        self.room -= len(out)

@@ -17,7 +17,7 @@ from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import ContentEncodingError, LineTooLong
+from aiohttp.http_exceptions import LineTooLong
 from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
@@ -25,7 +25,6 @@ from aiohttp.web_response import StreamResponse
 from aiohttp.web_server import Server
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gateway.codings import undecodable_message
 from gateway.config import LimitSettings
 
 log = logging.getLogger("latentgate.connections")
@@ -48,15 +47,6 @@ def _response(status: int, reason: str, message: str) -> bytes:
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
     return head.encode() + body
-
-
-def _undecoded(message: str) -> str:
-    """What a client is told of a body the parser could not decode ("deflate", "Can not decode
-    content-encoding: gzip"): codings.undecodable's words."""
-    coding = message.rpartition(":")[2].strip().lower()
-    if coding.isascii() and coding.replace("-", "").isalnum() and len(coding) <= 16:
-        return undecodable_message(coding)
-    return "the request body does not decode as its Content-Encoding says"
 
 
 def _loopback(host: str) -> bool:
@@ -109,10 +99,6 @@ class JsonErrorHandler(RequestHandler):
         said = (message or "").split("\n", 1)[0].strip().rstrip(":")
         if isinstance(exc, LineTooLong):  # its message quotes the line back
             said = "a request line or header field is too long"
-        elif isinstance(exc, ContentEncodingError):
-            # a compressed body that ends before its compressed stream does: the parser says
-            # only "deflate" (the request, its path and so its route's envelope are gone by now)
-            status, reason, said = 400, HTTPStatus.BAD_REQUEST.phrase, _undecoded(exc.message)
         text = said if status < 500 and said else reason
         resp = web.Response(
             status=status,
@@ -129,10 +115,11 @@ class JsonErrorHandler(RequestHandler):
         out = await super().finish_response(request, resp, start_time)
         if _coded_body_left(request):
             # Answered (a 413, a 400...) with a compressed body still coming: aiohttp would
-            # linger up to 10 s reading the rest, which its parser decodes on the event loop
-            # (a small gzip bomb is gigabytes of inflating that stall every other client).
-            # Closed instead, now that the answer is written; a plain body keeps lingering, so
-            # a client still sending it reads its answer rather than a reset.
+            # linger up to 10 s reading the rest (and under a runner that decodes bodies, inflate
+            # it on the event loop: a small gzip bomb is gigabytes that stall every client).
+            # A refused or broken coded body has no request behind it worth that wait: closed
+            # instead, now that the answer is written. A plain body keeps lingering, so a
+            # client still sending it reads its answer rather than a reset.
             self.force_close()
         return out
 

@@ -29,7 +29,7 @@ from cache import (
     Hit,
 )
 from gateway import responses
-from gateway.codings import coding_error
+from gateway.codings import body_decoder, coding_error
 from gateway.config import LimitSettings
 from gateway.headers import nominated
 from gateway.metrics import Metrics
@@ -65,9 +65,9 @@ def answer(
     if (
         ("Content-Encoding" in headers or "Transfer-Encoding" in headers)
         and request.body_exists
-        and coding_error(headers)
+        and (coding_error(headers) or body_decoder(request, limits.max_body_bytes) is not None)
     ):
-        return None  # a body the server did not decode: the long way refuses it
+        return None  # a coded body: the long way decodes it, or refuses it
     candidates, _ = router.resolve(request.method, request.path)
     if len(candidates) != 1 or not candidates[0].policy.exact.enabled:
         return None

@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextvars import ContextVar
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestPayloadError
 
 from backends import (
     Backend,
@@ -41,9 +40,9 @@ from cache import (
     NotCached,
     request_directives,
 )
-from gateway import hit_lane, responses
+from gateway import hit_lane, request_body, responses
 from gateway.client_left import unless_client_left
-from gateway.codings import coding_error, undecodable
+from gateway.codings import coding_error
 from gateway.config import LimitSettings
 from gateway.deadline import route_budget_s, within
 from gateway.errors import (
@@ -55,7 +54,6 @@ from gateway.errors import (
     NotFound,
     NotInCache,
     PayloadTooLarge,
-    RequestTimeout,
     ServiceUnavailable,
 )
 from gateway.headers import end_to_end, field, upstream_headers
@@ -201,9 +199,9 @@ class Pipeline:
             if len(body) > self.limits.max_body_bytes:
                 raise PayloadTooLarge(f"request body exceeds {self.limits.max_body_bytes} bytes")
         elif parsed or (length is not None and length <= _STREAM_BODY_OVER):
-            body = await self._read_body(request)
+            body = await request_body.read(request, self.limits)
         else:
-            body = self._stream_body(request)
+            body = request_body.stream(request, self.limits)
         flow = self.flows.get(route.name) if cached and isinstance(body, bytes) else None
         # the lane's alias (None when it did not look): remembered on the long way
         alias: AliasKey | None = early.alias if early is not None else None
@@ -379,41 +377,3 @@ class Pipeline:
         except EngineError as exc:
             self.metrics.upstream_errors.labels(route.backend, type(exc).__name__).inc()
             raise GatewayError(f"local engine {route.backend} failed: {exc}") from None
-
-    async def _read_body(self, request: web.Request) -> bytes:
-        content = request.content
-        try:
-            if content.is_eof():
-                # The whole body came with the headers (the usual small POST): nothing to wait
-                # for, so it is taken as it lies in the buffer (no read loop, no bytearray copy).
-                body = content.read_nowait()
-                if len(body) > self.limits.max_body_bytes:
-                    raise PayloadTooLarge(
-                        f"request body exceeds {self.limits.max_body_bytes} bytes"
-                    )
-                return body
-            async with asyncio.timeout(self.limits.body_read_timeout_s):
-                return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise PayloadTooLarge(
-                f"request body exceeds {self.limits.max_body_bytes} bytes"
-            ) from None
-        except TimeoutError:
-            raise RequestTimeout("the request body did not arrive in time") from None
-        except RequestPayloadError as exc:
-            raise undecodable(request) from exc
-
-    async def _stream_body(self, request: web.Request) -> AsyncIterator[bytes]:
-        """The client's body as the transport forwards it. Its failures are the request's, not
-        the replica's (RequestBodyError: a 413/400 for the client, no mark on the replica)."""
-        seen = 0
-        try:
-            async for chunk in request.content.iter_any():
-                seen += len(chunk)
-                if seen > self.limits.max_body_bytes:
-                    raise RequestBodyError(
-                        PayloadTooLarge(f"request body exceeds {self.limits.max_body_bytes} bytes")
-                    )
-                yield chunk
-        except RequestPayloadError as exc:
-            raise RequestBodyError(undecodable(request)) from exc

@@ -18,6 +18,7 @@ from aiohttp import web
 from cache import Cache, share_generated_secret
 from gateway import access_log
 from gateway.app import build_app
+from gateway.codings import SERVER_OPTIONS
 from gateway.config import Settings
 from gateway.connections import ConnectionGuard, GuardedAppRunner
 from gateway.dispatch import model_traffic_handler
@@ -72,6 +73,7 @@ async def serve(
         max_line_size=limits.max_header_bytes,
         max_field_size=limits.max_header_bytes,
         shutdown_timeout=limits.shutdown_grace_s,
+        **SERVER_OPTIONS,  # request bodies decoded by gateway.codings, checked whole
     )
     try:
         await runner.setup()  # (starts a gRPC listener, when there is one)

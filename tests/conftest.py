@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from gateway.app import build_app
+from gateway.codings import SERVER_OPTIONS
 from gateway.config import Settings
 from tests.support.servers import RedisServer, ServerThread
 from tests.support.upstream import build_upstream
@@ -94,7 +95,10 @@ def start_gateway() -> Iterator[Callable[..., ServerThread]]:
 
     def start(config: dict[str, Any], uds: str | None = None) -> ServerThread:
         settings = Settings.model_validate(config)
-        server = ServerThread(lambda: build_app(settings), uds=uds).start()
+        # the gateway's own server options (request bodies reach it as sent, as in `serve`)
+        server = ServerThread(
+            lambda: build_app(settings), uds=uds, runner_kwargs=SERVER_OPTIONS
+        ).start()
         started.append(server)
         return server
 

@@ -393,14 +393,17 @@ async def test_a_truncated_deflate_body_is_a_json_400_that_says_so(
     upstream: ServerThread, procs: list[GatewayProcess]
 ) -> None:
     """A deflate body whose compressed stream stops short: the parser's own word for it was
-    the whole message ("deflate"); the client is told its body does not decode."""
+    the whole message ("deflate"); the client is told its body does not decode. (The body was
+    read to its Content-Length, so the connection could serve another request: closed here by
+    the request itself, for `_raw`.)"""
     gw = GatewayProcess(base_config(upstream.url)).start(semantic_ready=False)
     procs.append(gw)
     cut = zlib.compress(json.dumps(CHAT).encode())[:-4]
     for path in (b"/v1/chat/completions", b"/echo"):
         request = (
             b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Encoding: deflate\r\nContent-Length: %d\r\n\r\n" % len(cut) + cut
+            b"Content-Encoding: deflate\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(cut) + cut
         )
         status, ctype, body = await asyncio.to_thread(_raw, gw.port, request)
         assert status == 400, body
