@@ -7,6 +7,7 @@ and a route that parsed it answered for whatever prefix happened to parse."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import io
 import json
@@ -184,3 +185,27 @@ async def test_a_coding_label_on_a_request_without_a_body_is_ignored(
     ):
         assert r.status == 200, await r.text()
         assert (await r.json())["body_len"] == 0
+
+
+async def test_a_cut_body_sent_after_its_headers_is_refused_when_it_ends(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """A coded body that arrives after the headers, cut short: refused once its last byte is
+    in, as a 400 (before, a deflate one waited out body_read_timeout_s: a 408)."""
+    cfg = base_config(upstream.url, limits={"body_read_timeout_s": 60})
+    gw = start_gateway(cfg)
+    cut = zlib.compress(json.dumps(CHAT).encode())[:-4]
+    r, w = await asyncio.open_connection("127.0.0.1", gw.port)
+    try:
+        w.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json"
+            b"\r\nContent-Encoding: deflate\r\nContent-Length: %d\r\n\r\n" % len(cut)
+        )
+        await w.drain()
+        await asyncio.sleep(0.2)  # the handler is waiting for the body by now
+        w.write(cut)
+        await w.drain()
+        status = await asyncio.wait_for(r.readline(), 30)
+    finally:
+        w.close()
+    assert status.startswith(b"HTTP/1.1 400 "), status
