@@ -4,10 +4,11 @@ Items are grouped into length buckets so one long input does not pad a batch of 
 engine runs in one worker thread; while it runs, the next batch gathers. Adaptive mode sizes the
 wait from the observed arrival rate and run time, and does not wait at all when traffic is light.
 
-Fairness: every engine run is a turn. A request's items in a bucket are due one batch's worth per
-turn from the turn it arrived in, and the item due first goes first, so work that arrives later
-(a long request's tail, a bucket that others keep full) never holds an item back for more than
-the runs already due before it.
+Fairness: a request's items in a bucket are due one batch's worth per turn from the turn it
+arrived in, and the item due first goes first. The clock is the work being run: an item queued
+while turn t runs is due on turn t + 1. So work that arrives later (a long request's tail, a
+bucket that others keep full) never holds an item back for more than the runs already due before
+it, and a request owed runs it has not had yet is not ahead of everything sent after it.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class Batcher(Generic[T, R]):
         self._edges = sorted(settings.buckets)
         self._queues: list[list[_Entry[T, R]]] = [[] for _ in range(len(self._edges) + 1)]
         self._queued = 0
-        self._turn = 0  # engine runs so far: the clock that items' turns are counted on
+        self._turn = 0  # one past the turn of the work run last: the clock turns count on
         self._seq = 0  # arrival order, to break ties between items due on the same turn
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -192,13 +193,20 @@ class Batcher(Generic[T, R]):
                     break
             queue = self._next_bucket(wait)
             batch: list[_Pending[T, R]] = []
+            due = 0  # the turn of the first item run: the work the clock is on
             while queue and len(batch) < self.settings.max_batch:
-                p = heapq.heappop(queue)[2]
+                turn, _, p = heapq.heappop(queue)
                 self._queued -= 1
                 if not p.future.done():
+                    if not batch:
+                        due = turn
                     batch.append(p)
             if batch:
-                self._turn += 1
+                # What arrives from now on is due the turn after the one being run. Not one
+                # turn per run: a request owed more runs than it got (its other buckets' runs,
+                # other requests' runs) would be ever further behind the clock, and each new
+                # item queued behind all it is owed.
+                self._turn = max(self._turn, due + 1)
                 await self._run_batch(loop, batch)
 
     def _next_bucket(self, wait: float) -> list[_Entry[T, R]]:

@@ -217,3 +217,35 @@ async def test_a_bucket_kept_full_does_not_starve_an_older_item_in_another() -> 
     }
     assert not ran_before & younger, f"requests sent after it ran first: {ran_before & younger}"
     await b.aclose()
+
+
+@pytest.mark.parametrize(
+    ("lengths", "most"),
+    [
+        ([60], 2),  # one bucket: the huge request's batch due on its turn, and a run starting
+        ([60, 30], 4),  # two buckets: a batch of each is due on every turn
+    ],
+)
+async def test_one_request_after_another_keeps_its_place_beside_a_huge_one(
+    lengths: list[int], most: int
+) -> None:
+    """A client sends short requests one after another while a huge request runs: each goes
+    within the runs due on its turn. Before, the clock moved one turn per run, so every run the
+    huge request did not get (the short ones', its other bucket's) put it further behind the
+    clock, and each short request waited behind all of that: 1, 2, 3, ... runs, up to most of
+    the huge request (a one-sentence /v1/embeddings beside a 1024-text one: 0.5 s, then 7-9 s)."""
+    rec = Recorder(delay_s=0.005)
+    b = _batcher(rec, max_batch=4, max_delay_ms=0, buckets=[16, 32, 64])
+    texts = [(f"h{i}", lengths[i % len(lengths)]) for i in range(160)]  # 40 runs
+    huge = asyncio.ensure_future(b.submit(texts))
+    await asyncio.sleep(0.02)
+    waits = []  # runs started after each short request was queued, before its own
+    for n in range(8):
+        started = len(rec.batches)
+        await b.submit([(f"s{n}", 5)])
+        own = next(i for i, batch in enumerate(rec.batches) if batch[0][0] == f"s{n}")
+        waits.append(own - started)
+    assert max(waits) <= most, f"runs each short request waited: {waits}"
+    assert not huge.done(), "the huge request ended before the short ones: nothing was tested"
+    await huge
+    await b.aclose()
