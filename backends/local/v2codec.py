@@ -64,7 +64,10 @@ def decode_infer(
         if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
             raise BadInput(f"input '{name}': 'shape' must be an array of non-negative integers")
         count = element_count(name, shape)
-        size = (inp.get("parameters") or {}).get("binary_data_size")
+        in_params = inp.get("parameters") or {}
+        if not isinstance(in_params, dict):  # (on a passthrough route no adapter looked first)
+            raise BadInput(f"input '{name}': 'parameters' must be an object")
+        size = in_params.get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size < 0 or offset + size > len(binary):
                 raise BadInput(f"input '{name}': binary_data_size does not match the body")

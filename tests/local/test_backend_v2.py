@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -10,7 +11,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from backends.local.text_encoder import TextEncoder
-from tests.local.conftest import SENTENCES, http
+from gateway.app import build_app
+from gateway.config import Settings
+from tests.local.conftest import SENTENCES, http, local_config, wait_ready
 from tests.support.servers import ServerThread
 
 MODEL = "all-MiniLM-L6-v2"
@@ -107,3 +110,28 @@ def test_an_input_given_twice_is_a_400(local_gateway: ServerThread) -> None:
     status, body = _infer_error(local_gateway, [one, two])
     # (the protocol adapter refuses it before the local backend's own check)
     assert status == 400 and "'text' appears more than once" in body["error"]
+
+
+@pytest.fixture(scope="module")
+def passthrough_gateway() -> Iterator[ServerThread]:
+    """The v2 route as passthrough: no protocol adapter reads the body before the engine."""
+    cfg = local_config()
+    for route in cfg["routes"]:
+        if route["name"] == "local-v2":
+            route["protocol"] = "passthrough"
+    server = ServerThread(lambda: build_app(Settings.model_validate(cfg))).start()
+    wait_ready(server.url)
+    yield server
+    server.stop()
+
+
+def test_input_parameters_not_an_object_are_a_400_on_a_passthrough_route(
+    passthrough_gateway: ServerThread,
+) -> None:
+    """The engine checks what the v2 adapter checks on its own: before, a list as an input's
+    'parameters' was an AttributeError in the codec, a text/plain 500."""
+    inputs = [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"], "parameters": [1]}]
+    status, body = _infer_error(passthrough_gateway, inputs)
+    assert status == 400 and "'parameters' must be an object" in str(body["error"])
+    client = _client(passthrough_gateway)  # and the route serves a well-formed request
+    assert client.infer(MODEL, [_text_input(["a"], True)]).as_numpy("embedding").shape == (1, 384)
