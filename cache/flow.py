@@ -339,7 +339,7 @@ class CacheFlow:
             cand, sr = ask.semantic_candidate, self.semantic  # issue 14: label the candidate
             if cand is not None and isinstance(sr, SemanticRoute):
                 load = flow_hooks.stored_loader(self.rc, cand.exact_key)
-                sr.label_after_miss(ask.call, cand, load, entry)
+                sr.label_after_miss(ask.call, ask.key.tenant_h, cand, load, entry)
         except Exception:  # the cache boundary: the response still goes out
             log.exception("semantic store failed on route %s", self.route)
 

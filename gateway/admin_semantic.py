@@ -119,5 +119,16 @@ def route_status(sr: SemanticRoute) -> dict[str, Any]:
         "prior": g.mixture() if g.prior is not None else None,
         # its wrong counts scaled by how much more often this route's labels are wrong
         "prior_scale": round(bar.prior_scale, 3),
+        # tenants this process serves nothing semantic: their own live labels in the served
+        # region refute the bar (cache.semantic.tenant_guard); worst first, ids shortened
+        "guarded_tenants": [
+            {
+                "tenant": v.tenant,
+                "labels": round(v.labels, 2),
+                "wrong": round(v.wrong, 2),
+                "error_lower_bound": round(v.lower_bound, 4),
+            }
+            for v in b.guard.guarded(bar)
+        ],
     }
     return out

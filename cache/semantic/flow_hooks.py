@@ -66,7 +66,9 @@ def count_hit(
     upstream in the background, its answer compared with `served`, the one the client got.
     An only-if-cached client asked that nothing go upstream for it: counted, never audited."""
     if sr.should_audit(ask.call, hit, may_audit=not ask.directives.only_if_cached):
-        sr.audit(ask.call, hit, served, audit_fetch(compute, ask.answers, ask.kind))
+        sr.audit(
+            ask.call, ask.key.tenant_h, hit, served, audit_fetch(compute, ask.answers, ask.kind)
+        )
 
 
 async def flight_hit(
@@ -248,7 +250,7 @@ async def join_flight(
         # so is an answer not kept (no-cache, max-age=0): an identical request may share it, a
         # paraphrase goes upstream itself. Only a stored answer is a semantic hit.
         return None
-    bar = sr.bar()
+    bar = sr.bar(tenant)
     if bar is not None and not bar.serves(joined.similarity, joined.score):
         # The bar moved while this request waited (labels or audits raised or closed it): it
         # would not serve this match now, so neither does the flight (nor does it count a hit).

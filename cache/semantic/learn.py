@@ -6,6 +6,11 @@
   compared the same way (`label_audit`). Audits never exceed 10 % of the route's semantic hits.
 - A disagreement on a candidate the route's bar serves (every wrong audited hit) demotes that
   entry: only a closer match than this one may reuse it (SemanticStage.report_wrong).
+- Every label also counts for its tenant (cache.semantic.tenant_guard): a tenant whose own labels
+  refute the route's bar is served nothing semantic until they no longer do. Its candidates in
+  the route's region are labelled for it alone meanwhile (the route's counts describe the hits
+  it serves, and labelling every one of a guarded tenant's candidates would weigh that tenant
+  there far above its hits' audits).
 
 All of it runs in background tasks of its own: never raising, never delaying a client.
 """
@@ -27,6 +32,7 @@ from cache.semantic.budget import REASONS, Bar, BudgetGrid
 from cache.semantic.metrics import SemanticMetrics
 from cache.semantic.records import Candidate, SemanticHit
 from cache.semantic.stage import SemanticStage
+from cache.semantic.tenant_guard import TenantGuard
 from cache.semantic.verifier import Verifier
 
 log = logging.getLogger("latentgate.semantic.budget")
@@ -56,6 +62,7 @@ class RouteBudget:
         # so labels gathered under another one never prove this route's bar.
         self.context = context
         self.grid = grid
+        self.guard = TenantGuard(grid)
         self.scorer = scorer  # the route's verifier, scoring from the grid's floor
         self.matcher = matcher
         self.exact_match = isinstance(matcher, ExactMatch)
@@ -81,8 +88,11 @@ class RouteBudget:
 
     # -- the bar ---------------------------------------------------------------------------
 
-    def bar(self) -> Bar:
-        return self.grid.bar()
+    def bar(self, tenant: str | None = None) -> Bar:
+        """The route's bar; with `tenant`, the bar that tenant is served at (closed while its
+        own labels refute the route's)."""
+        b = self.grid.bar()
+        return b if tenant is None else self.guard.bar(tenant, b)
 
     def observe(self, cosine: float, score: float) -> None:
         self.grid.observe(cosine, score)
@@ -99,6 +109,7 @@ class RouteBudget:
         m.bar.labels(r, "score").set(b.score)
         m.bar.labels(r, "cosine_only").set(b.cos_only)
         m.bar_open.labels(r).set(1 if b.open and self.serving else 0)
+        m.guarded_tenants.labels(r).set(self.guard.closed_count() if b.open else 0)
         m.prior_scale.labels(r).set(b.prior_scale)
         m.error_rate.labels(r, "estimate").set(b.estimate)
         m.error_rate.labels(r, "bound").set(b.bound)
@@ -135,6 +146,7 @@ class RouteBudget:
         question: str,
         stored: Stored,
         fetch: Callable[[], Awaitable[CacheEntry | None]],
+        tenant: str = "",
     ) -> None:
         """Background: ask the upstream too and label the hit by the two answers."""
 
@@ -149,26 +161,29 @@ class RouteBudget:
                 self._audited("error")
                 return
             await self._label(
-                "audit", hit.exact_key, hit.similarity, hit.score, True, question, stored, fresh
+                "audit",
+                hit.exact_key,
+                hit.similarity,
+                hit.score,
+                True,
+                question,
+                stored,
+                fresh,
+                tenant,
             )
 
         if not self._spawn(run(), "audit"):
             self.audits -= 1  # shed before it asked anything: no audit was made
 
-    def label_audit(
-        self, hit: SemanticHit, question: str, stored: Stored, fresh: CacheEntry
-    ) -> None:
-        self._spawn(
-            self._label(
-                "audit", hit.exact_key, hit.similarity, hit.score, True, question, stored, fresh
-            ),
-            "audit",
-        )
-
     # -- labels from misses ----------------------------------------------------------------
 
     def label_after_miss(
-        self, candidate: Candidate, question: str, stored: Stored, fresh: CacheEntry
+        self,
+        candidate: Candidate,
+        question: str,
+        stored: Stored,
+        fresh: CacheEntry,
+        tenant: str = "",
     ) -> None:
         self._spawn(
             self._label(
@@ -180,6 +195,7 @@ class RouteBudget:
                 question,
                 stored,
                 fresh,
+                tenant,
             ),
             "miss",
         )
@@ -194,6 +210,7 @@ class RouteBudget:
         question: str,
         stored: Stored,
         fresh: CacheEntry,
+        tenant: str = "",
     ) -> None:
         try:
             entry = stored if isinstance(stored, CacheEntry) or stored is None else await stored()
@@ -218,9 +235,15 @@ class RouteBudget:
         self.metrics.labels.labels(self.route, source, outcome).inc()
         if agree is None:
             return
-        self.grid.label(cosine, score, agree)
-        if self.on_count is not None:
-            self.on_count(cosine, score, 0 if agree else 1, 1, 0)
+        route_bar = self.grid.bar()
+        # a candidate the route's bar serves, withheld from a guarded tenant: its label
+        # speaks for that tenant alone (the module's docstring)
+        guarded = route_bar.serves(cosine, score) and not self.guard.bar(tenant, route_bar).open
+        self.guard.label(tenant, cosine, score, agree)
+        if not guarded:
+            self.grid.label(cosine, score, agree)
+            if self.on_count is not None:
+                self.on_count(cosine, score, 0 if agree else 1, 1, 0)
         self.publish()
         if not agree and demote:
             try:

@@ -96,6 +96,13 @@ class SemanticMetrics:
             ["route"],
             registry=registry,
         )
+        self.guarded_tenants = Gauge(
+            p + "guarded_tenants",
+            "Tenants served no semantic hit on this route because their own labels refute its"
+            " bar (cache.semantic.tenant_guard)",
+            ["route"],
+            registry=registry,
+        )
         self.closed_reason = Gauge(
             p + "bar_closed_reason",
             "1 for why a closed bar is closed (too_few_labels, bound_over_budget, refuted),"

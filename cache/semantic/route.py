@@ -122,8 +122,9 @@ class SemanticRoute:
 
     # -- the flow's API (error budget, semantic single flight) -----------------------------
 
-    def bar(self) -> Bar | None:
-        return None if self.budget is None else self.budget.bar()
+    def bar(self, tenant: str | None = None) -> Bar | None:
+        """The learned bar (None: no budget); with `tenant`, the one that tenant is served at."""
+        return None if self.budget is None else self.budget.bar(tenant)
 
     async def search(
         self,
@@ -151,7 +152,7 @@ class SemanticRoute:
             ns,
             text,
             self.budget.scorer,
-            self.budget.bar(),
+            self.budget.bar(tenant),
             payload_exists,
             vector,
             self.budget.observe,
@@ -174,13 +175,18 @@ class SemanticRoute:
         return call.greedy or not self.budget.exact_match
 
     def label_after_miss(
-        self, call: CallLike, candidate: Candidate | None, stored: Stored, fresh: CacheEntry
+        self,
+        call: CallLike,
+        tenant: str,
+        candidate: Candidate | None,
+        stored: Stored,
+        fresh: CacheEntry,
     ) -> None:
         """Background: the fresh answer against the unserved candidate's stored one (stored: the
         entry, or an async loader of it). Never raises, never waits."""
         if candidate is None or self.budget is None or not self.labels(call):
             return
-        self.budget.label_after_miss(candidate, call.semantic_text or "", stored, fresh)
+        self.budget.label_after_miss(candidate, call.semantic_text or "", stored, fresh, tenant)
 
     def should_audit(self, call: CallLike, hit: SemanticHit, may_audit: bool = True) -> bool:
         """Counts a served hit (of a call that may label); True for the share to audit."""
@@ -191,19 +197,14 @@ class SemanticRoute:
     def audit(
         self,
         call: CallLike,
+        tenant: str,
         hit: SemanticHit,
         stored: Stored,
         fetch: Callable[[], Awaitable[CacheEntry | None]],
     ) -> None:
         """Background: fetch a fresh answer (bypassing the cache) and label the hit by it."""
         if self.budget is not None:
-            self.budget.audit(hit, call.semantic_text or "", stored, fetch)
-
-    def label_audit(
-        self, call: CallLike, hit: SemanticHit, stored: Stored, fresh: CacheEntry
-    ) -> None:
-        if self.budget is not None:
-            self.budget.label_audit(hit, call.semantic_text or "", stored, fresh)
+            self.budget.audit(hit, call.semantic_text or "", stored, fetch, tenant)
 
     async def join(
         self, call: CallLike, tenant: str, vector: np.ndarray, stored_rivals: int = 0
@@ -219,7 +220,7 @@ class SemanticRoute:
         ver: Verifier = self.verifier
         bar: Bar | None = None
         if self.budget is not None:
-            bar, ver = self.budget.bar(), self.budget.scorer
+            bar, ver = self.budget.bar(tenant), self.budget.scorer
         return await self.pending.find(
             self.namespace(call, tenant),
             call.semantic_text,

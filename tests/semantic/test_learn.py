@@ -52,7 +52,7 @@ async def test_labels_from_misses_open_the_bar(stage: SemanticStage, verifier: M
         # still learning: a miss, with the candidate it did not serve
         assert res.hit is None and res.candidate is not None
         assert res.candidate.exact_key == f"k{i}"
-        sr.label_after_miss(chat(para, temperature=0), res.candidate, answer(q), answer(q))
+        sr.label_after_miss(chat(para, temperature=0), "t", res.candidate, answer(q), answer(q))
         await sr.budget.drain()
     # three agreeing labels prove a bar at this (loose) budget: the same paraphrase now hits
     res = await sr.search(chat(PAIRS[0][1], temperature=0), "t")
@@ -71,7 +71,7 @@ async def test_a_wrong_audited_hit_tightens_the_bar_and_demotes_the_entry(
         await sr.remember(chat(q, temperature=0), "t", f"k{i}")
         res = await sr.search(chat(para, temperature=0), "t")
         assert res.candidate is not None
-        sr.label_after_miss(chat(para, temperature=0), res.candidate, answer(q), answer(q))
+        sr.label_after_miss(chat(para, temperature=0), "t", res.candidate, answer(q), answer(q))
     await sr.budget.drain()
     q, para = PAIRS[0]
     res = await sr.search(chat(para, temperature=0), "t")
@@ -81,7 +81,7 @@ async def test_a_wrong_audited_hit_tightens_the_bar_and_demotes_the_entry(
         return answer("something else entirely")
 
     for _ in range(3):  # the audited hit's answer differs from the stored one
-        sr.audit(chat(para, temperature=0), res.hit, answer(q), fresh)
+        sr.audit(chat(para, temperature=0), "t", res.hit, answer(q), fresh)
     await sr.budget.drain()
     assert stage.metrics.audits.labels("chat", "disagree")._value.get() == 3
     assert not sr.budget.bar().open  # 3 of 6 wrong: the bound is over even this budget

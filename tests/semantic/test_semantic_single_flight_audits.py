@@ -115,7 +115,7 @@ async def test_a_flight_the_bar_closed_on_while_it_was_awaited_serves_nothing(
         await sr.remember(chat(q, temperature=0), "t", f"k{i}")
         res = await sr.search(chat(para, temperature=0), "t")
         assert res.candidate is not None
-        sr.label_after_miss(chat(para, temperature=0), res.candidate, answer(q), answer(q))
+        sr.label_after_miss(chat(para, temperature=0), "t", res.candidate, answer(q), answer(q))
     await sr.budget.drain()
     assert sr.budget.bar().open
     flights: SingleFlight[CacheEntry | None] = SingleFlight()
@@ -144,7 +144,7 @@ async def test_a_flight_the_bar_closed_on_while_it_was_awaited_serves_nothing(
     # wrong audited hits in the joined match's cell close the bar (as in test_learn)
     audited = SemanticHit("k0", joined.similarity, joined.score)
     for _ in range(3):
-        sr.audit(chat(PARA, temperature=0), audited, answer(Q), fresh)
+        sr.audit(chat(PARA, temperature=0), "t", audited, answer(Q), fresh)
     await sr.budget.drain()
     assert not sr.budget.bar().open
     lead.done(answer(Q))

@@ -1,0 +1,147 @@
+"""Each tenant's own labels beside its route's pooled ones: the budget held in every tenant's
+traffic, not only in the route's mix.
+
+A route's bar is learned from every tenant's labels (the fleet's counts, cache.semantic.budget),
+so one tenant whose questions are harder than the rest (another language, near-identical product
+codes) can be served at the pooled bar while its own hits are wrong far more often than the
+budget. The guard keeps each tenant's live labels on the route's grid and serves a tenant nothing
+semantic while its own labels inside the route's served region refute the bar: their one-sided
+Wilson lower bound, at the route's error_confidence, over max_error_rate (the rule that refutes
+a route's region on its live labels, applied to one tenant's). A guarded tenant's candidates in
+that region are then misses, each labelled by the answer that follows, so the evidence that
+reopens it, or keeps it shut, comes at the full rate of its traffic, without audits.
+
+The guard only ever tightens: a tenant is never served below the route's bar. Its counts fade
+with the route's label_half_life and are this process's own (not shared through Redis); the
+least recently labelled tenants are forgotten past `max_tenants`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from cache.semantic.budget import Bar, BudgetGrid, wilson
+
+REASON_TENANT = "tenant_refuted"  # a closed tenant bar: its own labels refute the route's
+MAX_TENANTS = 4096  # ~1.2 KB of counts each
+
+
+@dataclass(slots=True)
+class _Counts:
+    labels: np.ndarray
+    wrong: np.ndarray
+    at: float  # when the counts were last faded
+    version: int = 0
+    bar: Bar | None = None  # the route bar `verdict` was reached for
+    seen: int = -1  # ... and the counts' version then
+    verdict: Bar | None = None  # None: the route's bar stands
+
+
+@dataclass(frozen=True, slots=True)
+class TenantView:
+    """One guarded tenant, for /admin/semantic (its id is the key's tenant hash, shortened)."""
+
+    tenant: str
+    labels: float  # its live labels in the route's served region
+    wrong: float
+    lower_bound: float
+
+
+class TenantGuard:
+    def __init__(
+        self,
+        grid: BudgetGrid,
+        max_tenants: int = MAX_TENANTS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.grid = grid
+        self.max_tenants = max_tenants
+        self.clock = clock
+        self._tenants: OrderedDict[str, _Counts] = OrderedDict()
+        self._closed: set[str] = set()  # closed at their last verdict (for /metrics)
+
+    def __len__(self) -> int:
+        return len(self._tenants)
+
+    def label(self, tenant: str, cosine: float, score: float, agree: bool) -> None:
+        c = self.grid.cell(cosine, score)
+        if c is None:
+            return
+        counts = self._tenants.get(tenant)
+        if counts is None:
+            shape = (len(self.grid.cos_edges), len(self.grid.score_edges))
+            counts = _Counts(np.zeros(shape, np.float32), np.zeros(shape, np.float32), self.clock())
+            self._tenants[tenant] = counts
+            while len(self._tenants) > self.max_tenants:
+                self._closed.discard(self._tenants.popitem(last=False)[0])
+        else:
+            self._tenants.move_to_end(tenant)
+            self._fade(counts)
+        counts.labels[c] += 1
+        if not agree:
+            counts.wrong[c] += 1
+        counts.version += 1
+
+    def bar(self, tenant: str, bar: Bar) -> Bar:
+        """The bar this tenant is served at: the route's, or closed while its own labels refute
+        the route's region. Cheap for a tenant without labels (one dict lookup)."""
+        counts = self._tenants.get(tenant)
+        if counts is None or not bar.open:
+            return bar
+        self._fade(counts)
+        if counts.bar is not bar or counts.seen != counts.version:
+            counts.bar, counts.seen = bar, counts.version
+            n, k = self._in_region(counts, bar)
+            lower = float(wilson(np.asarray(k), np.asarray(n), self.grid.z, -1.0))
+            counts.verdict = None
+            self._closed.discard(tenant)
+            if lower > self.grid.max_error_rate:
+                counts.verdict = dataclasses.replace(
+                    bar, open=False, estimate=k / n, labels=int(n), reason=REASON_TENANT
+                )
+                self._closed.add(tenant)
+        return bar if counts.verdict is None else counts.verdict
+
+    def closed_count(self) -> int:
+        """Tenants closed at their last verdict (each is renewed at its next lookup or label)."""
+        return len(self._closed)
+
+    def guarded(self, bar: Bar) -> list[TenantView]:
+        """The tenants the route's current bar is closed to, worst first."""
+        out = []
+        for tenant in list(self._tenants):
+            shut = self.bar(tenant, bar)
+            if shut is not bar and not shut.open:
+                n, k = self._in_region(self._tenants[tenant], bar)
+                lower = float(wilson(np.asarray(k), np.asarray(n), self.grid.z, -1.0))
+                out.append(TenantView(tenant[:16], n, k, lower))
+        return sorted(out, key=lambda v: -v.lower_bound)
+
+    def _in_region(self, counts: _Counts, bar: Bar) -> tuple[float, float]:
+        """Its labels and wrong labels in the cells `bar` serves (bars sit on cell edges)."""
+        cos = self.grid.cos_edges[:, None]
+        score = self.grid.score_edges[None, :]
+        served = ((cos >= bar.cosine - 1e-9) & (score >= bar.score - 1e-9)) | (
+            cos >= bar.cos_only - 1e-9
+        )
+        return float(counts.labels[served].sum()), float(counts.wrong[served].sum())
+
+    def _fade(self, counts: _Counts) -> None:
+        half_life = self.grid.half_life
+        if half_life is None:
+            return
+        now = self.clock()
+        age = now - counts.at
+        if age < half_life / 100:
+            return
+        f = np.float32(0.5 ** (age / half_life))
+        counts.labels *= f
+        counts.wrong *= f
+        counts.at = now
+        counts.version += 1
