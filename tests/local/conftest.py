@@ -12,6 +12,7 @@ import pytest
 
 from backends.local.text_encoder import TextEncoder, load_text_encoder
 from gateway.app import build_app
+from gateway.codings import SERVER_OPTIONS
 from gateway.config import Settings
 from tests.support.servers import ServerThread
 
@@ -105,7 +106,7 @@ def wait_ready(url: str, timeout: float = 120.0) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def local_gateway() -> Iterator[ServerThread]:
     settings = Settings.model_validate(local_config())
-    server = ServerThread(lambda: build_app(settings)).start()
+    server = ServerThread(lambda: build_app(settings), runner_kwargs=SERVER_OPTIONS).start()
     wait_ready(server.url)
     yield server
     server.stop()

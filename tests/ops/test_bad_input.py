@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from gateway.app import build_app
+from gateway.codings import SERVER_OPTIONS
 from gateway.config import Settings
 from tests.integration.cache.conftest import ADMIN_TOKEN, anthropic_route, cache_config
 from tests.support.servers import ServerThread
@@ -27,7 +28,7 @@ def gw() -> Iterator[ServerThread]:
     cfg = cache_config(up.url)
     cfg["routes"].insert(0, anthropic_route())
     settings = Settings.model_validate(cfg)
-    server = ServerThread(lambda: build_app(settings)).start()
+    server = ServerThread(lambda: build_app(settings), runner_kwargs=SERVER_OPTIONS).start()
     yield server
     server.stop()
     up.stop()

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.app import build_app
+from gateway.codings import SERVER_OPTIONS
 from gateway.config import Settings
 from tests.conftest import base_config
 from tests.ops.conftest import ADMIN_TOKEN
@@ -108,7 +109,7 @@ def client() -> Iterator[Client]:
         if route["name"] == "chat":  # ... and the semantic one (and its admin endpoints)
             route["cache"]["semantic"] = {"enabled": True}
     settings_ = Settings.model_validate(cfg)
-    gw = ServerThread(lambda: build_app(settings_)).start()
+    gw = ServerThread(lambda: build_app(settings_), runner_kwargs=SERVER_OPTIONS).start()
     c = Client(gw.port)
     yield c
     # Still alive and healthy after everything above.
