@@ -189,10 +189,11 @@ class SemanticRoute:
         self.budget.label_after_miss(candidate, call.semantic_text or "", stored, fresh, tenant)
 
     def should_audit(self, call: CallLike, hit: SemanticHit, may_audit: bool = True) -> bool:
-        """Counts a served hit (of a call that may label); True for the share to audit."""
-        if self.budget is None or not self.labels(call):
+        """Counts a served hit; True for the share to audit (only calls that may label: a
+        seeded sampled hit is served and counted, never audited)."""
+        if self.budget is None:
             return False
-        return self.budget.should_audit(hit, may_audit)
+        return self.budget.should_audit(hit, may_audit and self.labels(call))
 
     def audit(
         self,

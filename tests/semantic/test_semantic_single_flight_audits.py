@@ -149,3 +149,21 @@ async def test_a_flight_the_bar_closed_on_while_it_was_awaited_serves_nothing(
     assert not sr.budget.bar().open
     lead.done(answer(Q))
     assert await waiter is None
+
+
+def test_a_seeded_semantic_hit_is_counted_but_never_audited(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """A seeded sampled call is looked up and served like a greedy one, but under exact answer
+    matching it never labels (its reworded twin samples another path): /metrics counted its
+    hit and /admin/semantic did not (found by a review helper, reproduced first)."""
+    gw = start_gateway(semantic_config(upstream.url, **BUDGET))
+    c = client_for(gw.url)
+    seeded = {"temperature": 0.7, "seed": 7}
+    ask(c, Q, **seeded)
+    for _ in range(PARAPHRASES):  # audit_rate 0.10: a greedy hit would be audited by now
+        assert ask(c, PARA, **seeded)[1]["x-cache"] == "semantic-hit"
+    budget = admin_state(gw.url)["budget"]
+    assert budget["semantic_hits"] == PARAPHRASES == metric(gw.url, LOOKUPS + '"hit"}')
+    assert budget["audits"] == 0
+    assert upstream_calls(upstream) == 1  # no audit went upstream for a call that cannot label
