@@ -42,9 +42,16 @@ class PurgeFanout:
         prefix: str = "lg:",
         block_ms: int = 500,
         on_error: Callable[[str], None] = lambda _kind: None,
+        tail: AnyRedis | None = None,
+        slots: int | None = None,
     ) -> None:
-        """on_error(kind) counts each failed Redis call (the cache's redis_errors counter)."""
+        """on_error(kind) counts each failed Redis call (the cache's redis_errors counter).
+        `redis` announces; `tail` reads the stream (None: `redis` does both). `slots`: the
+        announcements sent at once (None: no bound); the others wait their turn within their
+        deadline, since sentinel and cluster pools refuse, not queue, past max_connections."""
         self.redis = redis
+        self.tail_redis = tail if tail is not None else redis
+        self._slots = asyncio.Semaphore(slots) if slots else None
         self.on_error = on_error
         self.apply = apply
         self.stream_key = f"{{{prefix}}}purge"
@@ -67,11 +74,17 @@ class PurgeFanout:
         on_error: Callable[[str], None],
     ) -> PurgeFanout:
         t = settings.timeouts
-        # the tail blocks in XREAD for block_ms: its socket timeout is above that. One
-        # connection for the tail; the rest for announcements, which come with every
-        # invalidating request, not only with rare admin purges.
-        client = connect(settings, socket_timeout=0.5 + 1.0 + t.connect, max_connections=8)
-        return cls(client, apply, settings.key_prefix, on_error=on_error)
+        # Announcements come with every invalidating request, not only with rare admin purges:
+        # their own client, sized like the tier's pool, and no more sent at once than it holds
+        # (a burst of DELETEs on a sentinel or cluster was refused "Too many connections", and
+        # the other processes kept serving what they deleted). The tail blocks in XREAD for
+        # block_ms on a client of its own: its socket timeout is above that, and a burst of
+        # announcements cannot take its connection (nor its reconnect close theirs).
+        n = settings.pool.max_connections
+        sock = 0.5 + 1.0 + t.connect
+        pub = connect(settings, socket_timeout=sock, max_connections=n)
+        tail = connect(settings, socket_timeout=sock, max_connections=2)
+        return cls(pub, apply, settings.key_prefix, on_error=on_error, tail=tail, slots=n)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._tail(), name="purge-fanout")
@@ -83,6 +96,8 @@ class PurgeFanout:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self.redis.aclose()
+        if self.tail_redis is not self.redis:
+            await self.tail_redis.aclose()
 
     async def announce(self, selector: Selector, deadline_s: float | None = None) -> str:
         """Tell the other processes; what the admin answer says about it. deadline_s bounds
@@ -98,7 +113,7 @@ class PurgeFanout:
             # that one tenant's entries, never another's)
             fields[b"k"] = selector.key
         try:
-            async with asyncio.timeout(deadline_s):
+            async with asyncio.timeout(deadline_s), self._slot():
                 await self.redis.xadd(
                     self.stream_key, fields, maxlen=_STREAM_MAXLEN, approximate=True
                 )
@@ -110,6 +125,9 @@ class PurgeFanout:
         self._announce_log.ok()
         return "announced"
 
+    def _slot(self) -> contextlib.AbstractAsyncContextManager[object]:
+        return self._slots if self._slots is not None else contextlib.nullcontext()
+
     def skipped(self, why: str) -> None:
         """An announcement not made because Redis is known to be down or slow: counted (as
         one that failed) and logged once per outage, as a failed one is."""
@@ -117,13 +135,13 @@ class PurgeFanout:
         self._announce_log.failed(f"not sent: {why}")
 
     async def _tail(self) -> None:
-        await follow(self.redis, self._read, lambda: self._closing, self._failed)
+        await follow(self.tail_redis, self._read, lambda: self._closing, self._failed)
 
     async def _read(self) -> None:
         if self.last_id is None:
-            newest: Any = await self.redis.xrevrange(self.stream_key, count=1)
+            newest: Any = await self.tail_redis.xrevrange(self.stream_key, count=1)
             self.last_id = newest[0][0].decode() if newest else "0-0"
-        resp: Any = await self.redis.xread(
+        resp: Any = await self.tail_redis.xread(
             {self.stream_key: self.last_id}, block=self.block_ms, count=100
         )
         self._tail_log.ok()

@@ -8,6 +8,7 @@ entry (a condition with a generous deadline, never a fixed delay), then ask agai
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
@@ -18,9 +19,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import aiohttp
 import pytest
 
 from tests.integration.cache.conftest import ADMIN_TOKEN, cache_config
+from tests.support.redis_topologies import MASTER, RedisSentinelServers
 from tests.support.servers import GatewayProcess, RedisServer, ServerThread
 
 ALICE = "Bearer sk-alice"
@@ -186,6 +189,42 @@ def test_with_redis_stalled_or_gone_an_unsafe_request_still_invalidates_locally(
         if redis.proc.poll() is None:
             redis.proc.send_signal(signal.SIGCONT)
         redis.stop()
+
+
+@pytest.mark.slow
+def test_a_burst_of_unsafe_requests_on_sentinel_reaches_the_others_memory(
+    upstream: ServerThread, processes: Callable[..., GatewayProcess]
+) -> None:
+    """Sentinel (a cluster's pools are the same): its connection pools refuse, not queue, past
+    their max_connections. 32 DELETEs at once through A, Redis healthy: every one of them
+    reaches B's memory (before, the fan-out had 8 connections, the tail's among them, and most
+    announcements of the burst failed with "Too many connections": B kept serving them)."""
+    topo = RedisSentinelServers().start()
+    try:
+        cfg = cache_config(upstream.url, topo.url, routes=("default",))
+        cfg["cache"]["redis"].update({"mode": "sentinel", "sentinel_master": MASTER})
+        a, b = processes(cfg), processes(cfg)
+        paths = [f"/items/{uuid.uuid4().hex[:8]}" for _ in range(32)]
+        for p in paths:
+            assert _request(a.url + p)[1]["X-Cache"] == "miss"
+            assert _request(b.url + p)[1]["X-Cache"] == "hit"  # from Redis, now in B's memory
+        assert _memory_entries(b) == len(paths)
+
+        async def burst() -> list[int]:
+            async with aiohttp.ClientSession(headers={"Authorization": ALICE}) as s:
+
+                async def delete(p: str) -> int:
+                    async with s.delete(a.url + p) as r:
+                        await r.read()
+                        return r.status
+
+                return await asyncio.gather(*(delete(p) for p in paths))
+
+        assert set(asyncio.run(burst())) == {200}
+        _until(lambda: _memory_entries(b) == 0, "B's memory still holds deleted targets")
+        assert all(_request(b.url + p)[1]["X-Cache"] == "miss" for p in paths)
+    finally:
+        topo.stop()
 
 
 def _in_every_worker(gw: GatewayProcess, path: str, count: int) -> None:
