@@ -292,15 +292,17 @@ class RouteCache:
             return
         # Announced after the delete (a peer told first could read the old entry back from
         # Redis into its memory), and awaited, so the others are told before the client hears
-        # of its change. Both within one Redis op's deadline: a stalled Redis costs the request
-        # no more than that, and nothing while the tier's breaker has it marked down (the
-        # announcement would only wait out its deadline on every request of the outage).
-        left = redis.settings.timeouts.op - (time.monotonic() - started)
-        if redis.breaker.state == OPEN or left <= 0:
-            fanout.skipped("Redis marked down" if left > 0 else "the delete used the deadline")
+        # of its change. The request waits for both within one Redis op's deadline: a stalled
+        # Redis costs it no more than that; what is left of the announcement then is sent on in
+        # the background (a busy process spends the deadline on its own work while Redis is
+        # healthy: dropping it left the others serving what was deleted). None is sent while
+        # the tier's breaker has Redis marked down (its stalled deletes open it).
+        if redis.breaker.state == OPEN:
+            fanout.skipped("Redis marked down")
             return
+        left = redis.settings.timeouts.op - (time.monotonic() - started)
         try:
-            await fanout.announce(Selector.one(key), left)
+            await fanout.announce(Selector.one(key), max(left, 0.0))
         except Exception:  # the cache boundary (Redis's own errors are counted there)
             log.exception("announcing an invalidation failed on route %s", self.route)
 

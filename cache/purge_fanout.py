@@ -52,6 +52,8 @@ class PurgeFanout:
         self.redis = redis
         self.tail_redis = tail if tail is not None else redis
         self._slots = asyncio.Semaphore(slots) if slots else None
+        self._sending: set[asyncio.Future[str]] = set()  # announcements on their way
+        self._socket_s = 2.0  # how long aclose waits for them (from_settings: the socket's)
         self.on_error = on_error
         self.apply = apply
         self.stream_key = f"{{{prefix}}}purge"
@@ -84,13 +86,20 @@ class PurgeFanout:
         sock = 0.5 + 1.0 + t.connect
         pub = connect(settings, socket_timeout=sock, max_connections=n)
         tail = connect(settings, socket_timeout=sock, max_connections=2)
-        return cls(pub, apply, settings.key_prefix, on_error=on_error, tail=tail, slots=n)
+        fanout = cls(pub, apply, settings.key_prefix, on_error=on_error, tail=tail, slots=n)
+        fanout._socket_s = sock
+        return fanout
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._tail(), name="purge-fanout")
 
     async def aclose(self) -> None:
         self._closing = True
+        if self._sending:  # announcements still on their way: a moment to land, no more
+            _, late = await asyncio.wait(set(self._sending), timeout=self._socket_s)
+            for send in late:
+                send.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -101,7 +110,10 @@ class PurgeFanout:
 
     async def announce(self, selector: Selector, deadline_s: float | None = None) -> str:
         """Tell the other processes; what the admin answer says about it. deadline_s bounds
-        the wait (a request's invalidation must not wait out a stalled Redis)."""
+        the wait (a request's invalidation must not wait out a stalled Redis), not the
+        announcement: one still on its way then is sent on in the background, within the
+        client's socket timeout (a burst of DELETEs on a busy process used the deadline up
+        while Redis was healthy, and the others kept serving what was deleted)."""
         fields: dict[Any, Any] = {
             b"o": self.origin,
             b"r": selector.route_h or "",
@@ -112,8 +124,18 @@ class PurgeFanout:
             # (a reader without this field drops the key's route, model and tenant: more of
             # that one tenant's entries, never another's)
             fields[b"k"] = selector.key
+        send = asyncio.ensure_future(self._send(fields))
+        self._sending.add(send)  # (held until sent: a request's deadline does not cancel it)
+        send.add_done_callback(self._sending.discard)
         try:
-            async with asyncio.timeout(deadline_s), self._slot():
+            async with asyncio.timeout(deadline_s):
+                return await asyncio.shield(send)
+        except TimeoutError:  # (_send answers its own failures, never raises them)
+            return "announcing"
+
+    async def _send(self, fields: dict[Any, Any]) -> str:
+        try:
+            async with self._slot():
                 await self.redis.xadd(
                     self.stream_key, fields, maxlen=_STREAM_MAXLEN, approximate=True
                 )

@@ -71,18 +71,6 @@ def _entries_per_worker(gw: GatewayProcess) -> dict[str, int]:
     return {w: int(float(n)) for w, n in _WORKER_ENTRIES.findall(text)}
 
 
-def _announcements_skipped(gw: GatewayProcess) -> float:
-    """Invalidations not announced because Redis was known to be down or slow."""
-    with urllib.request.urlopen(gw.url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    line = re.search(
-        r'^latentgate_cache_redis_errors_total\{kind="skipped",op="purge_fanout"\} (\S+)$',
-        text,
-        re.MULTILINE,
-    )
-    return float(line.group(1)) if line else 0.0
-
-
 def _until(condition: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + PATIENCE_S
     while not condition():
@@ -173,14 +161,15 @@ def test_with_redis_stalled_or_gone_an_unsafe_request_still_invalidates_locally(
             assert _request(a.url + path)[1]["X-Cache"] in ("miss", "hit")
             assert _request(a.url + path)[1]["X-Cache"] == "hit"  # from memory
             redis.proc.send_signal(stall)
-            skipped = _announcements_skipped(a)
+            started = time.monotonic()
             status, headers, _ = _request(a.url + path, "DELETE")
             assert (status, headers["X-Cache"]) == (200, "bypass")
             if stall == signal.SIGSTOP:
-                # the delete waited out the Redis op deadline: the announcement is not sent to
-                # wait out another (a DELETE paid it twice, then once per request while the
-                # tier's breaker had Redis marked down)
-                assert _announcements_skipped(a) == skipped + 1
+                # the delete waited out the Redis op deadline (0.1 s): the request does not
+                # wait for the announcement too (a DELETE paid it twice, then once per request
+                # while the tier's breaker had Redis marked down); that goes on in the
+                # background, within the fan-out's socket timeout (2.5 s)
+                assert time.monotonic() - started < 1.0
             status, headers, _ = _request(a.url + path)
             assert (status, headers["X-Cache"]) == (200, "miss")
             if stall == signal.SIGSTOP:
@@ -189,6 +178,44 @@ def test_with_redis_stalled_or_gone_an_unsafe_request_still_invalidates_locally(
         if redis.proc.poll() is None:
             redis.proc.send_signal(signal.SIGCONT)
         redis.stop()
+
+
+def _burst_reaches_the_other(a: GatewayProcess, b: GatewayProcess, n: int) -> None:
+    """n GETs cached in both sidecars' memory; n DELETEs of them at once through A: every one
+    reaches B's memory, and B asks the upstream again for each."""
+    paths = [f"/items/{uuid.uuid4().hex[:8]}" for _ in range(n)]
+    for p in paths:
+        assert _request(a.url + p)[1]["X-Cache"] == "miss"
+        assert _request(b.url + p)[1]["X-Cache"] == "hit"  # from Redis, now in B's memory
+    assert _memory_entries(b) == n
+
+    async def burst() -> list[int]:
+        async with aiohttp.ClientSession(headers={"Authorization": ALICE}) as s:
+
+            async def delete(p: str) -> int:
+                async with s.delete(a.url + p) as r:
+                    await r.read()
+                    return r.status
+
+            return await asyncio.gather(*(delete(p) for p in paths))
+
+    assert set(asyncio.run(burst())) == {200}
+    _until(lambda: _memory_entries(b) == 0, "B's memory still holds deleted targets")
+    assert all(_request(b.url + p)[1]["X-Cache"] == "miss" for p in paths)
+
+
+@pytest.mark.slow
+def test_a_burst_of_unsafe_requests_reaches_the_others_memory(
+    upstream: ServerThread,
+    redis_server: RedisServer,
+    processes: Callable[..., GatewayProcess],
+) -> None:
+    """150 DELETEs at once through A, Redis healthy: the busy process spends the op deadline
+    on its own work, and an announcement that takes longer is sent on in the background, not
+    dropped (before, from a quarter to a half of them timed out or were not sent, and B kept
+    serving those targets)."""
+    cfg = cache_config(upstream.url, redis_server.url, routes=("default",))
+    _burst_reaches_the_other(processes(cfg), processes(cfg), 150)
 
 
 @pytest.mark.slow
@@ -203,26 +230,7 @@ def test_a_burst_of_unsafe_requests_on_sentinel_reaches_the_others_memory(
     try:
         cfg = cache_config(upstream.url, topo.url, routes=("default",))
         cfg["cache"]["redis"].update({"mode": "sentinel", "sentinel_master": MASTER})
-        a, b = processes(cfg), processes(cfg)
-        paths = [f"/items/{uuid.uuid4().hex[:8]}" for _ in range(32)]
-        for p in paths:
-            assert _request(a.url + p)[1]["X-Cache"] == "miss"
-            assert _request(b.url + p)[1]["X-Cache"] == "hit"  # from Redis, now in B's memory
-        assert _memory_entries(b) == len(paths)
-
-        async def burst() -> list[int]:
-            async with aiohttp.ClientSession(headers={"Authorization": ALICE}) as s:
-
-                async def delete(p: str) -> int:
-                    async with s.delete(a.url + p) as r:
-                        await r.read()
-                        return r.status
-
-                return await asyncio.gather(*(delete(p) for p in paths))
-
-        assert set(asyncio.run(burst())) == {200}
-        _until(lambda: _memory_entries(b) == 0, "B's memory still holds deleted targets")
-        assert all(_request(b.url + p)[1]["X-Cache"] == "miss" for p in paths)
+        _burst_reaches_the_other(processes(cfg), processes(cfg), 32)
     finally:
         topo.stop()
 
