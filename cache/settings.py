@@ -80,6 +80,7 @@ _BUDGET_ONLY = frozenset(
         "prior",
         "label_half_life",
         "min_labels",
+        "tenant_guard",
     }
 )
 
@@ -133,6 +134,10 @@ class SemanticPolicy(_Frozen):
     # (an infinite one stopped the stage at start-up; 1e300 failed every flush).
     label_half_life: float = Field(86400.0, gt=0, le=MAX_HALF_LIFE_S, allow_inf_nan=False)
     min_labels: int = Field(100, ge=1)  # prior and live, in a served region before it serves
+    # A tenant whose own labels refute the route's bar is served nothing semantic until they no
+    # longer do (cache.semantic.tenant_guard). Off: every tenant is served at the pooled bar (a
+    # route whose tenants are one application's end users, each with little traffic of its own).
+    tenant_guard: bool = True
 
     @model_validator(mode="after")
     def _judge_needs_endpoint(self) -> SemanticPolicy:

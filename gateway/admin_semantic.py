@@ -128,7 +128,8 @@ def route_status(sr: SemanticRoute) -> dict[str, Any]:
                 "wrong": round(v.wrong, 2),
                 "error_lower_bound": round(v.lower_bound, 4),
             }
-            for v in b.guard.guarded(bar)
+            for v in (b.guard.guarded(bar) if b.guard is not None else [])
         ],
+        "tenant_guard": b.guard is not None,
     }
     return out

@@ -55,6 +55,8 @@ class RouteBudget:
         audit_rate: float,
         scorer: Verifier,
         context: str = "",
+        *,
+        tenant_guard: bool = True,
     ) -> None:
         self.route = route
         # What a label means here: the scorer, its floor and point, the rival rule and the
@@ -62,7 +64,7 @@ class RouteBudget:
         # so labels gathered under another one never prove this route's bar.
         self.context = context
         self.grid = grid
-        self.guard = TenantGuard(grid)
+        self.guard = TenantGuard(grid) if tenant_guard else None
         self.scorer = scorer  # the route's verifier, scoring from the grid's floor
         self.matcher = matcher
         self.exact_match = isinstance(matcher, ExactMatch)
@@ -92,7 +94,7 @@ class RouteBudget:
         """The route's bar; with `tenant`, the bar that tenant is served at (closed while its
         own labels refute the route's)."""
         b = self.grid.bar()
-        return b if tenant is None else self.guard.bar(tenant, b)
+        return b if tenant is None or self.guard is None else self.guard.bar(tenant, b)
 
     def observe(self, cosine: float, score: float) -> None:
         self.grid.observe(cosine, score)
@@ -109,7 +111,8 @@ class RouteBudget:
         m.bar.labels(r, "score").set(b.score)
         m.bar.labels(r, "cosine_only").set(b.cos_only)
         m.bar_open.labels(r).set(1 if b.open and self.serving else 0)
-        m.guarded_tenants.labels(r).set(self.guard.closed_count() if b.open else 0)
+        guarded = self.guard.closed_count() if self.guard is not None and b.open else 0
+        m.guarded_tenants.labels(r).set(guarded)
         m.prior_scale.labels(r).set(b.prior_scale)
         m.error_rate.labels(r, "estimate").set(b.estimate)
         m.error_rate.labels(r, "bound").set(b.bound)
@@ -235,11 +238,13 @@ class RouteBudget:
         self.metrics.labels.labels(self.route, source, outcome).inc()
         if agree is None:
             return
-        route_bar = self.grid.bar()
-        # a candidate the route's bar serves, withheld from a guarded tenant: its label
-        # speaks for that tenant alone (the module's docstring)
-        guarded = route_bar.serves(cosine, score) and not self.guard.bar(tenant, route_bar).open
-        self.guard.label(tenant, cosine, score, agree)
+        guarded = False
+        if self.guard is not None:
+            route_bar = self.grid.bar()
+            # a candidate the route's bar serves, withheld from a guarded tenant: its label
+            # speaks for that tenant alone (the module's docstring)
+            guarded = route_bar.serves(cosine, score) and not self.guard.bar(tenant, route_bar).open
+            self.guard.label(tenant, cosine, score, agree)
         if not guarded:
             self.grid.label(cosine, score, agree)
             if self.on_count is not None:

@@ -188,7 +188,15 @@ class SemanticSetup:
             matcher = JudgeMatch(post, j.model, j.body, j.max_concurrent, close)
         context = label_context(scorer, ver, p, verifier_artifact)
         return RouteBudget(
-            route, grid, matcher, self.stage, self.metrics, p.audit_rate, scorer, context
+            route,
+            grid,
+            matcher,
+            self.stage,
+            self.metrics,
+            p.audit_rate,
+            scorer,
+            context,
+            tenant_guard=p.tenant_guard,
         )
 
     def budgets(self) -> dict[str, RouteBudget]:

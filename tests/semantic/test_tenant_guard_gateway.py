@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from tests.semantic.test_budget_gateway import BUDGET, admin_state, metric, wait_for
 from tests.semantic.test_gateway import ask, client_for, semantic_config
 from tests.support.servers import ServerThread
@@ -25,12 +27,15 @@ GUARDED = 'latentgate_semantic_guarded_tenants{route="chat"}'
 TIGHT = {**BUDGET, "max_error_rate": 0.3}
 
 
+@pytest.mark.parametrize("guard", [True, False])
 def test_a_tenant_whose_own_labels_refute_the_bar_is_not_served_by_it(
     class_upstream: ServerThread,
     answers: dict[str, str],
     start_gateway: Callable[..., ServerThread],
+    guard: bool,
 ) -> None:
-    gw = start_gateway(semantic_config(class_upstream.url, **TIGHT))
+    """With `tenant_guard: false` the same tenant is served at the pooled bar, as before."""
+    gw = start_gateway(semantic_config(class_upstream.url, **TIGHT, tenant_guard=guard))
     bad = client_for(gw.url, "sk-bad")
     for i, (q, para) in enumerate(BAD):
         answers[q], answers[para] = f"answer {i}", f"another answer {i}"
@@ -56,6 +61,10 @@ def test_a_tenant_whose_own_labels_refute_the_bar_is_not_served_by_it(
     pooled, misses = state["labels"], state["labels_by_source"]["miss"]["agree"]
     ask(bad, Q, temperature=0)
     text, h = ask(bad, PARA, temperature=0)
+    if not guard:
+        assert h["x-cache"] == "semantic-hit"
+        assert admin_state(gw.url)["budget"]["guarded_tenants"] == []
+        return
     assert h["x-cache"] == "miss" and text == ANSWER
     guarded = admin_state(gw.url)["budget"]["guarded_tenants"]
     assert len(guarded) == 1 and guarded[0]["wrong"] == 3, guarded
