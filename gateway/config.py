@@ -149,7 +149,18 @@ class Settings(_Frozen):
                 raise PydanticCustomError(
                     _BACKEND_REF, _http_to_grpc(route.name, route.protocol, route.backend)
                 )
-            judge = route.cache.semantic.judge
+            sem = route.cache.semantic
+            if sem.max_error_rate is not None and route.protocol not in ("openai", "anthropic"):
+                # labels compare two answers' text (cache/semantic/answer_text.py): a v2 or
+                # gRPC answer is tensors, so no label would ever come and the bar never open
+                raise PydanticCustomError(
+                    _BACKEND_REF,
+                    f"route {route.name!r}: cache.semantic.max_error_rate needs answers the "
+                    "gateway can compare, on protocol openai or anthropic; a "
+                    f"{route.protocol} route's semantic cache serves at its static point "
+                    "(threshold, min_score): remove max_error_rate and its budget keys",
+                )
+            judge = sem.judge
             if judge is not None and judge.backend is not None:
                 spec = self.backends.get(judge.backend)
                 if spec is None or spec.kind != "remote" or getattr(spec, "wire", "") == "grpc":

@@ -212,3 +212,20 @@ def test_a_judge_backend_must_be_a_remote_http_backend(backend: str) -> None:
     }
     with pytest.raises(ValidationError, match=f"judge backend '{backend}' must be a remote HTTP"):
         Settings.model_validate(cfg)
+
+
+@pytest.mark.parametrize("protocol", ["v2", "passthrough"])
+def test_a_budget_on_a_route_whose_answers_are_not_text_is_a_config_error(protocol: str) -> None:
+    """Labels compare answers' text: on a v2 route no label would ever come, and the bar would
+    stay shut for good with nothing said; the config says so at load instead."""
+    from pydantic import ValidationError
+
+    from gateway.config import Settings
+
+    cfg = semantic_config("http://127.0.0.1:9", **BUDGET)
+    chat = next(r for r in cfg["routes"] if r["name"] == "chat")
+    chat["protocol"] = protocol
+    with pytest.raises(ValidationError, match="max_error_rate needs answers the gateway can"):
+        Settings.model_validate(cfg)
+    chat["cache"]["semantic"] = {"enabled": True}  # the static point: fine
+    Settings.model_validate(cfg)
