@@ -40,6 +40,10 @@ log = logging.getLogger("latentgate.semantic.budget")
 AUDIT_CAP = 0.10  # audits per semantic hit, at most
 LEARNING_LABELS = 100  # the served region has fewer labels than this: audit twice as often
 MAX_PENDING = 256  # labels and audits in flight per route; more are shed (labels{outcome=shed})
+# Audits waiting on the upstream per route: they share its pool (and breaker's max_in_flight)
+# with client misses, so a slow upstream must not fill it with audits. A hit due for an audit
+# while this many are out is not audited; the credit waits for the next hit.
+MAX_AUDITS_IN_FLIGHT = 4
 Source = Literal["miss", "audit"]
 Stored = CacheEntry | Callable[[], Awaitable[CacheEntry | None]] | None
 
@@ -79,6 +83,7 @@ class RouteBudget:
         self.label_outcomes: Counter[tuple[str, str]] = Counter()
         self._warned_at = -math.inf
         self._credit = 0.0
+        self._auditing = 0  # audits waiting on the upstream
         self._tasks: set[asyncio.Task[None]] = set()
         # Called with (cosine, score, wrong, volume) deltas: the shared store's hook.
         self.on_count: Callable[[float, float, int, int, int], None] | None = None
@@ -139,6 +144,9 @@ class RouteBudget:
         self._credit += rate
         if self._credit < 1.0 - 1e-9 or self.audits + 1 > AUDIT_CAP * self.hits + 1e-9:
             return False
+        if self._auditing >= MAX_AUDITS_IN_FLIGHT:
+            self._credit = min(self._credit, 1.0)  # (due at the next hit, not banked up)
+            return False
         self._credit -= 1.0
         self.audits += 1
         return True
@@ -160,6 +168,8 @@ class RouteBudget:
                 log.info("semantic audit on route %s: upstream failed (%s)", self.route, exc)
                 self._audited("error")
                 return
+            finally:
+                self._auditing -= 1
             if fresh is None:
                 self._audited("error")
                 return
@@ -175,7 +185,9 @@ class RouteBudget:
                 tenant,
             )
 
+        self._auditing += 1  # (from here: the next hit must see it, before the task starts)
         if not self._spawn(run(), "audit"):
+            self._auditing -= 1
             self.audits -= 1  # shed before it asked anything: no audit was made
 
     # -- labels from misses ----------------------------------------------------------------

@@ -173,3 +173,36 @@ async def test_metrics_follow_a_bar_that_moves_because_labels_faded(
     now[0] += 600.0  # ten half-lives: the three labels weigh 0.003 together
     budget.observe(0.97, 0.6)
     assert metrics.bar_open.labels("chat")._value.get() == 0
+
+
+async def test_audits_waiting_on_the_upstream_are_bounded(
+    stage: SemanticStage, verifier: MlpVerifier
+) -> None:
+    """Audits share the route's upstream pool with client misses: while MAX_AUDITS_IN_FLIGHT
+    wait on a slow upstream, a hit due for one is not audited, and the next hit after one
+    comes back is (the credit waits, it does not pile up)."""
+    import asyncio
+
+    from cache.semantic.learn import MAX_AUDITS_IN_FLIGHT
+    from cache.semantic.records import SemanticHit
+
+    grid = BudgetGrid(0.5, verifier.floor, verifier.p_min, min_labels=3)
+    budget = RouteBudget("chat", grid, ExactMatch(), stage, stage.metrics, 0.1, scorer=verifier)
+    slow = asyncio.Event()
+    asked = 0
+
+    async def upstream() -> CacheEntry | None:
+        nonlocal asked
+        asked += 1
+        await slow.wait()
+        return answer("a")
+
+    hit = SemanticHit("k0", 0.97, 0.6)
+    for _ in range(400):  # 10 % of 400 hits would be 40 audits
+        if budget.should_audit(hit):
+            budget.audit(hit, "q", answer("a"), upstream)
+    await asyncio.sleep(0)
+    assert asked == budget.audits == MAX_AUDITS_IN_FLIGHT
+    slow.set()
+    await budget.drain()
+    assert budget.should_audit(hit)  # one is due at once now: the next hit is audited
