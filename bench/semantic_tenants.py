@@ -9,6 +9,10 @@ routes of one gateway process told apart by model: `static` (the shipped point),
 (max_error_rate 0.10, `tenant_guard: false`: every tenant at the route's bar) and `guarded`
 (0.10, the default: a tenant whose own labels refute the bar is served nothing semantic).
 
+`--hard verbatim` gives tenant `hard` question-like traffic whose answers depend on the exact
+wording (the QQP calib part's questions, each answered as its own class, as a code or SQL
+generator's would be): every semantic hit it gets is wrong, and only its own labels can say so.
+
 The stand-in upstream answers by class (bench.semantic_budget): a hit is right exactly when it
 returns the asker's class answer. Reports per route and tenant: semantic hits and their error
 in the tenant's second half, audit calls, hit p50/p95/p99 and throughput, and /admin/semantic's
@@ -103,10 +107,15 @@ def ask(run: Run, a: Ask, expected: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--part", default="eval", help="eval (the report) or calib (tuning)")
+    ap.add_argument("--hard", choices=("stsb", "verbatim"), default="stsb")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     pairs = {s.name.split()[0]: s for s in pair_streams(args.part)}
-    streams = {"qqp": pairs["qqp"], "hard": pairs["stsb"]}
+    hard = pairs["stsb"]
+    if args.hard == "verbatim":
+        q = next(s for s in pair_streams("calib") if s.name.startswith("qqp"))
+        hard = Stream("qqp calib, verbatim", q.first, q.second, {t: t for t in q.first + q.second})
+    streams = {"qqp": pairs["qqp"], "hard": hard}
     answers: dict[str, str] = {}
     for tenant, s in streams.items():  # a text in both streams keeps its first class
         for t, c in s.classes.items():
@@ -136,9 +145,9 @@ def main() -> None:
         upstream.stop()
     sizes = {t: len(s.first) + len(s.second) for t, s in streams.items()}
     print(
-        f"two tenants on one route ({args.part} parts): qqp {sizes['qqp']} requests (QQP), "
-        f"hard {sizes['hard']} (STS-B), interleaved; {len(asks) * len(runs) / took:.0f} req/s "
-        f"over {len(runs)} routes"
+        f"two tenants on one route: qqp {sizes['qqp']} requests ({streams['qqp'].name}), "
+        f"hard {sizes['hard']} ({streams['hard'].name}), interleaved; "
+        f"{len(asks) * len(runs) / took:.0f} req/s over {len(runs)} routes"
     )
     out: dict[str, Any] = {}
     for r in runs:

@@ -7,10 +7,9 @@
 - A disagreement on a candidate the route's bar serves (every wrong audited hit) demotes that
   entry: only a closer match than this one may reuse it (SemanticStage.report_wrong).
 - Every label also counts for its tenant (cache.semantic.tenant_guard): a tenant whose own labels
-  refute the route's bar is served nothing semantic until they no longer do. Its candidates in
-  the route's region are labelled for it alone meanwhile (the route's counts describe the hits
-  it serves, and labelling every one of a guarded tenant's candidates would weigh that tenant
-  there far above its hits' audits).
+  refute the route's bar is served nothing semantic until they no longer do, and its labels
+  count for it alone meanwhile (the route's counts describe the tenants it serves: one tenant's
+  wrong labels no longer shut the route for the others).
 
 All of it runs in background tasks of its own: never raising, never delaying a client.
 """
@@ -116,8 +115,7 @@ class RouteBudget:
         m.bar.labels(r, "score").set(b.score)
         m.bar.labels(r, "cosine_only").set(b.cos_only)
         m.bar_open.labels(r).set(1 if b.open and self.serving else 0)
-        guarded = self.guard.closed_count() if self.guard is not None and b.open else 0
-        m.guarded_tenants.labels(r).set(guarded)
+        m.guarded_tenants.labels(r).set(self.guard.closed_count() if self.guard else 0)
         m.prior_scale.labels(r).set(b.prior_scale)
         m.error_rate.labels(r, "estimate").set(b.estimate)
         m.error_rate.labels(r, "bound").set(b.bound)
@@ -252,10 +250,8 @@ class RouteBudget:
             return
         guarded = False
         if self.guard is not None:
-            route_bar = self.grid.bar()
-            # a candidate the route's bar serves, withheld from a guarded tenant: its label
-            # speaks for that tenant alone (the module's docstring)
-            guarded = route_bar.serves(cosine, score) and not self.guard.bar(tenant, route_bar).open
+            # a refuted tenant's label speaks for it alone (the module's docstring)
+            guarded = self.guard.refuted(tenant, self.grid.bar())
             self.guard.label(tenant, cosine, score, agree)
         if not guarded:
             self.grid.label(cosine, score, agree)

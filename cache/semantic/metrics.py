@@ -98,8 +98,9 @@ class SemanticMetrics:
         )
         self.guarded_tenants = Gauge(
             p + "guarded_tenants",
-            "Tenants served no semantic hit on this route because their own labels refute its"
-            " bar (cache.semantic.tenant_guard)",
+            "Tenants whose own labels refute this route's bar (or, while it is closed, the"
+            " region it starts from): served no semantic hit, their labels kept apart"
+            " (cache.semantic.tenant_guard)",
             ["route"],
             registry=registry,
         )

@@ -4,12 +4,15 @@ traffic, not only in the route's mix.
 A route's bar is learned from every tenant's labels (the fleet's counts, cache.semantic.budget),
 so one tenant whose questions are harder than the rest (another language, near-identical product
 codes) can be served at the pooled bar while its own hits are wrong far more often than the
-budget. The guard keeps each tenant's live labels on the route's grid and serves a tenant nothing
-semantic while its own labels inside the route's served region refute the bar: their one-sided
-Wilson lower bound, at the route's error_confidence, over max_error_rate (the rule that refutes
-a route's region on its live labels, applied to one tenant's). A guarded tenant's candidates in
-that region are then misses, each labelled by the answer that follows, so the evidence that
-reopens it, or keeps it shut, comes at the full rate of its traffic, without audits.
+budget; and its wrong labels, pooled with everyone's, can keep the route shut for all. The
+guard keeps each tenant's live labels on the route's grid. A tenant is *refuted* while its own
+labels inside the region it is judged on (the route's served region; while the route serves
+nothing, the shipped point's region it starts from) have a one-sided Wilson lower bound, at the
+route's error_confidence, over max_error_rate: the rule that refutes a route's region on its
+live labels, applied to one tenant's. A refuted tenant is served nothing semantic, and its
+labels count for it alone, not in the route's grid, which so describes the tenants the route
+serves. Its candidates are then misses, each labelled by the answer that follows, so the
+evidence that reopens it, or keeps it shut, comes at the full rate of its traffic.
 
 The guard only ever tightens: a tenant is never served below the route's bar. Its counts fade
 with the route's label_half_life and are this process's own (not shared through Redis); the
@@ -40,7 +43,17 @@ class _Counts:
     version: int = 0
     bar: Bar | None = None  # the route bar `verdict` was reached for
     seen: int = -1  # ... and the counts' version then
-    verdict: Bar | None = None  # None: the route's bar stands
+    verdict: _Shut | None = None  # None: not refuted
+
+
+@dataclass(frozen=True, slots=True)
+class _Shut:
+    """A refuted tenant's verdict: the closed bar it is served at, and the figures behind it."""
+
+    closed: Bar
+    labels: float  # its live labels in the region it was judged on
+    wrong: float
+    bound: float  # their one-sided Wilson lower bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +77,12 @@ class TenantGuard:
         self.max_tenants = max_tenants
         self.clock = clock
         self._tenants: OrderedDict[str, _Counts] = OrderedDict()
-        self._closed: set[str] = set()  # closed at their last verdict (for /metrics)
+        self._closed: set[str] = set()  # refuted at their last verdict (for /metrics)
+        # the shipped point's region, which a closed route starts from: a tenant is judged on
+        # it while the route serves nothing (so its labels can be kept apart before it opens)
+        fr = min(grid.f_row, len(grid.cos_edges) - 1)
+        pc = min(grid.p_col, len(grid.score_edges) - 1)
+        self._start = Bar(float(grid.cos_edges[fr]), float(grid.score_edges[pc]), True, 0.0, 0.0, 0)
 
     def __len__(self) -> int:
         return len(self._tenants)
@@ -88,40 +106,53 @@ class TenantGuard:
             counts.wrong[c] += 1
         counts.version += 1
 
+    def refuted(self, tenant: str, bar: Bar) -> bool:
+        """This tenant's own live labels refute the region it would be judged on: the route's
+        served region while its bar is open, else the shipped point's region (where the route
+        starts from). Cheap for a tenant without labels (one dict lookup)."""
+        return self._verdict(tenant, bar) is not None
+
     def bar(self, tenant: str, bar: Bar) -> Bar:
-        """The bar this tenant is served at: the route's, or closed while its own labels refute
-        the route's region. Cheap for a tenant without labels (one dict lookup)."""
+        """The bar this tenant is served at: the route's, or closed while it is refuted."""
+        shut = self._verdict(tenant, bar) if bar.open else None
+        return bar if shut is None else shut.closed
+
+    def closed_count(self) -> int:
+        """Tenants refuted at their last verdict (each is renewed at its next lookup or label)."""
+        return len(self._closed)
+
+    def guarded(self, bar: Bar) -> list[TenantView]:
+        """The tenants refuted under the route's current bar, worst first."""
+        out = []
+        for tenant in list(self._tenants):
+            shut = self._verdict(tenant, bar)
+            if shut is not None:
+                out.append(TenantView(tenant[:16], shut.labels, shut.wrong, shut.bound))
+        return sorted(out, key=lambda v: -v.lower_bound)
+
+    def _verdict(self, tenant: str, bar: Bar) -> _Shut | None:
         counts = self._tenants.get(tenant)
-        if counts is None or not bar.open:
-            return bar
+        if counts is None:
+            return None
         self._fade(counts)
         if counts.bar is not bar or counts.seen != counts.version:
             counts.bar, counts.seen = bar, counts.version
-            n, k = self._in_region(counts, bar)
+            region = bar if bar.open else self._start
+            n, k = self._in_region(counts, region)
             lower = float(wilson(np.asarray(k), np.asarray(n), self.grid.z, -1.0))
             counts.verdict = None
             self._closed.discard(tenant)
             if lower > self.grid.max_error_rate:
-                counts.verdict = dataclasses.replace(
-                    bar, open=False, estimate=k / n, labels=int(n), reason=REASON_TENANT
+                counts.verdict = _Shut(
+                    dataclasses.replace(
+                        bar, open=False, estimate=k / n, labels=int(n), reason=REASON_TENANT
+                    ),
+                    n,
+                    k,
+                    lower,
                 )
                 self._closed.add(tenant)
-        return bar if counts.verdict is None else counts.verdict
-
-    def closed_count(self) -> int:
-        """Tenants closed at their last verdict (each is renewed at its next lookup or label)."""
-        return len(self._closed)
-
-    def guarded(self, bar: Bar) -> list[TenantView]:
-        """The tenants the route's current bar is closed to, worst first."""
-        out = []
-        for tenant in list(self._tenants):
-            shut = self.bar(tenant, bar)
-            if shut is not bar and not shut.open:
-                n, k = self._in_region(self._tenants[tenant], bar)
-                lower = float(wilson(np.asarray(k), np.asarray(n), self.grid.z, -1.0))
-                out.append(TenantView(tenant[:16], n, k, lower))
-        return sorted(out, key=lambda v: -v.lower_bound)
+        return counts.verdict
 
     def _in_region(self, counts: _Counts, bar: Bar) -> tuple[float, float]:
         """Its labels and wrong labels in the cells `bar` serves (bars sit on cell edges)."""

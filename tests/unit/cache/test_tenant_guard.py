@@ -5,13 +5,21 @@ from __future__ import annotations
 from cache.semantic.budget import Bar, BudgetGrid
 from cache.semantic.tenant_guard import REASON_TENANT, TenantGuard
 
-FLOOR, P_MIN = 0.90, 0.50
+FLOOR, SHIPPED, P_MIN = 0.88, 0.93, 0.50  # a budgeted route scores from 0.88 (LEARN_FLOOR)
 OPEN = Bar(0.93, 0.50, True, 0.05, 0.08, 40, cos_only=0.98)
 
 
 def guard(budget: float = 0.10, half_life: float | None = None, **kw: object) -> TenantGuard:
     now = [0.0]
-    grid = BudgetGrid(budget, FLOOR, P_MIN, delta=0.20, half_life=half_life, clock=lambda: now[0])
+    grid = BudgetGrid(
+        budget,
+        FLOOR,
+        P_MIN,
+        delta=0.20,
+        half_life=half_life,
+        clock=lambda: now[0],
+        serve_floor=SHIPPED,
+    )
     g = TenantGuard(grid, clock=lambda: now[0], **kw)  # type: ignore[arg-type]
     g.now = now  # type: ignore[attr-defined]
     return g
@@ -90,3 +98,17 @@ def test_the_least_recently_labelled_tenants_are_forgotten_past_the_cap() -> Non
     assert g.bar("a", OPEN) is OPEN  # forgotten
     assert not g.bar("c", OPEN).open
     assert g.closed_count() == 2  # b and c
+
+
+def test_while_the_route_is_closed_a_tenant_is_judged_on_the_region_it_starts_from() -> None:
+    """(0.93, 0.50) is the shipped point: a tenant refuted there is kept apart before the
+    route serves anything, so its labels cannot keep the route shut for the others."""
+    g = guard()
+    closed = Bar(1.01, 1.01, False, float("nan"), 1.0, 0, reason="too_few_labels")
+    for _ in range(3):
+        g.label("under", 0.91, 0.9, agree=False)  # under the shipped floor: not judged there
+        g.label("inside", 0.95, 0.6, agree=False)
+    assert not g.refuted("under", closed)
+    assert g.refuted("inside", closed)
+    assert g.bar("inside", closed) is closed  # (nothing is served anyway)
+    assert [v.tenant for v in g.guarded(closed)] == ["inside"]
