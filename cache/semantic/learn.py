@@ -115,7 +115,12 @@ class RouteBudget:
         m.bar.labels(r, "score").set(b.score)
         m.bar.labels(r, "cosine_only").set(b.cos_only)
         m.bar_open.labels(r).set(1 if b.open and self.serving else 0)
-        m.guarded_tenants.labels(r).set(self.guard.closed_count() if self.guard else 0)
+        guard = self.guard
+        # counted at each scrape: a tenant's verdict changes with the route's bar and with its
+        # labels fading, neither of which publishes
+        m.guarded_tenants.labels(r).set_function(
+            (lambda: guard.closed_count(self.grid.bar())) if guard is not None else (lambda: 0)
+        )
         m.prior_scale.labels(r).set(b.prior_scale)
         m.error_rate.labels(r, "estimate").set(b.estimate)
         m.error_rate.labels(r, "bound").set(b.bound)

@@ -22,7 +22,6 @@ least recently labelled tenants are forgotten past `max_tenants`.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,13 +70,13 @@ class TenantGuard:
         self,
         grid: BudgetGrid,
         max_tenants: int = MAX_TENANTS,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.grid = grid
         self.max_tenants = max_tenants
-        self.clock = clock
+        # the grid's clock by default: both fade by one half-life on one time line
+        self.clock = grid.clock if clock is None else clock
         self._tenants: OrderedDict[str, _Counts] = OrderedDict()
-        self._closed: set[str] = set()  # refuted at their last verdict (for /metrics)
         # the shipped point's region, which a closed route starts from: a tenant is judged on
         # it while the route serves nothing (so its labels can be kept apart before it opens)
         fr = min(grid.f_row, len(grid.cos_edges) - 1)
@@ -97,7 +96,7 @@ class TenantGuard:
             counts = _Counts(np.zeros(shape, np.float32), np.zeros(shape, np.float32), self.clock())
             self._tenants[tenant] = counts
             while len(self._tenants) > self.max_tenants:
-                self._closed.discard(self._tenants.popitem(last=False)[0])
+                self._tenants.popitem(last=False)
         else:
             self._tenants.move_to_end(tenant)
             self._fade(counts)
@@ -117,9 +116,10 @@ class TenantGuard:
         shut = self._verdict(tenant, bar) if bar.open else None
         return bar if shut is None else shut.closed
 
-    def closed_count(self) -> int:
-        """Tenants refuted at their last verdict (each is renewed at its next lookup or label)."""
-        return len(self._closed)
+    def closed_count(self, bar: Bar) -> int:
+        """Tenants refuted under `bar`, as /admin/semantic lists them (a verdict is kept until
+        the bar or the tenant's counts change, so a scrape mostly reads kept verdicts)."""
+        return sum(self._verdict(t, bar) is not None for t in list(self._tenants))
 
     def guarded(self, bar: Bar) -> list[TenantView]:
         """The tenants refuted under the route's current bar, worst first."""
@@ -141,7 +141,6 @@ class TenantGuard:
             n, k = self._in_region(counts, region)
             lower = float(wilson(np.asarray(k), np.asarray(n), self.grid.z, -1.0))
             counts.verdict = None
-            self._closed.discard(tenant)
             if lower > self.grid.max_error_rate:
                 counts.verdict = _Shut(
                     dataclasses.replace(
@@ -151,7 +150,6 @@ class TenantGuard:
                     k,
                     lower,
                 )
-                self._closed.add(tenant)
         return counts.verdict
 
     def _in_region(self, counts: _Counts, bar: Bar) -> tuple[float, float]:

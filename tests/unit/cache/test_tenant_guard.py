@@ -34,7 +34,7 @@ def test_a_tenant_whose_labels_refute_the_bar_is_closed_and_the_others_are_not()
     assert not shut.open and shut.reason == REASON_TENANT and shut.labels == 3
     assert g.bar("good", OPEN) is OPEN
     assert g.bar("unknown", OPEN) is OPEN  # no labels: the route's bar
-    assert g.closed_count() == 1
+    assert g.closed_count(OPEN) == 1
     assert [v.tenant for v in g.guarded(OPEN)] == ["bad"]
 
 
@@ -65,7 +65,7 @@ def test_agreeing_labels_reopen_a_closed_tenant() -> None:
     for _ in range(40):  # its candidates, labelled by the misses that follow, agree now
         g.label("t", 0.95, 0.6, agree=True)
     assert g.bar("t", OPEN) is OPEN
-    assert g.closed_count() == 0
+    assert g.closed_count(OPEN) == 0
 
 
 def test_a_closed_route_bar_stays_closed_and_a_new_bar_is_judged_afresh() -> None:
@@ -97,7 +97,7 @@ def test_the_least_recently_labelled_tenants_are_forgotten_past_the_cap() -> Non
     assert len(g) == 2
     assert g.bar("a", OPEN) is OPEN  # forgotten
     assert not g.bar("c", OPEN).open
-    assert g.closed_count() == 2  # b and c
+    assert g.closed_count(OPEN) == 2  # b and c
 
 
 def test_while_the_route_is_closed_a_tenant_is_judged_on_the_region_it_starts_from() -> None:
@@ -112,3 +112,17 @@ def test_while_the_route_is_closed_a_tenant_is_judged_on_the_region_it_starts_fr
     assert g.refuted("inside", closed)
     assert g.bar("inside", closed) is closed  # (nothing is served anyway)
     assert [v.tenant for v in g.guarded(closed)] == ["inside"]
+
+
+def test_the_count_of_guarded_tenants_follows_the_routes_bar() -> None:
+    """/metrics counts at each scrape under the bar then served: a stricter bar that serves
+    none of a tenant's wrong cells un-guards it, and the bar coming back guards it again,
+    without the tenant asking or being labelled in between."""
+    g = guard()
+    for _ in range(3):
+        g.label("t", 0.95, 0.6, agree=False)
+    stricter = Bar(0.99, 0.50, True, 0.01, 0.05, 40)
+    assert g.closed_count(OPEN) == 1
+    assert g.closed_count(stricter) == 0
+    assert g.closed_count(OPEN) == 1
+    assert len(g.guarded(OPEN)) == g.closed_count(OPEN)
