@@ -8,7 +8,7 @@ This module is the face the gateway uses.
 from cache.alias import MAX_BODY as ALIAS_MAX_BODY
 from cache.alias import AliasKey
 from cache.asks import AnswerIncomplete, Answers, Ask, Fresh, Hit
-from cache.cache import Cache, RouteCache
+from cache.cache import Cache
 from cache.codec import CacheEntry
 from cache.errors import CacheError, CodecError, TierError, TierTimeout
 from cache.flow import CacheFlow, Flows
@@ -23,6 +23,7 @@ from cache.policy import (
     request_directives,
 )
 from cache.recording import Recording
+from cache.route_cache import RouteCache
 from cache.semantic.off import NoSemantic
 from cache.semantic.route import SemanticRoute
 from cache.semantic.setup import SemanticSetup, build_semantic, semantic_routes

@@ -23,7 +23,6 @@ import numpy as np
 from backends import UpstreamResponse
 from cache.alias import AliasKey, AliasMap
 from cache.asks import Answers, Ask, Clock, Fresh, Hit, Result, kept_headers
-from cache.cache import Claim, RouteCache
 from cache.codec import CacheEntry
 from cache.keys import CacheKey
 from cache.live_streams import LiveStreams
@@ -35,6 +34,7 @@ from cache.policy import (
     storable_ttl,
 )
 from cache.recording import Recording
+from cache.route_cache import Claim, RouteCache
 from cache.semantic import flow_hooks  # issue 14: error budget, semantic single flight
 from cache.semantic.off import NoSemantic
 from cache.semantic.route import CallLike, SemanticRoute

@@ -134,6 +134,12 @@ class Selector:
         return cls(key.route_h, key.model_h, key.tenant_h, key.value)
 
     @classmethod
+    def of_value(cls, value: str) -> Selector | None:
+        """The one-entry selector of a stored key's value (None: not a key this cache built)."""
+        parts = value.split(".", 3)
+        return cls(parts[0], parts[1], parts[2], value) if len(parts) == 4 else None
+
+    @classmethod
     def of(
         cls,
         route: str | None = None,

@@ -51,6 +51,17 @@ class CacheMetrics:
             "Redis breaker: 0 closed, 1 open (Redis skipped), 2 half-open (probing)",
             registry=r,
         )
+        self.undeleted = Gauge(
+            "latentgate_cache_redis_undeleted_keys",
+            "Keys whose delete has not reached Redis yet (Redis slow or marked down): this"
+            " process reads none of them from Redis, and deletes them once it answers",
+            registry=r,
+        )
+        self.undeleted_forgotten = Counter(
+            "latentgate_cache_redis_undeleted_forgotten",
+            "Undelivered deletes forgotten past the cap (those entries live until their TTL)",
+            registry=r,
+        )
         self.bytes = Gauge("latentgate_cache_bytes", "Bytes held per tier", ["tier"], registry=r)
         self.entries = Gauge(
             "latentgate_cache_entries", "Entries held per tier", ["tier"], registry=r

@@ -21,10 +21,10 @@ import numpy as np
 
 from backends import UpstreamResponse
 from cache.asks import AnswerIncomplete, Ask
-from cache.cache import Claim
 from cache.codec import CacheEntry
 from cache.live_streams import StreamReader
 from cache.policy import received_age
+from cache.route_cache import Claim
 from cache.singleflight import Lead
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -30,6 +30,7 @@ from cache.metrics import CacheMetrics
 from cache.outage import OutageLog
 from cache.redis_client import REDIS_ERRORS, connect
 from cache.settings import RedisSettings
+from cache.tiers.undeleted import UndeletedKeys
 
 log = logging.getLogger("latentgate.cache.redis")
 
@@ -71,6 +72,11 @@ class RedisTier:
         self._tasks: set[asyncio.Task[None]] = set()
         # GETs issued in the same loop iteration go out as one MGET (see _batched_get).
         self._pending: dict[str, list[asyncio.Future[Raw]]] = {}
+        # deletes Redis has not taken yet, and who is told once it has (cache.tiers.undeleted)
+        self.undeleted = UndeletedKeys()
+        self.on_late_delete: Callable[[list[str]], Awaitable[None]] | None = None
+        self._retrying: asyncio.Task[None] | None = None
+        self._retry_s = 0.25  # the breaker, not this, paces the retries while Redis is down
 
     def _breaker_changed(self, state: int) -> None:
         self._metrics.breaker_state.set(state)
@@ -127,6 +133,8 @@ class RedisTier:
             return None
 
     async def get_checked(self, key: str) -> CacheEntry | None:
+        if key in self.undeleted:  # (before the breaker: no call, so no probe left open)
+            return None  # what Redis holds there is what this process deleted
         if not self.breaker.allow():
             raise TierError("redis is marked down (breaker open)")
         data = await self._batched_get(key)
@@ -191,17 +199,62 @@ class RedisTier:
             async with self._guard("set"):
                 await self.client.set(self.prefix + key, encode(entry), ex=ttl)
             self._metrics.stores.labels("redis", "ok").inc()
+            self._forget(key)  # the old entry is overwritten: nothing left to delete
         except TierError:
             self._metrics.stores.labels("redis", "error").inc()
 
     async def delete(self, key: str) -> None:
+        """Delete now, or, when Redis cannot take it, remember the key until it can
+        (cache.tiers.undeleted). Remembered first: a request cancelled mid-delete, or a read
+        of the key meanwhile, then sees it as deleted too."""
+        self._remember(key)
         if not self.breaker.allow():
             return
         try:
             async with self._guard("delete"):
                 await self.client.unlink(self.prefix + key)
         except TierError:
-            pass
+            return
+        self._forget(key)
+
+    def _remember(self, key: str) -> None:
+        if self.undeleted.add(key):
+            self._metrics.undeleted_forgotten.inc()
+            log.warning(
+                "redis: more than %d deletes waiting for Redis; the oldest is forgotten (its"
+                " entry lives until its TTL)",
+                self.undeleted.cap,
+            )
+        self._metrics.undeleted.set(len(self.undeleted))
+        if self._retrying is None or self._retrying.done():
+            self._retrying = asyncio.ensure_future(self._retry_deletes())
+
+    def _forget(self, key: str) -> None:
+        if key in self.undeleted:
+            self.undeleted.discard(key)
+            self._metrics.undeleted.set(len(self.undeleted))
+
+    async def _retry_deletes(self) -> None:
+        """Delete the remembered keys once Redis takes commands (the breaker lets a call
+        through), in batches, then tell the other processes (on_late_delete: their memory tiers
+        may hold the same entries, and the request's own announcement was skipped or lost)."""
+        while self.undeleted:
+            await asyncio.sleep(self._retry_s)
+            keys = self.undeleted.oldest(500)
+            if not keys or not self.breaker.allow():
+                continue
+            try:
+                async with self._guard("delete"):
+                    await self.client.unlink(*(self.prefix + k for k in keys))
+            except TierError:
+                continue
+            for k in keys:
+                self._forget(k)
+            if self.on_late_delete is not None:
+                try:
+                    await self.on_late_delete(keys)
+                except Exception:  # the cache boundary: the deletes themselves landed
+                    log.exception("announcing late deletes failed")
 
     async def acquire_lease(self, key: str, ttl_ms: int) -> str | None:
         """None only when Redis said another process holds the lease; otherwise a token, and
@@ -309,6 +362,8 @@ class RedisTier:
         task.add_done_callback(self._tasks.discard)
 
     async def aclose(self) -> None:
+        if self._retrying is not None:
+            self._retrying.cancel()
         for t in list(self._tasks):
             t.cancel()
         for futs in self._pending.values():

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import copy
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.conftest import base_config
+from tests.support.servers import GatewayProcess
 
 ADMIN_TOKEN = "admin-secret"
 ROOT = Path(__file__).resolve().parents[3]
@@ -49,3 +52,16 @@ def anthropic_route(semantic: bool = False) -> dict[str, Any]:
         route["cache"].pop("semantic")
     route["cache"]["exact"]["tiers"] = ["memory"]
     return dict(route)
+
+
+@pytest.fixture
+def processes() -> Iterator[Callable[..., GatewayProcess]]:
+    started: list[GatewayProcess] = []
+
+    def start(config: dict[str, Any], workers: int = 1) -> GatewayProcess:
+        started.append(GatewayProcess(config, workers=workers))
+        return started[-1].start()
+
+    yield start
+    for p in started:
+        p.stop()

@@ -9,86 +9,25 @@ entry (a condition with a generous deadline, never a fixed delay), then ask agai
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 import signal
-import time
-import urllib.error
-import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import aiohttp
 import pytest
 
-from tests.integration.cache.conftest import ADMIN_TOKEN, cache_config
+from tests.integration.cache.conftest import cache_config
+from tests.integration.cache.fleet import (
+    ALICE,
+    BOB,
+    entries_per_worker,
+    memory_entries,
+    request,
+    until,
+    upstream_calls,
+)
 from tests.support.redis_topologies import MASTER, RedisSentinelServers
 from tests.support.servers import GatewayProcess, RedisServer, ServerThread
-
-ALICE = "Bearer sk-alice"
-BOB = "Bearer sk-bob"
-PATIENCE_S = 20.0
-
-
-def _request(
-    url: str, method: str = "GET", auth: str = ALICE, body: bytes | None = None
-) -> tuple[int, dict[str, str], Any]:
-    # a new connection each: with --workers N, SO_REUSEPORT spreads them over the workers
-    headers = {"Authorization": auth, "Connection": "close"}
-    req = urllib.request.Request(url, data=body, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, dict(resp.headers), json.loads(resp.read() or b"null")
-    except urllib.error.HTTPError as err:
-        return err.code, dict(err.headers), err.read()
-
-
-def _get_json(url: str, auth: str | None = None) -> Any:
-    headers = {"Authorization": auth} if auth else {}
-    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
-        return json.loads(r.read())
-
-
-def _upstream_calls(upstream: ServerThread, path: str) -> int:
-    return int(_get_json(upstream.url + "/_test/stats")["requests"].get(path, 0))
-
-
-def _memory_entries(gw: GatewayProcess) -> int:
-    stats = _get_json(gw.url + "/admin/cache/stats", f"Bearer {ADMIN_TOKEN}")
-    return int(stats["tiers"]["memory"]["entries"])
-
-
-_WORKER_ENTRIES = re.compile(
-    r'^latentgate_cache_entries\{tier="memory",worker="(\d+)"\} (\S+)$', re.MULTILINE
-)
-
-
-def _entries_per_worker(gw: GatewayProcess) -> dict[str, int]:
-    """Each worker's memory-tier entries, from the merged /metrics every worker answers."""
-    with urllib.request.urlopen(gw.url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return {w: int(float(n)) for w, n in _WORKER_ENTRIES.findall(text)}
-
-
-def _until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + PATIENCE_S
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {PATIENCE_S:g}s: {what}"
-        time.sleep(0.05)
-
-
-@pytest.fixture
-def processes() -> Iterator[Callable[..., GatewayProcess]]:
-    started: list[GatewayProcess] = []
-
-    def start(config: dict[str, Any], workers: int = 1) -> GatewayProcess:
-        started.append(GatewayProcess(config, workers=workers))
-        return started[-1].start()
-
-    yield start
-    for p in started:
-        p.stop()
 
 
 @pytest.mark.parametrize("method", ["DELETE", "PUT"])
@@ -104,27 +43,27 @@ def test_an_unsafe_request_on_one_sidecar_drops_the_get_from_the_others_memory(
     cfg = cache_config(upstream.url, redis_server.url, routes=("default",))
     a, b = processes(cfg), processes(cfg)
     path = f"/items/{uuid.uuid4().hex[:8]}"
-    assert _request(a.url + path)[1]["X-Cache"] == "miss"
-    assert _request(b.url + path)[1]["X-Cache"] == "hit"  # from Redis, now in B's memory too
-    assert _request(b.url + path, auth=BOB)[1]["X-Cache"] == "miss"
-    assert _request(a.url + path, auth=BOB)[1]["X-Cache"] == "hit"
-    assert _memory_entries(a) == _memory_entries(b) == 2
+    assert request(a.url + path)[1]["X-Cache"] == "miss"
+    assert request(b.url + path)[1]["X-Cache"] == "hit"  # from Redis, now in B's memory too
+    assert request(b.url + path, auth=BOB)[1]["X-Cache"] == "miss"
+    assert request(a.url + path, auth=BOB)[1]["X-Cache"] == "hit"
+    assert memory_entries(a) == memory_entries(b) == 2
 
-    status, headers, _ = _request(a.url + path, method, body=b"new" if method == "PUT" else None)
+    status, headers, _ = request(a.url + path, method, body=b"new" if method == "PUT" else None)
     assert (status, headers["X-Cache"]) == (200, "bypass")
-    _until(lambda: _memory_entries(b) == 1, "B's memory still holds alice's entry")
+    until(lambda: memory_entries(b) == 1, "B's memory still holds alice's entry")
 
-    calls = _upstream_calls(upstream, path)
-    status, headers, doc = _request(b.url + path)
+    calls = upstream_calls(upstream, path)
+    status, headers, doc = request(b.url + path)
     assert (status, headers["X-Cache"]) == (200, "miss")
     assert ["Authorization", ALICE] in doc["headers"]
-    assert _upstream_calls(upstream, path) > calls  # B's GET went upstream
-    calls = _upstream_calls(upstream, path)
+    assert upstream_calls(upstream, path) > calls  # B's GET went upstream
+    calls = upstream_calls(upstream, path)
     for gw in (a, b):  # bob's entry, bob's answer, in both sidecars
-        status, headers, doc = _request(gw.url + path, auth=BOB)
+        status, headers, doc = request(gw.url + path, auth=BOB)
         assert (status, headers["X-Cache"]) == (200, "hit")
         assert ["Authorization", BOB] in doc["headers"]
-    assert _upstream_calls(upstream, path) == calls
+    assert upstream_calls(upstream, path) == calls
 
 
 def test_an_unsafe_request_on_one_sidecar_drops_the_get_from_redis_for_the_others(
@@ -137,12 +76,12 @@ def test_an_unsafe_request_on_one_sidecar_drops_the_get_from_redis_for_the_other
     cfg = cache_config(upstream.url, redis_server.url, routes=("default",), tiers=["redis"])
     a, b = processes(cfg), processes(cfg)
     path = f"/items/{uuid.uuid4().hex[:8]}"
-    assert _request(a.url + path)[1]["X-Cache"] == "miss"
-    assert _request(b.url + path)[1]["X-Cache"] == "hit"
-    assert _request(b.url + path, auth=BOB)[1]["X-Cache"] == "miss"
-    assert _request(a.url + path, "DELETE")[0] == 200
-    assert _request(b.url + path)[1]["X-Cache"] == "miss"
-    status, headers, doc = _request(a.url + path, auth=BOB)
+    assert request(a.url + path)[1]["X-Cache"] == "miss"
+    assert request(b.url + path)[1]["X-Cache"] == "hit"
+    assert request(b.url + path, auth=BOB)[1]["X-Cache"] == "miss"
+    assert request(a.url + path, "DELETE")[0] == 200
+    assert request(b.url + path)[1]["X-Cache"] == "miss"
+    status, headers, doc = request(a.url + path, auth=BOB)
     assert (status, headers["X-Cache"]) == (200, "hit")
     assert ["Authorization", BOB] in doc["headers"]
 
@@ -158,15 +97,15 @@ def test_with_redis_stalled_or_gone_an_unsafe_request_still_invalidates_locally(
         a = processes(cache_config(upstream.url, redis.url, routes=("default",)))
         path = f"/items/{uuid.uuid4().hex[:8]}"
         for stall in (signal.SIGSTOP, signal.SIGKILL):
-            assert _request(a.url + path)[1]["X-Cache"] in ("miss", "hit")
-            assert _request(a.url + path)[1]["X-Cache"] == "hit"  # from memory
+            assert request(a.url + path)[1]["X-Cache"] in ("miss", "hit")
+            assert request(a.url + path)[1]["X-Cache"] == "hit"  # from memory
             redis.proc.send_signal(stall)
             # (with Redis stalled the delete waits out the op deadline, 0.1 s, and the request
             # does not wait for the announcement too: that goes on in the background, within
             # the fan-out's socket timeout; a time, so not asserted here)
-            status, headers, _ = _request(a.url + path, "DELETE")
+            status, headers, _ = request(a.url + path, "DELETE")
             assert (status, headers["X-Cache"]) == (200, "bypass")
-            status, headers, _ = _request(a.url + path)
+            status, headers, _ = request(a.url + path)
             assert (status, headers["X-Cache"]) == (200, "miss")
             if stall == signal.SIGSTOP:
                 redis.proc.send_signal(signal.SIGCONT)
@@ -181,9 +120,9 @@ def _burst_reaches_the_other(a: GatewayProcess, b: GatewayProcess, n: int) -> No
     reaches B's memory, and B asks the upstream again for each."""
     paths = [f"/items/{uuid.uuid4().hex[:8]}" for _ in range(n)]
     for p in paths:
-        assert _request(a.url + p)[1]["X-Cache"] == "miss"
-        assert _request(b.url + p)[1]["X-Cache"] == "hit"  # from Redis, now in B's memory
-    assert _memory_entries(b) == n
+        assert request(a.url + p)[1]["X-Cache"] == "miss"
+        assert request(b.url + p)[1]["X-Cache"] == "hit"  # from Redis, now in B's memory
+    assert memory_entries(b) == n
 
     async def burst() -> list[int]:
         async with aiohttp.ClientSession(headers={"Authorization": ALICE}) as s:
@@ -196,8 +135,8 @@ def _burst_reaches_the_other(a: GatewayProcess, b: GatewayProcess, n: int) -> No
             return await asyncio.gather(*(delete(p) for p in paths))
 
     assert set(asyncio.run(burst())) == {200}
-    _until(lambda: _memory_entries(b) == 0, "B's memory still holds deleted targets")
-    assert all(_request(b.url + p)[1]["X-Cache"] == "miss" for p in paths)
+    until(lambda: memory_entries(b) == 0, "B's memory still holds deleted targets")
+    assert all(request(b.url + p)[1]["X-Cache"] == "miss" for p in paths)
 
 
 @pytest.mark.slow
@@ -235,11 +174,11 @@ def _in_every_worker(gw: GatewayProcess, path: str, count: int) -> None:
     """GETs (new connections) until each of the workers holds `count` entries in memory."""
 
     def filled() -> bool:
-        _request(gw.url + path)
-        per = _entries_per_worker(gw)
+        request(gw.url + path)
+        per = entries_per_worker(gw)
         return len(per) == 2 and all(n == count for n in per.values())
 
-    _until(filled, "a GET cached in both workers' memory")
+    until(filled, "a GET cached in both workers' memory")
 
 
 def test_an_unsafe_request_on_one_worker_drops_the_get_from_the_others_memory(
@@ -253,14 +192,14 @@ def test_an_unsafe_request_on_one_worker_drops_the_get_from_the_others_memory(
     gw = processes(cfg, workers=2)
     path = f"/items/{uuid.uuid4().hex[:8]}"
     _in_every_worker(gw, path, 1)
-    assert _request(gw.url + path, "DELETE")[0] == 200
-    _until(
-        lambda: set(_entries_per_worker(gw).values()) == {0},
+    assert request(gw.url + path, "DELETE")[0] == 200
+    until(
+        lambda: set(entries_per_worker(gw).values()) == {0},
         "a worker's memory still holds the deleted target's entry",
     )
-    calls = _upstream_calls(upstream, path)
-    assert _request(gw.url + path)[1]["X-Cache"] == "miss"
-    assert _upstream_calls(upstream, path) > calls
+    calls = upstream_calls(upstream, path)
+    assert request(gw.url + path)[1]["X-Cache"] == "miss"
+    assert upstream_calls(upstream, path) > calls
 
 
 @pytest.mark.xfail(
@@ -275,8 +214,8 @@ def test_without_redis_an_unsafe_request_stays_in_its_worker(
     gw = processes(cfg, workers=2)
     path = f"/items/{uuid.uuid4().hex[:8]}"
     _in_every_worker(gw, path, 1)
-    assert _request(gw.url + path, "DELETE")[0] == 200
-    _until(
-        lambda: set(_entries_per_worker(gw).values()) == {0},
+    assert request(gw.url + path, "DELETE")[0] == 200
+    until(
+        lambda: set(entries_per_worker(gw).values()) == {0},
         "a worker's memory still holds the deleted target's entry",
     )

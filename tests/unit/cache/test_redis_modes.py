@@ -58,3 +58,29 @@ async def test_cluster_batches_across_slots_and_purges_every_primary(
         assert tier.breaker.state == 0
     finally:
         await tier.aclose()
+
+
+async def test_on_a_cluster_deletes_redis_could_not_take_land_across_slots(
+    cluster: RedisClusterServers, metrics: CacheMetrics
+) -> None:
+    """The remembered deletes go out in batches (cache.tiers.undeleted): on a cluster one
+    batch spans every primary's slots, and all of it lands."""
+    settings = redis_settings(cluster.url, mode="cluster", breaker={"failures": 1, "open_s": 0.3})
+    tier = RedisTier(settings, metrics)
+    entry = CacheEntry(200, [], body=b"{}", events=None, ttl=60, model="m", kind="chat")
+    keys = [f"r.m.t.late{i}" for i in range(40)]
+    try:
+        for k in keys:
+            await tier.put(k, entry)
+        tier.breaker.failure()  # marked down: the deletes are remembered, not sent
+        for k in keys:
+            await tier.delete(k)
+        assert sum(int(cli(n.port, "dbsize").strip()) for n in cluster.primaries()) == 40
+        for _ in range(400):
+            if not tier.undeleted:
+                break
+            await asyncio.sleep(0.05)
+        assert all(int(cli(n.port, "dbsize").strip()) == 0 for n in cluster.primaries())
+        assert tier.breaker.state == 0
+    finally:
+        await tier.aclose()

@@ -1,0 +1,52 @@
+"""Keys whose delete did not reach Redis, remembered until it does.
+
+An unsafe request's invalidation (RFC 9111 4.4), a store that raced a purge, an undecodable
+entry: each deletes one key in Redis. With Redis slow, or the breaker open (a busy process's
+stalled reads open it while Redis itself is fine), that delete used to be dropped: the old
+entry stayed in Redis for every other process to read, and for this one to read back once its
+memory had let go, and the other processes' memory tiers were never told. Now such a key is
+remembered: this process reads none of them from Redis (a miss: the upstream answers), a store
+under one overwrites the old entry (forgotten), and the tier deletes the rest once Redis takes
+commands again and then has the other processes told (RedisTier._retry_deletes).
+
+Bounded: past `cap` keys the oldest is forgotten (counted and logged; that entry then lives
+until its TTL, as every such entry did before).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+MAX_UNDELETED = 16384  # ~2 MB of key strings at most
+
+
+class UndeletedKeys:
+    def __init__(self, cap: int = MAX_UNDELETED) -> None:
+        self.cap = cap
+        self._keys: OrderedDict[str, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._keys
+
+    def add(self, key: str) -> bool:
+        """Remember `key`; True when the oldest key was forgotten to make room."""
+        self._keys[key] = None
+        self._keys.move_to_end(key)
+        if len(self._keys) > self.cap:
+            self._keys.popitem(last=False)
+            return True
+        return False
+
+    def discard(self, key: str) -> None:
+        self._keys.pop(key, None)
+
+    def oldest(self, n: int) -> list[str]:
+        out: list[str] = []
+        for key in self._keys:
+            if len(out) == n:
+                break
+            out.append(key)
+        return out
