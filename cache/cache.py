@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -88,9 +89,14 @@ class Cache:
         those entries from their memory tiers too, as a timely invalidation has them do (its
         announcement is skipped while Redis is marked down). Sent together: the fan-out's
         slots bound how many at once."""
-        assert self.fanout is not None
-        selectors = [s for s in map(Selector.of_value, keys) if s is not None]
-        await asyncio.gather(*(self.fanout.announce(s) for s in selectors))
+        fanout, redis = self.fanout, self.redis
+        assert fanout is not None and redis is not None
+        sends = []
+        for key in keys:
+            selector = Selector.of_value(key)
+            if selector is not None:  # (one that fails is kept for the next round)
+                sends.append(fanout.announce(selector, on_failure=partial(redis.redo, key)))
+        await asyncio.gather(*sends)
 
     async def purge(
         self, route: str | None = None, model: str | None = None, tenant: str | None = None

@@ -108,7 +108,12 @@ class PurgeFanout:
         if self.tail_redis is not self.redis:
             await self.tail_redis.aclose()
 
-    async def announce(self, selector: Selector, deadline_s: float | None = None) -> str:
+    async def announce(
+        self,
+        selector: Selector,
+        deadline_s: float | None = None,
+        on_failure: Callable[[], object] | None = None,
+    ) -> str:
         """Tell the other processes; what the admin answer says about it. deadline_s bounds
         the wait (a request's invalidation must not wait out a stalled Redis), not the
         announcement: one still on its way then is sent on in the background, within the
@@ -124,7 +129,7 @@ class PurgeFanout:
             # (a reader without this field drops the key's route, model and tenant: more of
             # that one tenant's entries, never another's)
             fields[b"k"] = selector.key
-        send = asyncio.ensure_future(self._send(fields))
+        send = asyncio.ensure_future(self._send(fields, on_failure))
         self._sending.add(send)  # (held until sent: a request's deadline does not cancel it)
         send.add_done_callback(self._sending.discard)
         try:
@@ -133,7 +138,7 @@ class PurgeFanout:
         except TimeoutError:  # (_send answers its own failures, never raises them)
             return "announcing"
 
-    async def _send(self, fields: dict[Any, Any]) -> str:
+    async def _send(self, fields: dict[Any, Any], on_failure: Callable[[], object] | None) -> str:
         try:
             async with self._slot():
                 await self.redis.xadd(
@@ -143,6 +148,8 @@ class PurgeFanout:
             self.on_error(type(exc).__name__)
             detail = str(exc) or type(exc).__name__
             self._announce_log.failed(detail)
+            if on_failure is not None:  # (the caller's retry: an invalidation's is kept)
+                on_failure()
             return f"not announced: {detail}"
         self._announce_log.ok()
         return "announced"

@@ -187,14 +187,20 @@ class RouteCache:
         # Redis costs it no more than that; what is left of the announcement then is sent on in
         # the background (a busy process spends the deadline on its own work while Redis is
         # healthy: dropping it left the others serving what was deleted). None is sent while
-        # the tier's breaker has Redis marked down: the delete did not go either, and the tier
-        # sends both once Redis answers (RedisTier._retry_deletes, Cache._announce_late).
+        # the tier's breaker has Redis marked down, and none is lost: one skipped or failed
+        # is handed to the tier's undelivered deletes, which deletes the key again once Redis
+        # answers and has the others told then (RedisTier.redo, Cache._announce_late). (Under
+        # a burst, deletes that went through and then found the breaker opened by their
+        # neighbours' timeouts were skipped, and the others kept serving them.)
         if redis.breaker.state == OPEN:
             fanout.skipped("Redis marked down")
+            redis.redo(key.value)
             return
         left = redis.settings.timeouts.op - (time.monotonic() - started)
         try:
-            await fanout.announce(Selector.one(key), max(left, 0.0))
+            await fanout.announce(
+                Selector.one(key), max(left, 0.0), on_failure=lambda: redis.redo(key.value)
+            )
         except Exception:  # the cache boundary (Redis's own errors are counted there)
             log.exception("announcing an invalidation failed on route %s", self.route)
 

@@ -217,6 +217,12 @@ class RedisTier:
             return
         self._forget(key)
 
+    def redo(self, key: str) -> None:
+        """Delete `key` again once Redis answers, and have the others told then (an
+        invalidation whose announcement was skipped or failed: the delete may have landed, the
+        others' memory tiers were not told)."""
+        self._remember(key)
+
     def _remember(self, key: str) -> None:
         if self.undeleted.add(key):
             self._metrics.undeleted_forgotten.inc()
