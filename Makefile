@@ -9,7 +9,7 @@ CONFIG ?= config/latentgate.yaml
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/install.sh
+$(STAMP): pyproject.toml scripts/install.sh scripts/constraints-dev.txt
 	@echo "make install: a virtualenv in $(VENV) with latentgate and its test tools (a few minutes the first time; later runs skip this)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# The same steps the Dockerfiles run (torch CPU wheel first, then the package).
