@@ -100,6 +100,14 @@ class RouteBudget:
         b = self.grid.bar()
         return b if tenant is None or self.guard is None else self.guard.bar(tenant, b)
 
+    def observer(self, tenant: str) -> Callable[[float, float], None]:
+        """Where this tenant's lookup counts: in the route's volume, unless its own labels
+        refute it (tenant_guard.py). A refuted tenant is served nothing, so where its lookups
+        fall must not pick the region served to the others (nor reach the fleet's counts)."""
+        if self.guard is not None and self.guard.refuted(tenant, self.grid.bar()):
+            return _unseen
+        return self.observe
+
     def observe(self, cosine: float, score: float) -> None:
         self.grid.observe(cosine, score)
         if self.grid.stale:  # labels faded (a label or a load publishes its own change)
@@ -315,3 +323,7 @@ def describe(b: Bar, budget: float) -> str:
     if b.cos_only <= 1.0:
         bar += f", or cosine >= {b.cos_only:.2f}"
     return f"{bar}; {figures}"
+
+
+def _unseen(cosine: float, score: float) -> None:
+    """A refuted tenant's lookup: not counted (RouteBudget.observer)."""

@@ -155,7 +155,7 @@ class SemanticRoute:
             self.budget.bar(tenant),
             payload_exists,
             vector,
-            self.budget.observe,
+            self.budget.observer(tenant),
             rival,
             own_key,
             defer_miss,

@@ -206,3 +206,34 @@ async def test_audits_waiting_on_the_upstream_are_bounded(
     slow.set()
     await budget.drain()
     assert budget.should_audit(hit)  # one is due at once now: the next hit is audited
+
+
+async def test_a_refuted_tenants_lookups_do_not_count_in_the_routes_volume(
+    stage: SemanticStage, verifier: MlpVerifier
+) -> None:
+    """The region a route serves is the one with the most lookups: a tenant its own labels
+    refute is served nothing there, so its lookups must not steer that choice (before, they
+    did, and reached the fleet's shared counts too)."""
+    sr = budget_route(stage, verifier, stage.metrics)
+    assert sr.budget is not None
+    grid = sr.budget.grid
+    q, para = PAIRS[0]
+    for tenant in ("bad", "good"):  # (each tenant's entries are its own)
+        await sr.remember(chat(q, temperature=0), tenant, f"k-{tenant}")
+    volume = float(grid.volume.sum())
+    await sr.search(chat(para, temperature=0), "bad")
+    assert grid.volume.sum() == volume + 1  # not refuted yet: counted
+    for _ in range(3):  # its own answers to that paraphrase disagree: refuted
+        res = await sr.search(chat(para, temperature=0), "bad")
+        assert res.candidate is not None
+        sr.label_after_miss(
+            chat(para, temperature=0), "bad", res.candidate, answer(q), answer("no")
+        )
+        await sr.budget.drain()
+    assert sr.budget.guard is not None
+    assert sr.budget.guard.refuted("bad", grid.bar())
+    volume = float(grid.volume.sum())
+    await sr.search(chat(para, temperature=0), "bad")
+    assert grid.volume.sum() == volume  # refuted: not counted
+    await sr.search(chat(para, temperature=0), "good")
+    assert grid.volume.sum() == volume + 1
