@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from backends.errors import EngineError
+from backends.errors import BadInput, EngineError
 from backends.local.auto import choose_providers, device_of
 from backends.local.engine import V2_DATATYPES, TensorSpec
 from backends.local.metrics import LocalMetrics
@@ -50,6 +50,7 @@ class OrtEngine:
         import onnxruntime as ort
 
         self._ort = ort
+        self._invalid_argument: type[Exception] = _invalid_argument_class()
         self.name = name
         opts = session or SessionOptions()
         so = ort.SessionOptions()
@@ -109,6 +110,11 @@ class OrtEngine:
                 return self._run_bound(feeds)
             names = [o.name for o in self.outputs]
             return dict(zip(names, self._sess.run(names, feeds), strict=True))
+        except self._invalid_argument as exc:
+            # the request's values, not the engine, are at fault (an index past an embedding
+            # table, say): the client's 400, not a 500 counted against the engine; its batch
+            # mates are unaffected, since a failed joined run is re-run request by request
+            raise BadInput(f"model {self.name} refused the input: {_status_message(exc)}") from None
         except Exception as exc:  # onnxruntime's errors → our tree
             raise EngineError(f"engine {self.name} failed: {exc}") from None
 
@@ -139,3 +145,16 @@ class OrtEngine:
 
     def close(self) -> None:
         del self._sess
+
+
+def _invalid_argument_class() -> type[Exception]:
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    cls: type[Exception] = state.InvalidArgument
+    return cls
+
+
+def _status_message(exc: Exception) -> str:
+    """onnxruntime's "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : ... Status Message: why": why."""
+    text = str(exc)
+    return text.rpartition("Status Message: ")[2].strip() or text
