@@ -209,11 +209,13 @@ class RedisTier:
         of the key meanwhile, then sees it as deleted too."""
         self._remember(key)
         if not self.breaker.allow():
+            self._retry_later()
             return
         try:
             async with self._guard("delete"):
                 await self.client.unlink(self.prefix + key)
         except TierError:
+            self._retry_later()
             return
         self._forget(key)
 
@@ -222,6 +224,7 @@ class RedisTier:
         invalidation whose announcement was skipped or failed: the delete may have landed, the
         others' memory tiers were not told)."""
         self._remember(key)
+        self._retry_later()
 
     def _remember(self, key: str) -> None:
         if self.undeleted.add(key):
@@ -232,6 +235,8 @@ class RedisTier:
                 self.undeleted.cap,
             )
         self._metrics.undeleted.set(len(self.undeleted))
+
+    def _retry_later(self) -> None:
         if self._retrying is None or self._retrying.done():
             self._retrying = asyncio.ensure_future(self._retry_deletes())
 
