@@ -34,6 +34,12 @@ ITEMSIZE: dict[str, int] = {k: v.itemsize for k, v in V2_NUMERIC.items()} | {"BF
 MAX_ELEMENTS = 1 << 40
 
 
+def is_dim(d: object) -> bool:
+    """A shape entry: a non-negative integer. Not a bool (an int to Python): `[true]` is no
+    shape a model server takes, and read as 1 it keyed apart from `[1]`."""
+    return isinstance(d, int) and not isinstance(d, bool) and d >= 0
+
+
 def element_count(name: str, shape: list[int]) -> int:
     """The element count of a shape, in Python integers (no wrap-around), bounded."""
     count = math.prod(shape)

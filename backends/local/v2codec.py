@@ -18,7 +18,14 @@ from numpy.typing import NDArray
 
 from backends.bodies import load_document
 from backends.errors import BadInput
-from backends.v2tensors import BINARY_HEADER, V2_NUMERIC, bytes_elements, element_count, flatten
+from backends.v2tensors import (
+    BINARY_HEADER,
+    V2_NUMERIC,
+    bytes_elements,
+    element_count,
+    flatten,
+    is_dim,
+)
 
 NUMERIC = V2_NUMERIC
 __all__ = ["BINARY_HEADER", "OUTPUT_PARAMETERS", "InferRequest", "decode_infer", "encode_infer"]
@@ -61,7 +68,7 @@ def decode_infer(
             raise BadInput(f"input '{name}' is given twice")
         if datatype != "BYTES" and datatype not in NUMERIC:
             raise BadInput(f"input '{name}': unsupported datatype {datatype!r}")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        if not isinstance(shape, list) or not all(is_dim(d) for d in shape):
             raise BadInput(f"input '{name}': 'shape' must be an array of non-negative integers")
         count = element_count(name, shape)
         in_params = inp.get("parameters") or {}

@@ -143,7 +143,7 @@ class V2Adapter:
                 raise BadRequest(f"input '{name}' appears more than once")
             if not isinstance(datatype, str) or datatype not in DTYPES:
                 raise BadRequest(f"input '{name}': unknown datatype {datatype!r}")
-            if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            if not isinstance(shape, list) or not all(v2tensors.is_dim(d) for d in shape):
                 raise BadRequest(
                     f"input '{name}': 'shape' must be an array of non-negative integers"
                 )

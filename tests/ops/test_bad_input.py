@@ -277,3 +277,15 @@ def test_v2_json_data_of_another_type_is_a_400_not_coerced(
     assert f"does not fit datatype {datatype}" in body["error"]  # (v2 errors are strings)
     fine = {"inputs": [{"name": "x", "datatype": "INT64", "shape": [2], "data": [1, -2]}]}
     assert send(gw, b"/v2/models/m/infer", body=json.dumps(fine).encode())[0] == 200
+
+
+@pytest.mark.parametrize("shape", [[True], [1, False], [1.0], [-1]])
+def test_a_v2_shape_of_anything_but_non_negative_integers_is_a_400(
+    gw: ServerThread, shape: list[Any]
+) -> None:
+    """`[true]` passed as 1 (a bool is an int to Python): no model server takes it, and it was
+    keyed apart from `[1]`."""
+    status, _, body = send(gw, b"/v2/models/m/infer", body=_v2(shape, [1.0]))
+    assert status == 400, body
+    assert "'shape' must be an array of non-negative integers" in body["error"]
+    assert send(gw, b"/v2/models/m/infer", body=_v2([1], [1.0]))[0] == 200
