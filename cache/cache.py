@@ -41,7 +41,7 @@ class Cache:
         self.fanout = (
             PurgeFanout.from_settings(
                 redis,
-                self.memory.purge,
+                self._apply_announced,
                 lambda kind: self.metrics.redis_errors.labels("purge_fanout", kind).inc(),
             )
             if redis is not None and self.redis is not None
@@ -83,6 +83,14 @@ class Cache:
         await self.memory.aclose()
         if self.redis is not None:
             await self.redis.aclose()
+
+    async def _apply_announced(self, selector: Selector, pending: bool) -> int:
+        """Another process's purge or invalidation. Pending: its delete of that one key was
+        not confirmed, so the old entry may still be in Redis: this process reads none of it
+        from there until its own delete lands (remembered before the memory tier lets go)."""
+        if pending and selector.key is not None and self.redis is not None:
+            self.redis.redo(selector.key, announce=False)
+        return await self.memory.purge(selector)
 
     async def _announce_late(self, keys: list[str]) -> None:
         """Deletes that reached Redis late (cache.tiers.undeleted): the other processes drop

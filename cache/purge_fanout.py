@@ -8,6 +8,12 @@ invalidation, also the one key) is appended to a Redis Stream,
 pub/sub: a reader that lost its connection resumes from the last purge it applied, so a purge
 made during a blip still arrives, and streams work the same on a standalone Redis, Sentinel
 and Cluster (one key, one slot).
+
+An invalidation whose own delete Redis did not confirm in time (a timeout under a burst: the
+old entry may still be there) is announced as pending: a reader then also deletes that key
+itself and reads none of it from Redis until its delete lands. Before, a reader dropped the
+entry from its memory, read the old one straight back from Redis and served it until the
+announcing process's retry landed.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ class PurgeFanout:
     def __init__(
         self,
         redis: AnyRedis,
-        apply: Callable[[Selector], Awaitable[object]],
+        apply: Callable[[Selector, bool], Awaitable[object]],
         prefix: str = "lg:",
         block_ms: int = 500,
         on_error: Callable[[str], None] = lambda _kind: None,
@@ -72,7 +78,7 @@ class PurgeFanout:
     def from_settings(
         cls,
         settings: RedisSettings,
-        apply: Callable[[Selector], Awaitable[object]],
+        apply: Callable[[Selector, bool], Awaitable[object]],
         on_error: Callable[[str], None],
     ) -> PurgeFanout:
         t = settings.timeouts
@@ -113,8 +119,10 @@ class PurgeFanout:
         selector: Selector,
         deadline_s: float | None = None,
         on_failure: Callable[[], object] | None = None,
+        pending: bool = False,
     ) -> str:
-        """Tell the other processes; what the admin answer says about it. deadline_s bounds
+        """Tell the other processes; what the admin answer says about it. `pending`: a one-key
+        selector whose delete Redis has not confirmed (the readers delete it too). deadline_s bounds
         the wait (a request's invalidation must not wait out a stalled Redis), not the
         announcement: one still on its way then is sent on in the background, within the
         client's socket timeout (a burst of DELETEs on a busy process used the deadline up
@@ -129,6 +137,8 @@ class PurgeFanout:
             # (a reader without this field drops the key's route, model and tenant: more of
             # that one tenant's entries, never another's)
             fields[b"k"] = selector.key
+            if pending:
+                fields[b"p"] = b"1"
         send = asyncio.ensure_future(self._send(fields, on_failure))
         self._sending.add(send)  # (held until sent: a request's deadline does not cancel it)
         send.add_done_callback(self._sending.discard)
@@ -187,8 +197,9 @@ class PurgeFanout:
         if fields.get(b"o", b"").decode() == self.origin:
             return
         route_h, model_h, tenant_h, key = (fields.get(f, b"").decode() or None for f in _FIELDS)
+        pending = key is not None and fields.get(b"p") == b"1"
         try:
-            await self.apply(Selector(route_h, model_h, tenant_h, key))
+            await self.apply(Selector(route_h, model_h, tenant_h, key), pending)
             self.applied += 1
         except Exception:  # one bad record does not stop the tail
             log.exception("purge fan-out: applying a purge failed")

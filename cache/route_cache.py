@@ -199,7 +199,10 @@ class RouteCache:
         left = redis.settings.timeouts.op - (time.monotonic() - started)
         try:
             await fanout.announce(
-                Selector.one(key), max(left, 0.0), on_failure=lambda: redis.redo(key.value)
+                Selector.one(key),
+                max(left, 0.0),
+                on_failure=lambda: redis.redo(key.value),
+                pending=redis.pending(key.value),
             )
         except Exception:  # the cache boundary (Redis's own errors are counted there)
             log.exception("announcing an invalidation failed on route %s", self.route)

@@ -219,15 +219,21 @@ class RedisTier:
             return
         self._forget(key)
 
-    def redo(self, key: str) -> None:
+    def redo(self, key: str, announce: bool = True) -> None:
         """Delete `key` again once Redis answers, and have the others told then (an
         invalidation whose announcement was skipped or failed: the delete may have landed, the
-        others' memory tiers were not told)."""
-        self._remember(key)
+        others' memory tiers were not told). announce=False: another process's invalidation
+        whose delete it could not confirm, and which it announced itself: this process reads
+        none of it from Redis meanwhile, and deletes it too."""
+        self._remember(key, announce)
         self._retry_later()
 
-    def _remember(self, key: str) -> None:
-        if self.undeleted.add(key):
+    def pending(self, key: str) -> bool:
+        """Whether this process's delete of `key` has not reached Redis yet."""
+        return key in self.undeleted
+
+    def _remember(self, key: str, announce: bool = True) -> None:
+        if self.undeleted.add(key, announce):
             self._metrics.undeleted_forgotten.inc()
             log.warning(
                 "redis: more than %d deletes waiting for Redis; the oldest is forgotten (its"
@@ -254,6 +260,7 @@ class RedisTier:
             keys = self.undeleted.oldest(500)
             if not keys or not self.breaker.allow():
                 continue
+            told = self.undeleted.to_announce(keys)
             try:
                 async with self._guard("delete"):
                     await self.client.unlink(*(self.prefix + k for k in keys))
@@ -261,9 +268,9 @@ class RedisTier:
                 continue
             for k in keys:
                 self._forget(k)
-            if self.on_late_delete is not None:
+            if self.on_late_delete is not None and told:
                 try:
-                    await self.on_late_delete(keys)
+                    await self.on_late_delete(told)
                 except Exception:  # the cache boundary: the deletes themselves landed
                     log.exception("announcing late deletes failed")
 

@@ -7,7 +7,9 @@ entry stayed in Redis for every other process to read, and for this one to read 
 memory had let go, and the other processes' memory tiers were never told. Now such a key is
 remembered: this process reads none of them from Redis (a miss: the upstream answers), a store
 under one overwrites the old entry (forgotten), and the tier deletes the rest once Redis takes
-commands again and then has the other processes told (RedisTier._retry_deletes).
+commands again and then has the other processes told (RedisTier._retry_deletes). A key another
+process announced with its delete unconfirmed is remembered the same way, but not announced
+again once deleted here: that process, and every other, was told already.
 
 Bounded: past `cap` keys the oldest is forgotten (counted and logged; that entry then lives
 until its TTL, as every such entry did before).
@@ -23,7 +25,7 @@ MAX_UNDELETED = 16384  # ~2 MB of key strings at most
 class UndeletedKeys:
     def __init__(self, cap: int = MAX_UNDELETED) -> None:
         self.cap = cap
-        self._keys: OrderedDict[str, None] = OrderedDict()
+        self._keys: OrderedDict[str, bool] = OrderedDict()  # key: announce once deleted
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -31,9 +33,10 @@ class UndeletedKeys:
     def __contains__(self, key: str) -> bool:
         return key in self._keys
 
-    def add(self, key: str) -> bool:
-        """Remember `key`; True when the oldest key was forgotten to make room."""
-        self._keys[key] = None
+    def add(self, key: str, announce: bool = True) -> bool:
+        """Remember `key`; True when the oldest key was forgotten to make room. `announce`:
+        have the other processes told once it is deleted (kept if any add asked for it)."""
+        self._keys[key] = announce or self._keys.get(key, False)
         self._keys.move_to_end(key)
         if len(self._keys) > self.cap:
             self._keys.popitem(last=False)
@@ -42,6 +45,9 @@ class UndeletedKeys:
 
     def discard(self, key: str) -> None:
         self._keys.pop(key, None)
+
+    def to_announce(self, keys: list[str]) -> list[str]:
+        return [k for k in keys if self._keys.get(k, False)]
 
     def oldest(self, n: int) -> list[str]:
         out: list[str] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import pytest
 
@@ -28,8 +28,12 @@ async def pair(redis_server: RedisServer) -> AsyncIterator[tuple[PurgeFanout, Me
     """A process that announces, and another whose memory tier the fan-out applies to."""
     settings = redis_settings(redis_server.url)
     memory = MemoryTier(1 << 20)
-    here = PurgeFanout(connect(settings, socket_timeout=2, max_connections=2), memory.purge)
-    there = PurgeFanout(connect(settings, socket_timeout=2, max_connections=2), memory.purge)
+
+    def apply(selector: Selector, _pending: bool) -> Awaitable[int]:
+        return memory.purge(selector)
+
+    here = PurgeFanout(connect(settings, socket_timeout=2, max_connections=2), apply)
+    there = PurgeFanout(connect(settings, socket_timeout=2, max_connections=2), apply)
     here.stream_key = there.stream_key = f"{{{settings.key_prefix}}}purge"
     there.start()
     try:
@@ -99,7 +103,7 @@ async def test_an_announcement_to_a_lost_redis_says_so_and_returns() -> None:
     alice, _, _ = _keys()
     dead = PurgeFanout(
         connect(redis_settings("redis://127.0.0.1:9/0"), socket_timeout=1, max_connections=2),
-        lambda _s: asyncio.sleep(0),
+        lambda _s, _p: asyncio.sleep(0),
     )
     try:
         said = await dead.announce(Selector.one(alice), deadline_s=5)

@@ -102,3 +102,15 @@ def test_past_the_cap_the_oldest_undelivered_delete_is_forgotten() -> None:
     assert "a" not in keys and keys.oldest(5) == ["b", "c"]
     keys.add("b")  # remembered again: now the newest
     assert keys.oldest(1) == ["c"]
+
+
+def test_a_key_is_announced_once_deleted_if_any_of_its_deletes_asked_for_it() -> None:
+    """A delete made for another process's announcement (announce=False) is not announced
+    again; one of this process's own for the same key still is."""
+    keys = UndeletedKeys()
+    keys.add("peer", announce=False)
+    keys.add("own")
+    keys.add("both", announce=False)
+    keys.add("both")
+    keys.add("both", announce=False)
+    assert keys.to_announce(keys.oldest(10)) == ["own", "both"]
