@@ -23,6 +23,7 @@ from cache import (
 from gateway import admin, admin_semantic, reload, v2_server
 from gateway.config import RouteSettings, Settings
 from gateway.drain import CATCH_ALL, CATCH_ALL_RESOURCE, unless_draining
+from gateway.headers import SERVER
 from gateway.metrics import Metrics
 from gateway.middleware import listener_roles, request_target
 from gateway.pipeline import Pipeline
@@ -35,6 +36,11 @@ from gateway.protocols.v2 import V2Adapter
 from gateway.routing import Route, Router
 from gateway.state import STATE, AppState
 from gateway.tracing import build_tracing
+
+
+async def _name_the_server(_request: web.Request, response: web.StreamResponse) -> None:
+    # before aiohttp adds its own (gateway.headers.SERVER says why)
+    response.headers["Server"] = SERVER
 
 
 def build_adapter(route: RouteSettings) -> Adapter:
@@ -146,6 +152,7 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
 
     app = web.Application(client_max_size=settings.limits.max_body_bytes, handler_args=None)
     app[STATE] = state
+    app.on_response_prepare.append(_name_the_server)
     listener_roles.install(app, separate=settings.admin.listener is not None)
     request_target.install(app)
 

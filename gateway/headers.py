@@ -22,7 +22,12 @@ _FRAMING = frozenset({"content-length", "host"})
 # Built once: the hot path does one set lookup per header.
 _DROP_UP = HOP_BY_HOP | _FRAMING
 _DROP_UP_KEEP_LENGTH = HOP_BY_HOP | (_FRAMING - {"content-length"})
-_DROP_DOWN = HOP_BY_HOP | {"content-length"}
+# The gateway names itself, without versions, on every response (as nginx does by default: an
+# upstream's Server is not passed on). aiohttp's default, `Python/3.11 aiohttp/3.x.y`, told any
+# client which versions to look up advisories for, and a hit and its miss named different
+# servers (the upstream's, then aiohttp's).
+SERVER = "latentgate"
+_DROP_DOWN = HOP_BY_HOP | {"content-length", "server"}
 _OURS = frozenset({"x-forwarded-proto", "x-forwarded-host"})
 
 

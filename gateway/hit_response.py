@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from aiohttp import web
 from aiohttp.helpers import rfc822_formatted_time
-from aiohttp.http import SERVER_SOFTWARE
 from multidict import CIMultiDict
 
-_SERVER = f"Server: {SERVER_SOFTWARE}\r\n"
+from gateway.headers import SERVER
+
+_SERVER = f"Server: {SERVER}\r\n"
 _DROP = frozenset({"content-length", "transfer-encoding", "connection", "date", "server"})
 
 

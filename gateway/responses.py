@@ -78,7 +78,9 @@ def cached(
         assert isinstance(block, str)
         return HitResponse(status, _REASONS[status], block, extra, body)
     # a plain list: web.Response builds its own CIMultiDict from it (building one here doubles it)
-    return web.Response(status=status, headers=[*base, *extra], body=body)
+    # (entries stored before the upstream's Server was dropped may still hold it)
+    kept = [(k, v) for k, v in base if k.lower() != "server"]
+    return web.Response(status=status, headers=[*kept, *extra], body=body)
 
 
 async def fresh(
