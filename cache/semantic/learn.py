@@ -9,7 +9,8 @@
 - Every label also counts for its tenant (cache.semantic.tenant_guard): a tenant whose own labels
   refute the route's bar is served nothing semantic until they no longer do, and its labels
   count for it alone meanwhile (the route's counts describe the tenants it serves: one tenant's
-  wrong labels no longer shut the route for the others).
+  wrong labels no longer shut the route for the others). With Redis, the fleet's guards share
+  them (cache.semantic.tenant_labels).
 
 All of it runs in background tasks of its own: never raising, never delaying a client.
 """
@@ -86,6 +87,9 @@ class RouteBudget:
         self._tasks: set[asyncio.Task[None]] = set()
         # Called with (cosine, score, wrong, volume) deltas: the shared store's hook.
         self.on_count: Callable[[float, float, int, int, int], None] | None = None
+        # Called with each label this process makes for a tenant (tenant, cosine, score,
+        # agree): the fleet's tenant guards hear of it (cache.semantic.tenant_labels).
+        self.on_tenant_label: Callable[[str, float, float, bool], None] | None = None
         self._logged: tuple[bool, float, float, float, str] | None = None  # the bar last logged
         # False once a reload turned the route's semantic cache off: its bar serves nothing,
         # whatever its counts say, and /metrics and /admin/semantic say so.
@@ -107,6 +111,14 @@ class RouteBudget:
         if self.guard is not None and self.guard.refuted(tenant, self.grid.bar()):
             return _unseen
         return self.observe
+
+    def count_tenant_label(
+        self, tenant: str, cosine: float, score: float, agree: bool, weight: float
+    ) -> None:
+        """Another process's label for a tenant (its guard only: the pooled counts come
+        through the budget store)."""
+        if self.guard is not None:
+            self.guard.label(tenant, cosine, score, agree, weight)
 
     def observe(self, cosine: float, score: float) -> None:
         self.grid.observe(cosine, score)
@@ -266,6 +278,8 @@ class RouteBudget:
             # a refuted tenant's label speaks for it alone (the module's docstring)
             guarded = self.guard.refuted(tenant, self.grid.bar())
             self.guard.label(tenant, cosine, score, agree)
+            if self.on_tenant_label is not None:
+                self.on_tenant_label(tenant, cosine, score, agree)
         if not guarded:
             self.grid.label(cosine, score, agree)
             if self.on_count is not None:

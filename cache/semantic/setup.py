@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -24,16 +23,18 @@ from cache.keys import Selector
 from cache.redis_client import REDIS_ERRORS, AnyRedis, connect
 from cache.semantic.answers import EmbeddingMatch, ExactMatch, Matcher
 from cache.semantic.budget import LEARN_FLOOR, BudgetGrid, grid_edges
-from cache.semantic.budget_prior import DEFAULT_PRIOR, digest, load_prior
+from cache.semantic.budget_prior import DEFAULT_PRIOR, load_prior
 from cache.semantic.budget_store import BudgetStore
 from cache.semantic.cross_encoder import CrossEncoder
 from cache.semantic.index import VectorIndex
 from cache.semantic.judge import BackendNamed, JudgeMatch, backend_judge, url_judge
+from cache.semantic.label_context import label_context
 from cache.semantic.learn import RouteBudget
 from cache.semantic.metrics import SemanticMetrics
 from cache.semantic.route import SemanticRoute
 from cache.semantic.stage import SemanticStage
 from cache.semantic.sync import RedisSync
+from cache.semantic.tenant_labels import TenantLabelShare
 from cache.semantic.verifier import (
     DEFAULT_ARTIFACT,
     CrossEncoderVerifier,
@@ -140,6 +141,7 @@ class SemanticSetup:
             self.routes[r.name] = sr
         self._sync: RedisSync | None = None
         self._budget_store: BudgetStore | None = None
+        self._tenant_labels: TenantLabelShare | None = None
         self._owned_redis: AnyRedis | None = None  # the budget store's, when sync is off
         self._cross_encoder: CrossEncoder | None = None
 
@@ -303,6 +305,9 @@ class SemanticSetup:
                 self._owned_redis = client
             self._budget_store = BudgetStore(client, self.budgets(), redis.key_prefix)
             await self._budget_store.start()
+            if any(b.guard is not None for b in self.budgets().values()):
+                self._tenant_labels = TenantLabelShare(client, self.budgets(), redis.key_prefix)
+                await self._tenant_labels.start()
 
     async def _open_cross_encoder(self) -> None:
         """One cross-encoder per process, shared by the routes whose verifier uses it."""
@@ -340,6 +345,8 @@ class SemanticSetup:
     async def aclose(self) -> None:
         if self._budget_store is not None:
             await self._budget_store.aclose()
+        if self._tenant_labels is not None:
+            await self._tenant_labels.aclose()
         for b in self.budgets().values():
             await b.aclose()
         if self._task is not None and not self._task.done():
@@ -389,27 +396,3 @@ def build_semantic(
 
 def semantic_routes(setup: SemanticSetup | None) -> Mapping[str, SemanticRoute]:
     return {} if setup is None else setup.routes
-
-
-def label_context(
-    scorer: Verifier, ver: Verifier, p: SemanticPolicy, verifier_artifact: str | None
-) -> str:
-    """A short digest of what a label means on this route: the scorer (its name, its artifact's
-    bytes), the floor it scores from, the shipped point, the rival rule and the answer match."""
-    artifact = ""
-    if isinstance(ver, MlpVerifier):
-        path = Path(verifier_artifact) if verifier_artifact else DEFAULT_ARTIFACT
-        with contextlib.suppress(OSError):
-            artifact = digest(path)
-    parts = (
-        scorer.name,
-        artifact,
-        f"{scorer.floor:.4f}",
-        f"{ver.floor:.4f}",
-        f"{ver.p_min:.4f}",
-        str(p.rival_cosine),
-        p.answer_match,
-        f"{p.answer_cosine:.4f}" if p.answer_match == "embedding" else "",
-        p.judge.model if p.judge is not None and p.answer_match == "judge" else "",
-    )
-    return hashlib.blake2b("|".join(parts).encode(), digest_size=6).hexdigest()

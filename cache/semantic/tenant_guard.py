@@ -15,8 +15,9 @@ serves. Its candidates are then misses, each labelled by the answer that follows
 evidence that reopens it, or keeps it shut, comes at the full rate of its traffic.
 
 The guard only ever tightens: a tenant is never served below the route's bar. Its counts fade
-with the route's label_half_life and are this process's own (not shared through Redis); the
-least recently labelled tenants are forgotten past `max_tenants`.
+with the route's label_half_life; with Redis configured, every process's tenant labels reach
+every other's guard and survive a restart (cache.semantic.tenant_labels). The least recently
+labelled tenants are forgotten past `max_tenants`.
 """
 
 from __future__ import annotations
@@ -86,7 +87,10 @@ class TenantGuard:
     def __len__(self) -> int:
         return len(self._tenants)
 
-    def label(self, tenant: str, cosine: float, score: float, agree: bool) -> None:
+    def label(
+        self, tenant: str, cosine: float, score: float, agree: bool, weight: float = 1.0
+    ) -> None:
+        """`weight` < 1: a label made earlier (another process's, replayed), faded by its age."""
         c = self.grid.cell(cosine, score)
         if c is None:
             return
@@ -100,9 +104,9 @@ class TenantGuard:
         else:
             self._tenants.move_to_end(tenant)
             self._fade(counts)
-        counts.labels[c] += 1
+        counts.labels[c] += weight
         if not agree:
-            counts.wrong[c] += 1
+            counts.wrong[c] += weight
         counts.version += 1
 
     def refuted(self, tenant: str, bar: Bar) -> bool:

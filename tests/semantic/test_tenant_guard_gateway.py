@@ -4,13 +4,16 @@ serve a tenant whose own labels say its paraphrases are answered differently."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 
 import pytest
 
+from gateway.app import build_app
+from gateway.config import Settings
 from tests.semantic.test_budget_gateway import BUDGET, admin_state, metric, wait_for
 from tests.semantic.test_gateway import ask, client_for, semantic_config
-from tests.support.servers import ServerThread
+from tests.support.servers import RedisServer, ServerThread
 
 Q, PARA = "How do I reset my password?", "How can I reset my password?"
 ANSWER = "Open Settings, then Security, then Reset."
@@ -84,3 +87,34 @@ def test_a_tenant_whose_own_labels_refute_the_bar_is_not_served_by_it(
         "the guarded miss's label",
     )
     assert admin_state(gw.url)["budget"]["labels"] == pooled
+
+
+@pytest.mark.slow  # two gateways, each loading the embedder
+def test_a_tenant_refuted_at_one_gateway_is_kept_apart_at_another_on_the_same_redis(
+    class_upstream: ServerThread, answers: dict[str, str], redis_server: RedisServer
+) -> None:
+    """The guards share each tenant's labels through Redis (cache.semantic.tenant_labels): B
+    lists the tenant A's labels refute, and puts it in Prometheus, without seeing its traffic."""
+    cfg = semantic_config(class_upstream.url, redis_server.url, **TIGHT)
+    cfg["cache"]["redis"]["key_prefix"] = f"tg{uuid.uuid4().hex[:8]}:"
+    settings = Settings.model_validate(cfg)
+    a = ServerThread(lambda: build_app(settings)).start()
+    b = ServerThread(lambda: build_app(settings)).start()
+    try:
+        bad = client_for(a.url, "sk-bad")
+        for i, (q, para) in enumerate(BAD):
+            answers[q], answers[para] = f"answer {i}", f"another answer {i}"
+            ask(bad, q, temperature=0)
+            ask(bad, para, temperature=0)  # labelled at A: disagree
+        wait_for(lambda: len(admin_state(a.url)["budget"]["guarded_tenants"]) == 1, "A refutes")
+        wait_for(lambda: len(admin_state(b.url)["budget"]["guarded_tenants"]) == 1, "B hears")
+        assert (
+            admin_state(b.url)["budget"]["guarded_tenants"]
+            == (admin_state(a.url)["budget"]["guarded_tenants"])
+        )
+        assert metric(b.url, GUARDED) == 1
+        # B made no label itself: the verdict is A's evidence
+        assert admin_state(b.url)["budget"]["labels_by_source"]["miss"]["disagree"] == 0
+    finally:
+        a.stop()
+        b.stop()

@@ -1,0 +1,184 @@
+"""Each tenant's labels shared between gateway processes and kept across restarts, in Redis.
+
+The tenant guard (cache.semantic.tenant_guard) judges a tenant on its own labels. Kept per
+process, a fleet of N sidecars each had to learn a bad tenant from the labels it saw itself:
+up to N times the wrong hits before every sidecar kept it apart, and a restarted sidecar served
+it at the route's bar again. Now every label a process makes for a tenant is appended to a
+stream per route and labelling context, `{prefix}sem:tenants:{route}[:{context}]` (one entry
+per flush: the labels packed, each with its tenant hash, cosine, score, verdict and wall-clock
+time); every process reads the others' entries on the same round trip and counts them in its
+own guard, so the fleet's guards hold the same labels and reach the same verdicts. At start a
+process replays the stream, each label weighed by its age (0.5 per label half-life, none past
+`KEEP_HALF_LIVES`), so a restart keeps a refuted tenant refuted. The stream is capped
+(`STREAM_MAXLEN` entries) and expires when no process writes it. Labels in another context
+(another scorer, point, rival rule or answer match) are in another stream: they never count.
+
+The pooled counts are not here: the budget store (cache.semantic.budget_store) shares them. A
+Redis failure is logged once per outage and counted (`latentgate_semantic_sync_events_total
+{direction="tenant_labels", outcome="error"}`); the labels wait (up to `OUTBOX_MAX` per route)
+and go with the next flush; the local guard has them already.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from cache.outage import OutageLog
+from cache.redis_client import REDIS_ERRORS, AnyRedis, Command, round_trip
+from cache.semantic.learn import RouteBudget
+
+log = logging.getLogger("latentgate.semantic.budget")
+
+STREAM_MAXLEN = 20_000  # entries (flushes), each holding that flush's labels
+OUTBOX_MAX = 10_000  # labels per route waiting through an outage; the oldest go first
+KEEP_HALF_LIVES = 4  # older labels weigh < 1/16: not replayed
+_READ = 500  # entries read per route per round
+
+Label = tuple[str, float, float, bool, float]  # tenant, cosine, score, agree, wall-clock time
+
+
+@dataclass
+class _Route:
+    outbox: deque[Label] = field(default_factory=lambda: deque(maxlen=OUTBOX_MAX))
+    last_id: str = "0-0"  # the last stream entry read
+
+
+class TenantLabelShare:
+    def __init__(
+        self,
+        redis: AnyRedis,
+        budgets: Mapping[str, RouteBudget],
+        prefix: str = "lg:",
+        interval: float = 0.5,
+    ) -> None:
+        self.redis = redis
+        self.budgets = {r: b for r, b in budgets.items() if b.guard is not None}
+        self.prefix = prefix
+        self.interval = interval
+        self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._routes = {r: _Route() for r in self.budgets}
+        self._task: asyncio.Task[None] | None = None
+        hint = 'latentgate_semantic_sync_events_total{direction="tenant_labels"}'
+        self._log = OutageLog(log, "semantic budget: sharing tenant labels", hint)
+        for route, b in self.budgets.items():
+            b.on_tenant_label = self._outbox(self._routes[route].outbox)
+
+    def key(self, route: str) -> str:
+        context = self.budgets[route].context
+        return f"{self.prefix}sem:tenants:{route}" + (f":{context}" if context else "")
+
+    @staticmethod
+    def _outbox(box: deque[Label]):  # type: ignore[no-untyped-def]
+        def add(tenant: str, cosine: float, score: float, agree: bool) -> None:
+            box.append((tenant, cosine, score, agree, time.time()))
+
+        return add
+
+    async def start(self) -> None:
+        """Replay what the fleet has kept (a restarted process's guards come back), then flush
+        every `interval` seconds."""
+        for route in self.budgets:
+            try:
+                while await self._read(route, replay=True):
+                    pass
+            except REDIS_ERRORS as exc:
+                log.warning("semantic budget: replaying tenant labels failed (%s)", exc)
+                self._count("error")
+                break
+        self._task = asyncio.create_task(self._loop(), name="semantic-tenant-labels")
+
+    async def flush(self) -> bool:
+        """Send this process's new tenant labels and count the others'; False on a Redis
+        error (the labels wait for the next flush)."""
+        batches = {r: list(st.outbox) for r, st in self._routes.items()}
+        commands: list[Command] = []
+        for route, labels in batches.items():
+            key = self.key(route)
+            if labels:
+                entry = {"o": self.origin, "d": msgpack.packb([list(x) for x in labels])}
+                stream = {"maxlen": STREAM_MAXLEN, "approximate": True}
+                commands.append(("xadd", (key, entry), stream))
+                commands.append(("expire", (key, self._ttl(route)), {}))
+            last = self._routes[route].last_id
+            commands.append(("xrange", (key, f"({last}", "+"), {"count": _READ}))
+        try:
+            replies = iter(await round_trip(self.redis, commands))
+        except REDIS_ERRORS as exc:
+            self._count("error")
+            self._log.failed(f"{exc}; kept locally")
+            return False
+        self._log.ok()
+        for route, labels in batches.items():
+            st = self._routes[route]
+            if labels:
+                for _ in labels:  # sent: out of the outbox (new ones queued meanwhile stay)
+                    st.outbox.popleft()
+                next(replies), next(replies)  # the xadd, the expire
+                self._count("published", len(labels))
+            self._take(route, next(replies), replay=False)
+        return True
+
+    async def _read(self, route: str, replay: bool) -> bool:
+        """One page of the route's stream; True when there may be more."""
+        st = self._routes[route]
+        items: Any = await self.redis.xrange(self.key(route), f"({st.last_id}", "+", count=_READ)
+        self._take(route, items, replay)
+        return len(items or []) == _READ
+
+    def _take(self, route: str, items: Any, replay: bool) -> None:
+        """Count the others' labels in the route's guard (replaying at start, also this
+        process's earlier life's: it had another origin), each weighed by its age."""
+        st, budget = self._routes[route], self.budgets[route]
+        half_life = budget.grid.half_life
+        now = time.time()
+        applied = 0
+        for ident, fields in items or []:
+            st.last_id = ident.decode() if isinstance(ident, bytes) else str(ident)
+            if fields.get(b"o", b"").decode() == self.origin:
+                continue  # (counted when made)
+            try:
+                labels = msgpack.unpackb(fields[b"d"], raw=False)
+            except Exception:  # an entry this version cannot read: the others still count
+                continue
+            for tenant, cosine, score, agree, at in labels:
+                age = max(now - float(at), 0.0) / half_life if half_life else 0.0
+                if age <= KEEP_HALF_LIVES:
+                    budget.count_tenant_label(
+                        str(tenant), float(cosine), float(score), bool(agree), 0.5**age
+                    )
+                    applied += 1
+        if applied:
+            self._count("replayed" if replay else "applied", applied)
+
+    def _count(self, outcome: str, n: int = 1) -> None:
+        for b in self.budgets.values():  # one metrics object serves every route
+            b.metrics.sync.labels("tenant_labels", outcome).inc(n)
+            return
+
+    def _ttl(self, route: str) -> int:
+        half_life = self.budgets[route].grid.half_life or 86400.0
+        return int(half_life * KEEP_HALF_LIVES) + 60
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            await self.flush()
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(*REDIS_ERRORS):
+            await self.flush()

@@ -1,0 +1,139 @@
+"""The tenant guard's labels shared between processes through a real Redis
+(cache.semantic.tenant_labels): a tenant refuted by its own wrong labels at one sidecar is kept
+apart at the others and after a restart. Before, each sidecar had to learn it from the wrong
+labels it saw itself, and a restarted one served it at the route's bar again."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import msgpack
+import pytest
+from prometheus_client import CollectorRegistry
+from redis.asyncio import Redis
+
+from cache.redis_client import connect
+from cache.semantic.answers import ExactMatch
+from cache.semantic.budget import BudgetGrid
+from cache.semantic.learn import RouteBudget
+from cache.semantic.metrics import SemanticMetrics
+from cache.semantic.route import SemanticRoute
+from cache.semantic.stage import SemanticStage
+from cache.semantic.tenant_labels import TenantLabelShare
+from cache.semantic.verifier import MlpVerifier
+from cache.settings import SemanticPolicy
+from tests.semantic.test_learn import PAIRS, answer
+from tests.semantic.test_route import chat
+from tests.support.servers import RedisServer
+from tests.unit.cache.conftest import redis_settings
+
+HALF_LIFE = 3600.0
+
+
+def _route(stage: SemanticStage, verifier: MlpVerifier, context: str = "c1") -> SemanticRoute:
+    """A budgeted route with its own grid and guard (one per process in a fleet)."""
+    policy = SemanticPolicy(enabled=True, max_error_rate=0.5, min_labels=3)
+    sr = SemanticRoute(stage, "chat", policy, verifier)
+    grid = BudgetGrid(0.5, verifier.floor, verifier.p_min, min_labels=3, half_life=HALF_LIFE)
+    metrics = SemanticMetrics(CollectorRegistry())
+    sr.budget = RouteBudget(
+        "chat", grid, ExactMatch(), stage, metrics, 0.10, scorer=verifier, context=context
+    )
+    return sr
+
+
+def _budget(sr: SemanticRoute) -> RouteBudget:
+    assert sr.budget is not None and sr.budget.guard is not None
+    return sr.budget
+
+
+def _refuted(sr: SemanticRoute, tenant: str) -> bool:
+    b = _budget(sr)
+    assert b.guard is not None
+    return b.guard.refuted(tenant, b.grid.bar())
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"tl{uuid.uuid4().hex[:8]}:"
+
+
+async def _share(redis_server: RedisServer, sr: SemanticRoute, prefix: str) -> TenantLabelShare:
+    client = connect(redis_settings(redis_server.url), socket_timeout=2, max_connections=4)
+    share = TenantLabelShare(client, {"chat": _budget(sr)}, prefix, interval=3600)
+    await share.start()
+    return share
+
+
+async def _close(share: TenantLabelShare) -> None:
+    await share.aclose()
+    await share.redis.aclose()
+
+
+async def test_a_tenant_refuted_at_one_process_is_refuted_at_the_others_and_after_a_restart(
+    stage: SemanticStage, verifier: MlpVerifier, redis_server: RedisServer, prefix: str
+) -> None:
+    a, b = _route(stage, verifier), _route(stage, verifier)
+    share_a, share_b = await _share(redis_server, a, prefix), await _share(redis_server, b, prefix)
+    try:
+        q, para = PAIRS[0]
+        await a.remember(chat(q, temperature=0), "bad", "k-bad")
+        for _ in range(3):  # at A, the bad tenant's answers to the paraphrase disagree
+            res = await a.search(chat(para, temperature=0), "bad")
+            assert res.candidate is not None
+            a.label_after_miss(
+                chat(para, temperature=0), "bad", res.candidate, answer(q), answer("no")
+            )
+            await _budget(a).drain()
+        assert _refuted(a, "bad") and not _refuted(b, "bad")
+        assert await share_a.flush() and await share_b.flush()
+        assert _refuted(b, "bad")  # B saw none of that traffic
+        assert not _refuted(b, "good")
+        # A does not count its own labels twice (they come back on its next read)
+        before = _budget(a).guard.guarded(_budget(a).grid.bar())  # type: ignore[union-attr]
+        assert await share_a.flush()
+        after = _budget(a).guard.guarded(_budget(a).grid.bar())  # type: ignore[union-attr]
+        assert [g.labels for g in after] == [g.labels for g in before] == [3.0]
+    finally:
+        await _close(share_a)
+        await _close(share_b)
+    restarted = _route(stage, verifier)
+    share_c = await _share(redis_server, restarted, prefix)
+    try:
+        assert _refuted(restarted, "bad")  # replayed at start
+    finally:
+        await _close(share_c)
+    # labels made under another labelling context (another scorer or rule) do not count
+    other = _route(stage, verifier, context="c2")
+    share_d = await _share(redis_server, other, prefix)
+    try:
+        assert not _refuted(other, "bad")
+    finally:
+        await _close(share_d)
+
+
+async def test_replayed_labels_weigh_by_their_age(
+    stage: SemanticStage, verifier: MlpVerifier, redis_server: RedisServer, prefix: str
+) -> None:
+    """Labels past four half-lives are not replayed: a tenant refuted long ago starts afresh;
+    the same labels made a moment ago refute it."""
+    probe = _route(stage, verifier)
+    grid = _budget(probe).grid
+    cosine, score = 0.995, float(grid.score_edges[-1]) + 0.001  # served by any open region
+    assert grid.cell(cosine, score) is not None
+    raw = Redis.from_url(redis_server.url)
+    try:
+        key = f"{prefix}sem:tenants:chat:c1"
+        now = time.time()
+        for tenant, at in (("old", now - 5 * HALF_LIFE), ("recent", now - 60)):
+            labels = [[tenant, cosine, score, False, at] for _ in range(3)]
+            await raw.xadd(key, {"o": "another-process", "d": msgpack.packb(labels)})
+    finally:
+        await raw.aclose()
+    share = await _share(redis_server, probe, prefix)
+    try:
+        assert _refuted(probe, "recent")
+        assert not _refuted(probe, "old")
+    finally:
+        await _close(share)
