@@ -15,8 +15,10 @@ process replays the stream, each label weighed by its age (0.5 per label half-li
 
 The pooled counts are not here: the budget store (cache.semantic.budget_store) shares them. A
 Redis failure is logged once per outage and counted (`latentgate_semantic_sync_events_total
-{direction="tenant_labels", outcome="error"}`); the labels wait (up to `OUTBOX_MAX` per route)
-and go with the next flush; the local guard has them already.
+{direction="tenant_labels", outcome="error"}`); the unsent batch is sent again, under its id,
+with the next flush (an XADD that timed out may have landed: readers count an id once), and
+labels made meanwhile wait behind it (up to `OUTBOX_MAX` per route); the local guard has them
+already.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import logging
 import os
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +46,7 @@ STREAM_MAXLEN = 20_000  # entries (flushes), each holding that flush's labels
 OUTBOX_MAX = 10_000  # labels per route waiting through an outage; the oldest go first
 KEEP_HALF_LIVES = 4  # older labels weigh < 1/16: not replayed
 _READ = 500  # entries read per route per round
+_SEEN = 4096  # batch ids remembered per route (a batch is sent again only within an outage)
 
 Label = tuple[str, float, float, bool, float]  # tenant, cosine, score, agree, wall-clock time
 
@@ -51,7 +54,11 @@ Label = tuple[str, float, float, bool, float]  # tenant, cosine, score, agree, w
 @dataclass
 class _Route:
     outbox: deque[Label] = field(default_factory=lambda: deque(maxlen=OUTBOX_MAX))
+    # The batch sent without a reply yet: sent again under the same id until one comes (a
+    # timed-out XADD may still have landed: readers count an id once).
+    pending: tuple[str, list[Label]] | None = None
     last_id: str = "0-0"  # the last stream entry read
+    seen: OrderedDict[str, None] = field(default_factory=OrderedDict)  # batch ids counted
 
 
 class TenantLabelShare:
@@ -72,16 +79,16 @@ class TenantLabelShare:
         hint = 'latentgate_semantic_sync_events_total{direction="tenant_labels"}'
         self._log = OutageLog(log, "semantic budget: sharing tenant labels", hint)
         for route, b in self.budgets.items():
-            b.on_tenant_label = self._outbox(self._routes[route].outbox)
+            b.on_tenant_label = self._outbox(self._routes[route])
 
     def key(self, route: str) -> str:
         context = self.budgets[route].context
         return f"{self.prefix}sem:tenants:{route}" + (f":{context}" if context else "")
 
     @staticmethod
-    def _outbox(box: deque[Label]):  # type: ignore[no-untyped-def]
+    def _outbox(st: _Route):  # type: ignore[no-untyped-def]
         def add(tenant: str, cosine: float, score: float, agree: bool) -> None:
-            box.append((tenant, cosine, score, agree, time.time()))
+            st.outbox.append((tenant, cosine, score, agree, time.time()))
 
         return add
 
@@ -101,17 +108,22 @@ class TenantLabelShare:
     async def flush(self) -> bool:
         """Send this process's new tenant labels and count the others'; False on a Redis
         error (the labels wait for the next flush)."""
-        batches = {r: list(st.outbox) for r, st in self._routes.items()}
         commands: list[Command] = []
-        for route, labels in batches.items():
+        for route, st in self._routes.items():
             key = self.key(route)
-            if labels:
-                entry = {"o": self.origin, "d": msgpack.packb([list(x) for x in labels])}
+            # One batch in flight at a time: through an outage new labels wait in the outbox
+            if st.pending is None and st.outbox:
+                st.pending = (uuid.uuid4().hex[:16], list(st.outbox))
+                st.outbox.clear()
+            if st.pending is not None:
+                ident, labels = st.pending
+                packed = msgpack.packb([list(x) for x in labels])
+                entry = {"o": self.origin, "b": ident, "d": packed}
                 stream = {"maxlen": STREAM_MAXLEN, "approximate": True}
                 commands.append(("xadd", (key, entry), stream))
                 commands.append(("expire", (key, self._ttl(route)), {}))
-            last = self._routes[route].last_id
-            commands.append(("xrange", (key, f"({last}", "+"), {"count": _READ}))
+            commands.append(("xrange", (key, f"({st.last_id}", "+"), {"count": _READ}))
+        sent = {r: st.pending for r, st in self._routes.items()}
         try:
             replies = iter(await round_trip(self.redis, commands))
         except REDIS_ERRORS as exc:
@@ -119,13 +131,12 @@ class TenantLabelShare:
             self._log.failed(f"{exc}; kept locally")
             return False
         self._log.ok()
-        for route, labels in batches.items():
-            st = self._routes[route]
-            if labels:
-                for _ in labels:  # sent: out of the outbox (new ones queued meanwhile stay)
-                    st.outbox.popleft()
+        for route, st in self._routes.items():
+            batch = sent[route]
+            if batch is not None:
                 next(replies), next(replies)  # the xadd, the expire
-                self._count("published", len(labels))
+                st.pending = None
+                self._count("published", len(batch[1]))
             self._take(route, next(replies), replay=False)
         return True
 
@@ -147,6 +158,13 @@ class TenantLabelShare:
             st.last_id = ident.decode() if isinstance(ident, bytes) else str(ident)
             if fields.get(b"o", b"").decode() == self.origin:
                 continue  # (counted when made)
+            batch = fields.get(b"b", b"").decode()
+            if batch:
+                if batch in st.seen:
+                    continue  # sent again after a reply was lost: counted once
+                st.seen[batch] = None
+                if len(st.seen) > _SEEN:
+                    st.seen.popitem(last=False)
             try:
                 labels = msgpack.unpackb(fields[b"d"], raw=False)
             except Exception:  # an entry this version cannot read: the others still count

@@ -5,6 +5,7 @@ labels it saw itself, and a restarted one served it at the route's bar again."""
 
 from __future__ import annotations
 
+import signal
 import time
 import uuid
 
@@ -60,7 +61,7 @@ def prefix() -> str:
 
 
 async def _share(redis_server: RedisServer, sr: SemanticRoute, prefix: str) -> TenantLabelShare:
-    client = connect(redis_settings(redis_server.url), socket_timeout=2, max_connections=4)
+    client = connect(redis_settings(redis_server.url), socket_timeout=0.5, max_connections=4)
     share = TenantLabelShare(client, {"chat": _budget(sr)}, prefix, interval=3600)
     await share.start()
     return share
@@ -137,3 +138,71 @@ async def test_replayed_labels_weigh_by_their_age(
         assert not _refuted(probe, "old")
     finally:
         await _close(share)
+
+
+async def _flushed(share: TenantLabelShare) -> bool:
+    """A flush that succeeds (the first after Redis came back may meet a dead connection)."""
+    for _ in range(5):
+        if await share.flush():
+            return True
+    return False
+
+
+def _wrong_labels(sr: SemanticRoute, n: int) -> None:
+    """n wrong labels for the bad tenant, as a label after a miss hands them to guard and share."""
+    b = _budget(sr)
+    cosine, score = 0.995, float(b.grid.score_edges[-1]) + 0.001
+    assert b.on_tenant_label is not None
+    for _ in range(n):
+        b.count_tenant_label("bad", cosine, score, False, 1.0)
+        b.on_tenant_label("bad", cosine, score, False)
+
+
+def _labels_of(sr: SemanticRoute, tenant: str) -> list[float]:
+    b = _budget(sr)
+    assert b.guard is not None
+    return [g.labels for g in b.guard.guarded(b.grid.bar()) if tenant.startswith(g.tenant)]
+
+
+async def test_labels_made_while_redis_is_down_reach_the_others_once_it_is_back(
+    stage: SemanticStage, verifier: MlpVerifier, prefix: str
+) -> None:
+    redis = RedisServer().start()
+    a, b = _route(stage, verifier), _route(stage, verifier)
+    share_a, share_b = await _share(redis, a, prefix), await _share(redis, b, prefix)
+    try:
+        redis.kill()
+        _wrong_labels(a, 3)
+        assert not await share_a.flush()  # refused: kept
+        redis.start()  # (the same port, empty)
+        assert await _flushed(share_a) and await _flushed(share_b)
+        assert _labels_of(b, "bad") == [pytest.approx(3.0, abs=0.01)]
+    finally:
+        await _close(share_a)
+        await _close(share_b)
+        redis.stop()
+
+
+async def test_a_batch_sent_again_after_a_lost_reply_counts_once(
+    stage: SemanticStage, verifier: MlpVerifier, prefix: str
+) -> None:
+    """A stalled Redis times the flush out but still runs its XADD once it resumes: the batch
+    is sent again under its id, and the others count it once."""
+    redis = RedisServer().start()
+    assert redis.proc is not None
+    a, b = _route(stage, verifier), _route(stage, verifier)
+    share_a, share_b = await _share(redis, a, prefix), await _share(redis, b, prefix)
+    try:
+        _wrong_labels(a, 3)
+        redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            assert not await share_a.flush()  # timed out (the XADD waits in the socket)
+        finally:
+            redis.proc.send_signal(signal.SIGCONT)
+        assert await _flushed(share_a) and await _flushed(share_b)
+        # two entries in the stream, one batch (3 labels, faded by the seconds since)
+        assert _labels_of(b, "bad") == [pytest.approx(3.0, abs=0.01)]
+    finally:
+        await _close(share_a)
+        await _close(share_b)
+        redis.stop()
