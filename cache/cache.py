@@ -52,6 +52,9 @@ class Cache:
         self.flights: SingleFlight[Any] = SingleFlight(self.metrics)
         self.counts = {"lookups": 0, "memory": 0, "redis": 0, "misses": 0, "bypasses": 0}
         self.routes: dict[str, RouteCache] = {}
+        # --workers N without Redis: tells the sibling workers' memory tiers of an
+        # invalidation's one key, and returns once they have answered (gateway.worker_drops)
+        self.siblings: Callable[[Selector], Awaitable[None]] | None = None
         # Called with each purge's selector (the semantic index drops the matching vectors).
         self.purge_listeners: list[Callable[[Selector], Awaitable[object]]] = []
 

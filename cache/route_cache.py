@@ -180,6 +180,11 @@ class RouteCache:
             log.exception("cache invalidation failed on route %s", self.route)
         fanout, redis = self.cache.fanout, self.cache.redis
         if fanout is None or redis is None:
+            if self.cache.siblings is not None:
+                try:
+                    await self.cache.siblings(Selector.one(key))
+                except Exception:  # the cache boundary
+                    log.exception("telling the sibling workers failed on route %s", self.route)
             return
         # Announced after the delete (a peer told first could read the old entry back from
         # Redis into its memory), and awaited, so the others are told before the client hears

@@ -16,7 +16,7 @@ import tempfile
 from aiohttp import web
 
 from cache import Cache, share_generated_secret
-from gateway import access_log
+from gateway import access_log, worker_drops
 from gateway.app import build_app
 from gateway.codings import SERVER_OPTIONS
 from gateway.config import Settings
@@ -56,7 +56,12 @@ async def serve(
     app = build_app(settings, config_path)
     state = app[STATE]
     if workers is not None:
-        state.worker_metrics = WorkerMetrics(workers, state.metrics.render)
+        posts = {}
+        cache = state.cache
+        if cache is not None and cache.fanout is None:  # (with Redis, the fan-out tells them)
+            posts[worker_drops.PATH] = worker_drops.handler(cache.memory.purge)
+            cache.siblings = worker_drops.SiblingDrops(workers).announce
+        state.worker_metrics = WorkerMetrics(workers, state.metrics.render, posts)
         await state.worker_metrics.start()
     grpc_listeners = app.get(GRPC)
     if grpc_listeners is not None:

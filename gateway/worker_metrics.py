@@ -16,11 +16,12 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -81,14 +82,23 @@ def merge(texts: dict[int, str], count: int) -> bytes:
 class WorkerMetrics:
     """Serves this worker's own exposition to its siblings and gathers theirs for a scrape."""
 
-    def __init__(self, workers: Workers, render: Callable[[], bytes]) -> None:
+    def __init__(
+        self,
+        workers: Workers,
+        render: Callable[[], bytes],
+        posts: Mapping[str, Handler] | None = None,
+    ) -> None:
+        """posts: other calls siblings make on the same socket (gateway.worker_drops)."""
         self.workers = workers
         self._render = render
+        self._posts = dict(posts or {})
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/metrics", self._own)
+        for path, handle in self._posts.items():
+            app.router.add_post(path, handle)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         path = self.workers.socket(self.workers.index)

@@ -297,9 +297,7 @@ async def document(request: web.Request) -> web.Response:
 async def echo(request: web.Request) -> web.Response:
     """Passthrough target: echoes method, path, query, headers and body length."""
     st = stats(request.app)
-    st["connections"].add(id(request.protocol))
-    st["requests"][request.path] += 1
-    if (early := await common(request)) is not None:
+    if (early := await common(request)) is not None:  # (counts the request and connection)
         st["in_flight"] -= 1
         return early  # type: ignore[return-value]
     st["in_flight"] -= 1

@@ -202,20 +202,23 @@ def test_an_unsafe_request_on_one_worker_drops_the_get_from_the_others_memory(
     assert upstream_calls(upstream, path) > calls
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--workers N without Redis: no channel carries an invalidation's key to the other "
-    "workers (SIGUSR1 drops every tenant's entries); docs/architecture.md, known limits",
-)
-def test_without_redis_an_unsafe_request_stays_in_its_worker(
+def test_without_redis_an_unsafe_request_reaches_the_other_workers(
     upstream: ServerThread, processes: Callable[..., GatewayProcess]
 ) -> None:
+    """`serve --workers 2`, memory only: the worker that takes a DELETE tells the other over its
+    private unix socket (gateway/worker_drops.py), and answers the client once it has: both
+    memory tiers are empty when the DELETE's answer arrives, and only that tenant's entry went.
+    Before, the other worker served its copy until its TTL (a strict xfail)."""
     cfg = cache_config(upstream.url, routes=("default",), tiers=["memory"])
     gw = processes(cfg, workers=2)
     path = f"/items/{uuid.uuid4().hex[:8]}"
     _in_every_worker(gw, path, 1)
+    for _ in range(8):  # bob's copy of the same target, in whichever workers his GETs reach
+        request(gw.url + path, auth=BOB)
+    bob = sum(entries_per_worker(gw).values()) - 2
+    assert bob >= 1
     assert request(gw.url + path, "DELETE")[0] == 200
-    until(
-        lambda: set(entries_per_worker(gw).values()) == {0},
-        "a worker's memory still holds the deleted target's entry",
-    )
+    assert sum(entries_per_worker(gw).values()) == bob  # told before the answer: alice's gone
+    calls = upstream_calls(upstream, path)
+    assert request(gw.url + path)[1]["X-Cache"] == "miss"
+    assert upstream_calls(upstream, path) == calls + 1
