@@ -17,6 +17,10 @@ The stand-in upstream answers by class (bench.semantic_budget): a hit is right e
 returns the asker's class answer. Reports per route and tenant: semantic hits and their error
 in the tenant's second half, audit calls, hit p50/p95/p99 and throughput, and /admin/semantic's
 guarded tenants. One command, one run, side by side.
+
+`--fleet N` runs N gateway processes on one Redis (shared index, counts and tenant labels) and
+sends each route's requests to them in turn: what a fleet of sidecars serves each tenant, and
+how many of the hard tenant's hits it serves before every sidecar keeps that tenant apart.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import numpy as np
 
 from bench.semantic_budget import Stream, admin, pair_streams, routes_config
 from tests.support.class_upstream import CALLS, build_class_upstream, class_answer
-from tests.support.servers import GatewayProcess, ServerThread
+from tests.support.servers import GatewayProcess, RedisServer, ServerThread
 
 ROUTES = ("static", "pooled", "guarded")
 TENANTS = {"qqp": "sk-tenant-qqp", "hard": "sk-tenant-hard"}
@@ -49,7 +53,7 @@ class Ask:
 @dataclass
 class Run:
     model: str
-    conn: http.client.HTTPConnection
+    conns: list[http.client.HTTPConnection]  # one per gateway: requests go to them in turn
     log: list[tuple[str, bool, str, int]] = field(default_factory=list)  # tenant, 2nd, cache, wrong
     hit_ms: list[float] = field(default_factory=list)
 
@@ -84,8 +88,9 @@ def ask(run: Run, a: Ask, expected: str) -> None:
     body = json.dumps(
         {"model": run.model, "temperature": 0, "messages": [{"role": "user", "content": a.text}]}
     )
+    conn = run.conns[len(run.log) % len(run.conns)]
     t = time.perf_counter()
-    run.conn.request(
+    conn.request(
         "POST",
         "/v1/chat/completions",
         body=body,
@@ -94,7 +99,7 @@ def ask(run: Run, a: Ask, expected: str) -> None:
             "Authorization": f"Bearer {TENANTS[a.tenant]}",
         },
     )
-    resp = run.conn.getresponse()
+    resp = conn.getresponse()
     raw = resp.read()
     ms = (time.perf_counter() - t) * 1000
     cache = resp.getheader("x-cache") or ""
@@ -109,6 +114,7 @@ def main() -> None:
     ap.add_argument("--part", default="eval", help="eval (the report) or calib (tuning)")
     ap.add_argument("--hard", choices=("stsb", "verbatim"), default="stsb")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--fleet", type=int, default=1, help="gateway processes on one Redis")
     args = ap.parse_args()
     pairs = {s.name.split()[0]: s for s in pair_streams(args.part)}
     hard = pairs["stsb"]
@@ -122,8 +128,14 @@ def main() -> None:
             answers.setdefault(t, class_answer(f"{tenant}:{c}"))
     asks = merged(streams)
     upstream = ServerThread(lambda: build_class_upstream(answers)).start()
-    gw = GatewayProcess(config(upstream.url)).start()
-    runs = [Run(m, http.client.HTTPConnection("127.0.0.1", gw.port)) for m in ROUTES]
+    cfg = config(upstream.url)
+    redis = None
+    if args.fleet > 1:
+        redis = RedisServer().start()
+        cfg["cache"]["redis"] = {"url": redis.url, "key_prefix": "bench:"}
+        cfg["cache"]["tenant_secret"] = "bench-fleet-shared-tenant-secret"
+    gws = [GatewayProcess(cfg).start() for _ in range(args.fleet)]
+    runs = [Run(m, [http.client.HTTPConnection("127.0.0.1", g.port) for g in gws]) for m in ROUTES]
 
     def replay(r: Run) -> None:
         for a in asks:
@@ -135,19 +147,25 @@ def main() -> None:
             list(pool.map(replay, runs))
         took = time.perf_counter() - t0
         time.sleep(1.0)  # the last background labels
-        state = admin(gw.port)["routes"]
+        states = [admin(g.port)["routes"] for g in gws]
+        state = states[0]
         assert upstream.app is not None
         calls = dict(upstream.app[CALLS])
     finally:
         for r in runs:
-            r.conn.close()
-        gw.stop()
+            for c in r.conns:
+                c.close()
+        for g in gws:
+            g.stop()
         upstream.stop()
+        if redis is not None:
+            redis.stop()
     sizes = {t: len(s.first) + len(s.second) for t, s in streams.items()}
     print(
         f"two tenants on one route: qqp {sizes['qqp']} requests ({streams['qqp'].name}), "
         f"hard {sizes['hard']} ({streams['hard'].name}), interleaved; "
         f"{len(asks) * len(runs) / took:.0f} req/s over {len(runs)} routes"
+        + (f", {args.fleet} gateways on one Redis" if args.fleet > 1 else "")
     )
     out: dict[str, Any] = {}
     for r in runs:
@@ -167,11 +185,18 @@ def main() -> None:
             line += f" | {tenant}: 2nd-half hits {len(hits):>4} error {err:.3f}"
         guarded = budget.get("guarded_tenants", [])
         row["guarded_tenants"] = guarded
+        every = [
+            len(st.get(r.model, {}).get("budget", {}).get("guarded_tenants", [])) for st in states
+        ]
+        row["guarded_per_gateway"] = every
+        row["hard_hits_all"] = sum(1 for t, _, c, _ in r.log if t == "hard" and c == "semantic-hit")
         row["hit_ms"] = {"p50": p50, "p95": p95, "p99": p99}
         line += (
             f" | audits {audits} ({audits / max(hits_all, 1):.1%} of hits)"
             f" | hit p50 {p50:.2f} ms p95 {p95:.2f} p99 {p99:.2f}"
             f" | bar {budget.get('bar', {}).get('open', '-')}, guarded tenants {len(guarded)}"
+            f" | hard: hits in all {row['hard_hits_all']}"
+            + (f", guarded per gateway {every}" if len(states) > 1 else "")
         )
         print(line)
         out[r.model] = row

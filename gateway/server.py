@@ -50,8 +50,8 @@ async def serve(
     early: list[int] | None = None,
     workers: Workers | None = None,
 ) -> None:
-    """early: SIGHUP / SIGUSR1 that arrived before this process could act on them (see
-    `run`); acted on once the handlers below are in place. workers: this one's place among
+    """early: the signals gateway.early_signals remembered before this process could act on
+    them (see `run`); acted on once the handlers below are in place. workers: this one's place among
     --workers N (None: a single process)."""
     app = build_app(settings, config_path)
     state = app[STATE]
@@ -112,6 +112,8 @@ async def serve(
             app[RELOADER].schedule("SIGHUP during start-up")
         elif signum == signal.SIGUSR1 and reuse_port:
             _drop_memory(state.cache)
+        elif signum in (signal.SIGTERM, signal.SIGINT):
+            stop.set()
     await stop.wait()
     log.info(
         "draining: /readyz says 503 and new requests get 503 (listeners stay open); waiting up "

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
-from cache.keys import Selector
+from cache import Selector
 from gateway.worker_metrics import Workers
 
 log = logging.getLogger("latentgate.worker_drops")

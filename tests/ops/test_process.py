@@ -59,3 +59,27 @@ def test_a_killed_worker_is_logged_and_the_exit_code_says_so(
         time.sleep(0.1)
     assert said in gw.log()
     assert gw.stop() == 1  # the survivor drained cleanly; one worker did not
+
+
+def test_a_stop_while_the_workers_start_is_a_clean_stop(upstream: ServerThread) -> None:
+    """`systemctl stop` right after a start: a SIGTERM that reached a worker still building its
+    app used to kill it (its default action), and the server exited 1 ("killed by signal 15"),
+    so a supervisor's Restart=on-failure restarted what it had been told to stop. Remembered, it
+    is the usual drain once the worker's handlers are in, and the exit code is 0."""
+    gw = GatewayProcess(base_config(upstream.url), workers=2)
+    gw._log = open(gw.log_path, "wb")  # noqa: SIM115 - closed by stop()
+    gw.proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--config", gw.config_path, "--workers", "2"],
+        cwd=ROOT,
+        env=gw.env,
+        stdout=gw._log,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 60
+    while "started 2 workers" not in gw.log() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    gw.proc.send_signal(signal.SIGTERM)  # the workers are still building their apps
+    assert gw.proc.wait(60) == 0, gw.log()
+    assert "killed by signal" not in gw.log()
+    assert gw.log().count("stopped") == 2, gw.log()
+    gw.stop()
