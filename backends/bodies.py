@@ -34,7 +34,13 @@ def _plain(value: Any) -> Any:
 
 
 def _plain_map(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
-    return {_plain(k): _plain(v) for k, v in pairs}
+    out = {_plain(k): _plain(v) for k, v in pairs}
+    # A key twice (or 1 and 1.0 and true, one key to a dict; or 1 and "1", one to the cache
+    # key, which spells every key as a string) would leave the key one value of two, while
+    # the upstream gets both and may read the other: refused, as JSON's duplicates are.
+    if len(out) != len(pairs) or len({str(k) for k in out}) != len(out):
+        raise ValueError("a map has the same key twice")
+    return out
 
 
 def _plain_list(items: list[Any]) -> list[Any]:

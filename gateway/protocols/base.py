@@ -58,7 +58,39 @@ class Adapter(Protocol):
         ...
 
 
-def decode_body(content_type: str, body: bytes) -> Any:
+class JSONRefused(ValueError):
+    """JSON that json.loads would take but the gateway refuses; its message is the 400's."""
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object with a key twice is refused: json.loads keeps the last value, and the cache
+    key would be built from it, while the upstream gets the bytes as sent and may keep the
+    first (rapidjson's FindMember, simdjson and others do). Its answer, stored under the key
+    of the last value, would then be served to clients who sent only that one."""
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise JSONRefused(f"has the key {k[:64]!r} twice in one object")
+            seen.add(k)
+    return doc
+
+
+def _no_constant(name: str) -> Any:
+    raise JSONRefused(f"holds {name}, which is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
+def loads(body: bytes | str, *, allow_nan: bool = False) -> Any:
+    """json.loads, refusing duplicate keys; NaN/Infinity only when allow_nan (v2 tensor data
+    may hold them as Python's json.dumps writes them; no OpenAI or Anthropic field takes one,
+    and `Infinity` read as inf shared its key with `1e999`)."""
+    return json.loads(
+        body, object_pairs_hook=_unique, parse_constant=None if allow_nan else _no_constant
+    )
+
+
+def decode_body(content_type: str, body: bytes, *, allow_nan: bool = False) -> Any:
     """JSON or msgpack → Python objects; BadRequest names what was wrong."""
     ctype = content_type.split(";", 1)[0].strip().lower()
     if ctype in MSGPACK_TYPES:
@@ -69,9 +101,11 @@ def decode_body(content_type: str, body: bytes) -> Any:
     if not body:
         raise BadRequest("request body is empty; a JSON object is required")
     try:
-        return json.loads(body)
+        return loads(body, allow_nan=allow_nan)
     except UnicodeDecodeError:
         raise BadRequest("request body is not valid UTF-8 JSON") from None
+    except JSONRefused as exc:
+        raise BadRequest(f"request body {exc}") from None
     except json.JSONDecodeError as exc:
         raise BadRequest(
             f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"

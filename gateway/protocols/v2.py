@@ -18,7 +18,7 @@ import numpy as np
 
 from backends import v2tensors
 from gateway.errors import BadRequest, PayloadTooLarge
-from gateway.protocols.base import Call, decode_body
+from gateway.protocols.base import Call, JSONRefused, decode_body, loads
 
 INFER_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer$")
 BINARY_HEADER = v2tensors.BINARY_HEADER
@@ -117,11 +117,13 @@ class V2Adapter:
                 raise BadRequest("Inference-Header-Content-Length is larger than the body")
             header, binary = body[:n], body[n:]
             try:
-                doc = json.loads(header)
+                doc = loads(header, allow_nan=True)
+            except JSONRefused as exc:  # a key twice: see base._unique
+                raise BadRequest(f"the inference header {exc}") from None
             except (ValueError, RecursionError):  # JSON, UTF-8, or an integer out of range
                 raise BadRequest("the inference header is not valid JSON") from None
         else:
-            doc = decode_body(content_type, body)
+            doc = decode_body(content_type, body, allow_nan=True)
         if not isinstance(doc, dict):
             raise BadRequest("request body must be a JSON object")
         inputs = doc.get("inputs")
