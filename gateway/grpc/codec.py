@@ -93,6 +93,12 @@ def input_tensors(req: Any) -> list[Tensor]:
         if any(d < 0 for d in shape):
             raise BadRequest(f"input '{name}': shape {shape} has a negative dimension")
         count = math.prod(shape)
+        if raw_inputs and inp.HasField("contents"):
+            # Triton refuses this too; a server that read the contents would answer another
+            # tensor than the one the key (which reads the raw bytes) names
+            raise BadRequest(
+                f"input '{name}': typed contents and raw_input_contents both given; send one"
+            )
         if raw_inputs:
             raw = bytes(raw_inputs[i])
             if datatype == "BYTES":

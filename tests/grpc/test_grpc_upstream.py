@@ -13,6 +13,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2_grpc as pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from gateway.grpc.proto import pb2
@@ -257,3 +258,30 @@ def test_a_replicas_retry_pushback_is_honoured(
             _infer(c, headers=headers, scale=float(tries))
         assert err.value.status() == "StatusCode.UNAVAILABLE"
         assert grpc_upstream.model.calls["ModelInfer"] - calls == tries, pushback
+
+
+def test_raw_and_typed_contents_together_are_invalid_argument(
+    grpc_gateway: ServerThread, grpc_upstream: GrpcUpstreamThread
+) -> None:
+    """The key reads the raw bytes; a model server that read the typed contents would answer
+    for another tensor, and that answer was stored under the raw tensor's key (before: OK,
+    cached). tritonclient never sends both: a raw call through its stubs."""
+    req = pb2.ModelInferRequest(model_name="m")
+    inp = req.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 2])
+    inp.contents.fp32_contents.extend([5.0, 6.0])
+    req.raw_input_contents.append(np.asarray([1.0, 2.0], "<f4").tobytes())
+    calls = grpc_upstream.model.calls["ModelInfer"]
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port(grpc_gateway)}") as channel:
+        stub = pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(req, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "typed contents and raw_input_contents both given" in str(err.value.details())
+        del req.inputs[0].contents.fp32_contents[:]  # contents still set, if empty
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(req, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        req.inputs[0].ClearField("contents")  # raw alone is fine
+        reply = stub.ModelInfer(req, timeout=10)
+    assert np.frombuffer(reply.raw_output_contents[0], "<f4").tolist() == [2.0, 4.0]
+    assert grpc_upstream.model.calls["ModelInfer"] == calls + 1

@@ -57,6 +57,8 @@ def test_with_id_overrides_the_stored_id(rid: str) -> None:
         (lambda r: setattr(r.inputs[0], "datatype", "INT3"), "unsupported datatype 'INT3'"),
         (lambda r: r.raw_input_contents.__setitem__(1, b"\x09\x00\x00\x00ab"), "runs past"),
         (lambda r: r.inputs[1].shape.__setitem__(0, 3), "needs 3 elements, got 2"),
+        (lambda r: r.inputs[0].contents.int64_contents.extend([9, 9, 9, 9]), "both given"),
+        (lambda r: r.inputs[1].contents.SetInParent(), "both given"),  # set, if empty
     ],
 )
 def test_bad_tensors_name_the_problem(mutate: object, message: str) -> None:
