@@ -159,7 +159,8 @@ class V2Adapter:
             params = dict(inp.get("parameters") or {})
             size = params.pop("binary_data_size", None)
             if size is not None:
-                if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+                # a non-negative integer; not a bool (`true` was read as 1)
+                if not v2tensors.is_dim(size) or offset + size > len(binary):
                     raise BadRequest(f"input '{name}': binary_data_size does not match the body")
                 raw = binary[offset : offset + size]
                 offset += size
@@ -186,6 +187,13 @@ class V2Adapter:
                     "parameters": params,
                     "data": hashlib.blake2b(raw, digest_size=16).hexdigest(),
                 }
+            )
+        if offset != len(binary):
+            # bytes no input claims: not part of the key, but sent upstream, where a server
+            # may read them into a tensor (Triton refuses them): the body is inconsistent
+            raise BadRequest(
+                f"the body has {len(binary) - offset} bytes after the inference header that "
+                "no input's binary_data_size accounts for"
             )
         key_fields = {
             "model": m.group("name"),

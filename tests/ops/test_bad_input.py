@@ -289,3 +289,38 @@ def test_a_v2_shape_of_anything_but_non_negative_integers_is_a_400(
     assert status == 400, body
     assert "'shape' must be an array of non-negative integers" in body["error"]
     assert send(gw, b"/v2/models/m/infer", body=_v2([1], [1.0]))[0] == 200
+
+
+def _binary_infer(gw: ServerThread, inputs: list[dict[str, Any]], data: bytes) -> Any:
+    header = json.dumps({"inputs": inputs}).encode()
+    hlen = b"Inference-Header-Content-Length: %d\r\n" % len(header)
+    return send(gw, b"/v2/models/m/infer", hlen, header + data)
+
+
+def test_v2_binary_bytes_no_input_accounts_for_are_a_400(gw: ServerThread) -> None:
+    """Bytes after the last input's binary_data_size were not in the key but went upstream:
+    the request was answered from the entry of the body without them (before: 200, a hit)."""
+    elem = b"\x05\x00\x00\x00hello"
+    text = {"name": "t", "datatype": "BYTES", "shape": [1]}
+    text["parameters"] = {"binary_data_size": len(elem)}
+    status, _, doc = _binary_infer(gw, [text], elem)
+    assert status == 200, doc
+    for extra in (b"\x03\x00\x00\x00abc", b"J"):
+        status, hdrs, doc = _binary_infer(gw, [text], elem + extra)
+        assert status == 400 and "x-cache" not in hdrs, doc
+        assert f"{len(extra)} bytes after the inference header" in doc["error"]
+    # and binary data with no input claiming any of it (all JSON `data`)
+    inline = {"name": "x", "datatype": "INT64", "shape": [1], "data": [1]}
+    status, _, doc = _binary_infer(gw, [inline], elem)
+    assert status == 400 and "no input's binary_data_size" in doc["error"], doc
+
+
+def test_a_v2_binary_data_size_of_true_is_a_400(gw: ServerThread) -> None:
+    """`true` passed as 1 (a bool is an int to Python) and shared the key of 1."""
+    tensor = {"name": "x", "datatype": "UINT8", "shape": [1]}
+    for size, expected in ((True, 400), (1.0, 400), (1, 200)):
+        tensor["parameters"] = {"binary_data_size": size}
+        status, _, doc = _binary_infer(gw, [tensor], b"\x07")
+        assert status == expected, (size, doc)
+        if expected == 400:
+            assert "binary_data_size does not match the body" in doc["error"]
