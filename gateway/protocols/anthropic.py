@@ -30,6 +30,27 @@ def _blocks(content: Any) -> Any:
     return content
 
 
+def _check_blocks(content: Any, where: str) -> None:
+    """Each block of a content array is an object with a string `type`, and a text block's
+    `text` is a string: the Messages API's own 400s, said in its envelope before the round
+    trip (an upstream that took them on trust failed with a 500 of its own). Other block
+    types pass as sent: the API adds new ones, the upstream judges them, the key holds them."""
+    if not isinstance(content, list):
+        return
+    for j, block in enumerate(content):
+        require(
+            isinstance(block, dict) and isinstance(block.get("type"), str),
+            f"{where}[{j}] must be an object with a string 'type'",
+            f"{where}[{j}]",
+        )
+        if block["type"] == "text":
+            require(
+                isinstance(block.get("text"), str),
+                f"{where}[{j}].text must be a string (a text block's text)",
+                f"{where}[{j}].text",
+            )
+
+
 def _beta_set(value: str) -> list[str]:
     """`anthropic-beta` is a comma-separated set: order and repeats do not change it."""
     return sorted({v.strip() for v in value.split(",") if v.strip()})
@@ -105,12 +126,14 @@ class AnthropicAdapter:
                 "string or array",
                 f"messages[{i}]",
             )
+            _check_blocks(m["content"], f"messages[{i}].content")
         system = doc.get("system")
         require(
             system is None or isinstance(system, (str, list)),
             "'system' must be a string or an array of text blocks",
             "system",
         )
+        _check_blocks(system, "system")
         fields = {k: v for k, v in doc.items() if k not in self._ignored}
         fields["messages"] = [{**m, "content": _blocks(m["content"])} for m in messages]
         if system is not None:

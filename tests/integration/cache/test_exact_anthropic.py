@@ -209,3 +209,42 @@ def test_upstream_errors_pass_verbatim_and_are_not_stored(
         assert info.value.status_code == 529
     assert create(client(gw.url))[1] == "miss"
     assert upstream_calls(upstream) == 3
+
+
+@pytest.mark.parametrize(
+    ("content", "system", "param"),
+    [
+        (["hi"], None, "messages[0].content[0]"),
+        ([{"text": "hi"}], None, "messages[0].content[0]"),
+        ([{"type": "text"}], None, "messages[0].content[0].text"),
+        ([{"type": "text", "text": 5}], None, "messages[0].content[0].text"),
+        ("hi", [{"type": "text", "text": None}], "system[0].text"),
+        ("hi", ["Be brief."], "system[0]"),
+    ],
+)
+def test_malformed_content_blocks_are_the_sdks_400(
+    gw: ServerThread, upstream: ServerThread, content: Any, system: Any, param: str
+) -> None:
+    """Before, they went upstream as sent; the SDK got whatever it made of them (the test
+    upstream's 500 here). The SDK sends such dicts as given: its types are not checked."""
+    calls = upstream_calls(upstream)
+    kw: dict[str, Any] = {} if system is None else {"system": system}
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client(gw.url).messages.create(
+            model="claude-test",
+            max_tokens=64,
+            messages=[{"role": "user", "content": content}],
+            **kw,
+        )
+    assert err.value.status_code == 400
+    assert err.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert err.value.body["error"]["message"].startswith(param)  # type: ignore[index]
+    assert upstream_calls(upstream) == calls
+    # a block type the gateway does not know goes to the upstream, which judges it
+    kept = [{"type": "future_block", "x": 1}, {"type": "text", "text": "hi"}]
+    client(gw.url).messages.create(
+        model="claude-test",
+        max_tokens=64,
+        messages=[{"role": "user", "content": kept}],  # type: ignore[list-item]
+    )
+    assert upstream_calls(upstream) == calls + 1
