@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import msgpack
+
 # one set with the local engines' (backends.bodies): a body the key reads as msgpack, they do too
 from backends import MSGPACK_TYPES, unpack_msgpack
 from gateway.errors import BadRequest
@@ -96,6 +98,8 @@ def decode_body(content_type: str, body: bytes, *, allow_nan: bool = False) -> A
     if ctype in MSGPACK_TYPES:
         try:
             return unpack_msgpack(body)
+        except msgpack.StackError:  # (its message is empty)
+            raise BadRequest("request body is nested too deeply") from None
         except Exception as exc:  # msgpack raises several unrelated types
             raise BadRequest(f"request body is not valid msgpack: {exc}") from None
     if not body:

@@ -181,3 +181,24 @@ def test_a_msgpack_map_with_a_key_twice_is_a_400(gw: ServerThread, pairs: list[A
     # before: 200 (the key read one value of the two)
     assert_json_error(status, doc, 400)
     assert "the same key twice" in doc["error"]["message"]
+
+
+def test_msgpack_nested_past_the_unpackers_stack_says_so(gw: ServerThread) -> None:
+    """msgpack's StackError has no message: the 400 said "not valid msgpack: " and no more."""
+    deep = msgpack.packb("x") + b"\x91" * 5000 + b"\xc0"
+    for path, fields in (
+        ("/v1/embeddings", 3),
+        ("/v1/messages", 4),
+        ("/v2/models/m/infer", 2),
+    ):
+        body = bytes([0x80 | fields]) + b"".join(
+            msgpack.packb(k) + msgpack.packb(v)
+            for k, v in (("model", "m"), ("input", "hi"), ("max_tokens", 5))[: fields - 1]
+        )
+        status, _, raw = http(
+            "POST", gw.url + path, body + deep, {"Content-Type": "application/msgpack"}
+        )
+        doc = json.loads(raw)
+        assert status == 400, (path, doc)
+        err = doc["error"]  # v2 says it as a string, OpenAI and Anthropic in an object
+        assert "nested too deeply" in (err if isinstance(err, str) else err["message"]), doc
