@@ -34,6 +34,20 @@ ITEMSIZE: dict[str, int] = {k: v.itemsize for k, v in V2_NUMERIC.items()} | {"BF
 MAX_ELEMENTS = 1 << 40
 
 
+def parse_header_length(value: str, body_size: int) -> int:
+    """The binary extension's Inference-Header-Content-Length, in ASCII digits only. Python's
+    int() also takes "123_4", " 12 ", "+12" and other scripts' digits ("١٢"), which Triton's
+    atoi reads as another length (123, 12, 12, 0): the key would split the body at one place
+    and the upstream at another, and store the upstream's answer for one request under the
+    key of another."""
+    if not (value.isascii() and value.isdigit()):
+        raise BadInput("Inference-Header-Content-Length must be an integer (ASCII digits)")
+    n = int(value)
+    if n > body_size:
+        raise BadInput("Inference-Header-Content-Length is larger than the body")
+    return n
+
+
 def is_dim(d: object) -> bool:
     """A shape entry: a non-negative integer. Not a bool (an int to Python): `[true]` is no
     shape a model server takes, and read as 1 it keyed apart from `[1]`."""

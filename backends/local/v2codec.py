@@ -25,6 +25,7 @@ from backends.v2tensors import (
     element_count,
     flatten,
     is_dim,
+    parse_header_length,
 )
 
 NUMERIC = V2_NUMERIC
@@ -47,12 +48,7 @@ def decode_infer(
 ) -> InferRequest:
     binary = b""
     if header_length is not None:
-        try:
-            n = int(header_length)
-        except ValueError:
-            raise BadInput("Inference-Header-Content-Length must be an integer") from None
-        if not 0 <= n <= len(body):
-            raise BadInput("Inference-Header-Content-Length is larger than the body")
+        n = parse_header_length(header_length, len(body))
         body, binary = body[:n], body[n:]
         content_type = None  # the extension's header is JSON whatever the body's type says
     doc = load_document(content_type, body, "the inference request")

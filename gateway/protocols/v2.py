@@ -109,12 +109,7 @@ class V2Adapter:
             "Inference-Header-Content-Length"
         )
         if hlen is not None:
-            try:
-                n = int(hlen)
-            except ValueError:
-                raise BadRequest("Inference-Header-Content-Length must be an integer") from None
-            if not 0 <= n <= len(body):
-                raise BadRequest("Inference-Header-Content-Length is larger than the body")
+            n = v2tensors.parse_header_length(hlen, len(body))
             header, binary = body[:n], body[n:]
             try:
                 doc = loads(header, allow_nan=True)

@@ -324,3 +324,20 @@ def test_a_v2_binary_data_size_of_true_is_a_400(gw: ServerThread) -> None:
         assert status == expected, (size, doc)
         if expected == 400:
             assert "binary_data_size does not match the body" in doc["error"]
+
+
+def test_the_binary_header_length_is_ascii_digits_only(gw: ServerThread) -> None:
+    """Python's int() read "12_3" and "١٢٣" as 123, where Triton's atoi reads 12 and 0: the key
+    split the body at one place, the upstream at another (before: 200, stored)."""
+    tensor = {"name": "x", "datatype": "UINT8", "shape": [1]}
+    tensor["parameters"] = {"binary_data_size": 1}
+    header = json.dumps({"inputs": [tensor]}).encode()
+    n = str(len(header))
+    arabic = "".join(chr(0x660 + int(d)) for d in n)
+    for value in (f"{n[:-1]}_{n[-1]}", arabic, f"+{n}", f"{n}.0", f"0x{len(header):x}"):
+        hlen = f"Inference-Header-Content-Length: {value}\r\n".encode()
+        status, hdrs, doc = send(gw, b"/v2/models/m/infer", hlen, header + b"\x09")
+        assert status == 400 and "x-cache" not in hdrs, (value, doc)
+        assert "must be an integer (ASCII digits)" in doc["error"], doc
+    hlen = f"Inference-Header-Content-Length: {n}\r\n".encode()
+    assert send(gw, b"/v2/models/m/infer", hlen, header + b"\x09")[0] == 200
