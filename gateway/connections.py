@@ -9,6 +9,7 @@ which `limits.client_idle_timeout_s` sets.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 import logging
@@ -26,6 +27,7 @@ from aiohttp.web_server import Server
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.config import LimitSettings
+from gateway.headers import SERVER
 
 log = logging.getLogger("latentgate.connections")
 
@@ -197,6 +199,17 @@ class GuardedServer(Server):
                     del self._per_client[client]
 
 
+class NamedRequest(web.Request):
+    """A request whose responses say `Server: latentgate` (gateway.headers.SERVER says why).
+    The app's on_response_prepare hook does it for what goes through the router, but aiohttp
+    runs that hook through `match_info`, which the model-traffic fast path (gateway.dispatch)
+    never sets: its misses, hits and errors still said `Python/3.11 aiohttp/3.x.y`."""
+
+    async def _prepare_hook(self, response: web.StreamResponse) -> None:
+        response.headers["Server"] = SERVER
+        await super()._prepare_hook(response)
+
+
 class GuardedAppRunner(web.AppRunner):
     """AppRunner whose connection manager is a GuardedServer (with `handler` instead of the
     app's own, when given)."""
@@ -217,7 +230,7 @@ class GuardedAppRunner(web.AppRunner):
         plain = await super()._make_server()
         return GuardedServer(
             self._handler or plain.request_handler,
-            request_factory=plain.request_factory,
+            request_factory=functools.partial(self._app._make_request, _cls=NamedRequest),
             handler_cancellation=plain.handler_cancellation,
             loop=plain._loop,
             guard=self._guard,

@@ -6,12 +6,14 @@ miss."""
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Callable
 
 import aiohttp
 
 from tests.integration.cache.conftest import cache_config
-from tests.support.servers import ServerThread
+from tests.integration.cache.fleet import request
+from tests.support.servers import GatewayProcess, ServerThread
 
 NAME = "latentgate"
 
@@ -46,3 +48,18 @@ async def test_every_response_names_the_gateway_without_versions(
                 seen.append((path, None, r.headers.getone("Server")))
     assert [x for _, x, _ in seen[:3]] == ["miss", "hit", "hit"]
     assert {name for _, _, name in seen} == {NAME}, seen
+
+
+def test_a_served_process_names_itself_on_model_traffic_too(
+    upstream: ServerThread, processes: Callable[..., GatewayProcess]
+) -> None:
+    """Through `latentgate serve`, whose model traffic skips aiohttp's router (gateway.dispatch)
+    and with it the app's response hook: its misses, hits and errors said aiohttp's versions."""
+    gw = processes(cache_config(upstream.url, tiers=["memory"], routes=("default",)))
+    seen = [request(gw.url + "/items/1")[1] for _ in range(2)]
+    assert [h["X-Cache"] for h in seen] == ["miss", "hit"]
+    status, headers, _ = request(gw.url + "/v1/chat/completions", "POST", body=b"{not json")
+    assert status == 400
+    with urllib.request.urlopen(gw.url + "/healthz", timeout=10) as r:
+        health = dict(r.headers)
+    assert {h["Server"] for h in [*seen, headers, health]} == {NAME}
