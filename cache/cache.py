@@ -52,9 +52,10 @@ class Cache:
         self.flights: SingleFlight[Any] = SingleFlight(self.metrics)
         self.counts = {"lookups": 0, "memory": 0, "redis": 0, "misses": 0, "bypasses": 0}
         self.routes: dict[str, RouteCache] = {}
-        # --workers N without Redis: tells the sibling workers' memory tiers of an
-        # invalidation's one key, and returns once they have answered (gateway.worker_drops)
-        self.siblings: Callable[[Selector], Awaitable[None]] | None = None
+        # --workers N: tells the sibling workers' memory tiers of a purge (and, without Redis,
+        # of an invalidation's one key), and returns what each did once they have answered
+        # (gateway.worker_drops)
+        self.siblings: Callable[[Selector], Awaitable[dict[str, int | str]]] | None = None
         # Called with each purge's selector (the semantic index drops the matching vectors).
         self.purge_listeners: list[Callable[[Selector], Awaitable[object]]] = []
 
@@ -128,6 +129,8 @@ class Cache:
         # an upstream answer still in flight is not kept either (LayeredTier.lookup,
         # RouteCache.store).
         out["memory"] = removed + await self.memory.purge(selector)
+        if self.siblings is not None:  # after Redis: a sibling told first could read it back
+            out["other_workers"] = await self.siblings(selector)
         if self.fanout is not None:
             out["other_processes"] = await self.fanout.announce(selector)
         return out

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import signal
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -124,14 +123,8 @@ async def admin_cache_purge(request: web.Request) -> web.Response:
         raise BadRequest("route and model must be strings")
     if all(v is None for v in fields.values()) and doc.get("all") is not True:
         raise BadRequest("say what to purge: route, model, tenant, or all: true")
-    removed = await cache.purge(**fields)
-    tell = request.app[STATE].tell_workers
-    if tell is not None:
-        # Redis and this worker's memory are purged; the other workers drop their memory tier
-        # (all of it: a signal carries no selector, and a dropped entry is only a miss).
-        tell(signal.SIGUSR1)
-        removed = {**removed, "other_workers": "memory tier dropped"}
-    return _json({"purged": removed})
+    # (with --workers N, the other workers' memory too, by this selector: Cache.siblings)
+    return _json({"purged": await cache.purge(**fields)})
 
 
 def utf8(value: object) -> bool:

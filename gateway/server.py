@@ -58,7 +58,7 @@ async def serve(
     if workers is not None:
         posts = {}
         cache = state.cache
-        if cache is not None and cache.fanout is None:  # (with Redis, the fan-out tells them)
+        if cache is not None:  # (an invalidation goes by the fan-out when there is Redis)
             posts[worker_drops.PATH] = worker_drops.handler(cache.memory.purge)
             cache.siblings = worker_drops.SiblingDrops(workers).announce
         state.worker_metrics = WorkerMetrics(workers, state.metrics.render, posts)

@@ -393,6 +393,10 @@ def test_an_admin_reload_reaches_every_worker(
 def test_a_purge_reaches_every_workers_memory(
     upstream: ServerThread, gateway_process: Callable[..., GatewayProcess]
 ) -> None:
+    """`--workers 2`, memory only: a purge of one tenant, taken by one worker, has dropped that
+    tenant's entry from the other worker's memory too by the time it answers, and no other
+    tenant's. Before, the other worker dropped its whole memory tier (by SIGUSR1 through the
+    parent) some time after the purge had answered."""
     cfg = base_config(upstream.url, admin={"token": ADMIN_TOKEN})
     _chat_cache(cfg, {"exact": {"enabled": True, "tiers": ["memory"]}})
     gw = gateway_process(cfg, workers=2)
@@ -402,26 +406,36 @@ def test_a_purge_reaches_every_workers_memory(
         assert status == 200
         return int(doc["requests"].get("/v1/chat/completions", 0))
 
-    def ask_many() -> set[str]:
+    def ask_many(who: str) -> set[str]:
         # a new connection each: SO_REUSEPORT spreads them over both workers
         return {
             http(
                 "POST",
                 gw.url + "/v1/chat/completions",
                 json.dumps(CHAT).encode(),
-                {"Content-Type": "application/json", "Connection": "close"},
+                {
+                    "Content-Type": "application/json",
+                    "Connection": "close",
+                    "Authorization": f"Bearer sk-{who}",
+                },
             )[1].get("X-Cache", "")
             for _ in range(24)
         }
 
-    ask_many()
-    assert upstream_calls() == 2  # one miss in each worker's memory
+    ask_many("alice")
+    ask_many("bob")
+    assert upstream_calls() == 4  # one miss per tenant in each worker's memory
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    status, doc = http_json("POST", gw.url + "/admin/cache/purge", {"all": True}, auth)
-    assert status == 200 and doc["purged"]["other_workers"] == "memory tier dropped"
-    time.sleep(1.0)  # the signal goes worker -> parent -> workers
-    ask_many()
-    assert upstream_calls() == 4  # both workers missed again: nothing stale survived the purge
+    status, doc = http_json(
+        "POST", gw.url + "/admin/cache/purge", {"tenant": "Bearer sk-alice"}, auth
+    )
+    assert status == 200, doc
+    assert doc["purged"]["memory"] == 1
+    assert list(doc["purged"]["other_workers"].values()) == [1], doc  # alice's copy, not bob's
+    assert ask_many("bob") == {"hit"}  # bob's entries stayed in both workers
+    assert upstream_calls() == 4
+    ask_many("alice")
+    assert upstream_calls() == 6  # both workers missed alice again: nothing stale survived
     assert gw.stop() == 0
 
 
