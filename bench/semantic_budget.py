@@ -15,6 +15,9 @@ hits in the second half, audit calls (upstream calls beyond the misses), a learn
 500 requests, semantic-hit latency (client) p50/p95/p99 and throughput.
 
 `--part calib` replays the calib parts instead (for tuning; the eval parts are the report).
+`--fleet N` runs N gateway processes on one Redis (exact tier memory then Redis, shared index,
+budget counts and tenant labels) and sends each route's requests to them in turn: whether the
+budget a fleet learns together holds as it does in one process.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from bench.semantic_gateway import default_policy
 from bench.semantic_pooled import label_roots
 from tests.conftest import base_config
 from tests.support.class_upstream import CALLS, build_class_upstream, class_answer
-from tests.support.servers import GatewayProcess, ServerThread
+from tests.support.servers import GatewayProcess, RedisServer, ServerThread
 
 BUDGETS = (0.02, 0.05, 0.10)
 CURVE = 500
@@ -87,7 +90,7 @@ def intent_streams(limit: int) -> list[Stream]:
 @dataclass
 class RouteRun:
     model: str
-    conn: http.client.HTTPConnection
+    conns: list[http.client.HTTPConnection]  # one per gateway: requests go to them in turn
     log: list[tuple[str, int]] = field(default_factory=list)  # (x-cache, wrong)
     hit_ms: list[float] = field(default_factory=list)
     hit_stage_ms: list[float] = field(default_factory=list)  # the gateway's semantic stage
@@ -115,14 +118,15 @@ def ask(run: RouteRun, text: str, expected: str) -> None:
     body = json.dumps(
         {"model": run.model, "temperature": 0, "messages": [{"role": "user", "content": text}]}
     )
+    conn = run.conns[len(run.log) % len(run.conns)]
     t = time.perf_counter()
-    run.conn.request(
+    conn.request(
         "POST",
         "/v1/chat/completions",
         body=body,
         headers={"Content-Type": "application/json", "Authorization": "Bearer sk-bench"},
     )
-    resp = run.conn.getresponse()
+    resp = conn.getresponse()
     raw = resp.read()
     ms = (time.perf_counter() - t) * 1000
     cache = resp.getheader("x-cache") or ""
@@ -143,12 +147,27 @@ def admin(port: int) -> dict[str, Any]:
     return doc
 
 
-def run_stream(stream: Stream) -> dict[str, Any]:
+def fleet_config(cfg: dict[str, Any], redis_url: str) -> dict[str, Any]:
+    """What a fleet of sidecars on one Redis is configured with: Redis behind each memory."""
+    cfg["cache"]["redis"] = {"url": redis_url, "key_prefix": "bench:"}
+    cfg["cache"]["tenant_secret"] = "bench-fleet-shared-tenant-secret"
+    for r in cfg["routes"]:
+        exact = r.get("cache", {}).get("exact")
+        if exact and exact.get("tiers") == ["memory"]:
+            exact["tiers"] = ["memory", "redis"]
+    return cfg
+
+
+def run_stream(stream: Stream, fleet: int = 1) -> dict[str, Any]:
     answers = stream.answers()
     upstream = ServerThread(lambda: build_class_upstream(answers)).start()
-    gw = GatewayProcess(routes_config(upstream.url)).start()
+    cfg = routes_config(upstream.url)
+    redis = RedisServer().start() if fleet > 1 else None
+    if redis is not None:
+        cfg = fleet_config(cfg, redis.url)
+    gws = [GatewayProcess(cfg).start() for _ in range(fleet)]
     runs = [
-        RouteRun(m, http.client.HTTPConnection("127.0.0.1", gw.port))
+        RouteRun(m, [http.client.HTTPConnection("127.0.0.1", g.port) for g in gws])
         for m in ("static", *(f"budget-{b:.2f}" for b in BUDGETS))
     ]
     texts = stream.first + stream.second
@@ -165,19 +184,24 @@ def run_stream(stream: Stream) -> dict[str, Any]:
             list(pool.map(replay, runs))
         took = time.perf_counter() - t0
         time.sleep(1.0)  # the last background labels
-        state = admin(gw.port)
+        state = admin(gws[0].port)
         assert upstream.app is not None
         counted: Counter[str] = upstream.app[CALLS]
         calls = dict(counted)
     finally:
         for r in runs:
-            r.conn.close()
-        gw.stop()
+            for c in r.conns:
+                c.close()
+        for g in gws:
+            g.stop()
         upstream.stop()
+        if redis is not None:
+            redis.stop()
     half = len(stream.first)
     print(
         f"\n{stream.name}: {len(texts)} requests per route ({half} first texts, then "
         f"{len(stream.second)} second), {len(texts) * len(runs) / took:.0f} req/s overall"
+        + (f", {fleet} gateways on one Redis" if fleet > 1 else "")
     )
     out: dict[str, Any] = {"requests": len(texts)}
     for r in runs:
@@ -238,11 +262,12 @@ def main() -> None:
         help="answer classes from the streamed pairs' own labels, or QQP's whole dev graph",
     )
     ap.add_argument("--json", default=None)
+    ap.add_argument("--fleet", type=int, default=1, help="gateway processes on one Redis")
     args = ap.parse_args()
     want = set(args.streams.split(","))
     streams = [s for s in pair_streams(args.part, args.roots == "dev") if s.name.split()[0] in want]
     streams += [s for s in intent_streams(args.intent_limit) if s.name in want]
-    res = {s.name: run_stream(s) for s in streams}
+    res = {s.name: run_stream(s, args.fleet) for s in streams}
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(res, fh, indent=1, default=float)

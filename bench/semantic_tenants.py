@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.semantic_budget import Stream, admin, pair_streams, routes_config
+from bench.semantic_budget import Stream, admin, fleet_config, pair_streams, routes_config
 from tests.support.class_upstream import CALLS, build_class_upstream, class_answer
 from tests.support.servers import GatewayProcess, RedisServer, ServerThread
 
@@ -132,8 +132,7 @@ def main() -> None:
     redis = None
     if args.fleet > 1:
         redis = RedisServer().start()
-        cfg["cache"]["redis"] = {"url": redis.url, "key_prefix": "bench:"}
-        cfg["cache"]["tenant_secret"] = "bench-fleet-shared-tenant-secret"
+        cfg = fleet_config(cfg, redis.url)
     gws = [GatewayProcess(cfg).start() for _ in range(args.fleet)]
     runs = [Run(m, [http.client.HTTPConnection("127.0.0.1", g.port) for g in gws]) for m in ROUTES]
 
