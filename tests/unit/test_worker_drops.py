@@ -5,6 +5,8 @@ is a JSON 400, not a drop."""
 from __future__ import annotations
 
 import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import aiohttp
 from aiohttp import web
@@ -19,24 +21,34 @@ KEY = "r0.m0.t0.alice"
 OTHER = "r0.m0.t1.bob"
 
 
-async def test_a_siblings_invalidation_drops_that_key_alone() -> None:
+@asynccontextmanager
+async def sibling(keys: tuple[str, ...], index: int) -> AsyncIterator[tuple[MemoryTier, str]]:
+    """Worker `index` listening on its socket, its memory holding `keys`: (memory, the sockets'
+    directory)."""
     memory = MemoryTier(1 << 20)
-    for k in (KEY, OTHER):
+    for k in keys:
         memory.put_now(k, CacheEntry(200, [], body=b"{}", ttl=60.0))
-    workers = Workers(1, 2, tempfile.mkdtemp(prefix="lg-drops-"))
+    directory = tempfile.mkdtemp(prefix="lg-drops-")
     app = web.Application()
     app.router.add_post(worker_drops.PATH, worker_drops.handler(memory.purge))
     runner = web.AppRunner(app)
     await runner.setup()
-    await web.UnixSite(runner, workers.socket(1)).start()
+    await web.UnixSite(runner, Workers(index, index + 1, directory).socket(index)).start()
     try:
+        yield memory, directory
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_siblings_invalidation_drops_that_key_alone() -> None:
+    async with sibling((KEY, OTHER), 1) as (memory, directory):
         # worker 0 tells its sibling, worker 1
-        told = await worker_drops.SiblingDrops(Workers(0, 2, workers.directory)).announce(
+        told = await worker_drops.SiblingDrops(Workers(0, 2, directory)).announce(
             Selector.of_value(KEY) or Selector()
         )
         assert told == {"1": 1}
         assert memory.get_now(KEY) is None and memory.get_now(OTHER) is not None
-        connector = aiohttp.UnixConnector(path=workers.socket(1))
+        connector = aiohttp.UnixConnector(path=Workers(0, 2, directory).socket(1))
         async with aiohttp.ClientSession(connector=connector) as s:
             bad = (
                 b"not json",
@@ -51,31 +63,15 @@ async def test_a_siblings_invalidation_drops_that_key_alone() -> None:
                 async with s.post("http://worker" + worker_drops.PATH, data=body) as r:
                     assert r.status == 400 and "error" in await r.json()
         assert memory.get_now(OTHER) is not None
-    finally:
-        await runner.cleanup()
 
 
 async def test_a_siblings_purge_drops_what_its_selector_names_and_no_more() -> None:
-    memory = MemoryTier(1 << 20)
     keys = ("r0.m0.t0.a", "r0.m0.t0.b", "r0.m0.t1.c", "r1.m0.t0.d")
-    for k in keys:
-        memory.put_now(k, CacheEntry(200, [], body=b"{}", ttl=60.0))
-    workers = Workers(0, 3, tempfile.mkdtemp(prefix="lg-drops-"))
-    app = web.Application()
-    app.router.add_post(worker_drops.PATH, worker_drops.handler(memory.purge))
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.UnixSite(runner, workers.socket(1)).start()
-    try:
+    async with sibling(keys, 1) as (memory, directory):
         # worker 2 purges tenant t0 on route r0; worker 1 answers, worker 0 has no socket yet
-        told = await worker_drops.SiblingDrops(Workers(2, 3, workers.directory)).announce(
-            Selector("r0", None, "t0")
-        )
+        purging = worker_drops.SiblingDrops(Workers(2, 3, directory))
+        told = await purging.announce(Selector("r0", None, "t0"))
         assert told["1"] == 2 and str(told["0"]).startswith("not told")
         assert [k for k in keys if memory.get_now(k) is not None] == ["r0.m0.t1.c", "r1.m0.t0.d"]
-        told = await worker_drops.SiblingDrops(Workers(2, 3, workers.directory)).announce(
-            Selector()
-        )
+        told = await purging.announce(Selector())
         assert told["1"] == 2 and all(memory.get_now(k) is None for k in keys)
-    finally:
-        await runner.cleanup()
