@@ -36,7 +36,8 @@ RUN python -m venv /opt/venv && sh scripts/install.sh /opt/venv/bin/python serve
 FROM ${PYTHON_IMAGE}
 RUN groupadd --system --gid 10001 latentgate \
     && useradd --system --uid 10001 --gid latentgate --no-create-home \
-       --shell /usr/sbin/nologin latentgate
+       --shell /usr/sbin/nologin latentgate \
+    && install -d -o 10001 -g 10001 -m 0700 /var/lib/latentgate
 COPY --from=serve /opt/venv /opt/venv
 COPY --from=models /opt/models /opt/latentgate/models
 COPY config/latentgate.yaml /etc/latentgate/latentgate.yaml
@@ -44,7 +45,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     LATENTGATE_CONFIG=/etc/latentgate/latentgate.yaml \
     LATENTGATE_HOST=0.0.0.0 \
-    LATENTGATE_ARTIFACTS=/opt/latentgate/models
+    LATENTGATE_ARTIFACTS=/opt/latentgate/models \
+    LATENTGATE_STATE_DIR=/var/lib/latentgate
 USER 10001:10001
 EXPOSE 8080
 STOPSIGNAL SIGTERM

@@ -206,6 +206,12 @@ class RedisSettings(_Frozen):
     breaker: RedisBreakerSettings = RedisBreakerSettings()
     lease: RedisLeaseSettings = RedisLeaseSettings()
     key_prefix: str = "lg:"
+    # Deletes Redis could not take yet are also written to a file, so a process stopped during
+    # an outage hands them to the next one on this host (cache.tiers.delete_journal). Its
+    # directory: None = $LATENTGATE_STATE_DIR, else $XDG_STATE_HOME/latentgate, else
+    # ~/.local/state/latentgate.
+    journal: bool = True
+    journal_dir: str | None = None
 
 
 class SemanticIndexSettings(_Frozen):

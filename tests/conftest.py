@@ -7,6 +7,7 @@ import os
 import tempfile
 import weakref
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -18,6 +19,14 @@ from gateway.codings import SERVER_OPTIONS
 from gateway.config import Settings
 from tests.support.servers import RedisServer, ServerThread
 from tests.support.upstream import build_upstream
+
+
+@pytest.fixture(autouse=True)
+def own_state_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each test's gateways (in process, and the processes it starts, which inherit the
+    environment) keep their journal of waiting Redis deletes in the test's own directory: a
+    test never replays another's deletes on a shared Redis (cache.tiers.delete_journal)."""
+    monkeypatch.setenv("LATENTGATE_STATE_DIR", str(tmp_path / "state"))
 
 
 @pytest.fixture(autouse=True)

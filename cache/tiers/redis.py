@@ -30,6 +30,7 @@ from cache.metrics import CacheMetrics
 from cache.outage import OutageLog
 from cache.redis_client import REDIS_ERRORS, connect
 from cache.settings import RedisSettings
+from cache.tiers.delete_journal import open_journal
 from cache.tiers.undeleted import UndeletedKeys
 
 log = logging.getLogger("latentgate.cache.redis")
@@ -73,14 +74,16 @@ class RedisTier:
         # GETs issued in the same loop iteration go out as one MGET (see _batched_get).
         self._pending: dict[str, list[asyncio.Future[Raw]]] = {}
         # deletes Redis has not taken yet, and who is told once it has (cache.tiers.undeleted)
-        self.undeleted = UndeletedKeys()
+        self.undeleted = UndeletedKeys(journal=open_journal(settings))
         self.on_late_delete: Callable[[list[str]], Awaitable[None]] | None = None
         self._retrying: asyncio.Task[None] | None = None
         self._retry_s = 0.25  # the breaker, not this, paces the retries while Redis is down
+        if self.undeleted:  # a stopped process's (cache.tiers.delete_journal)
+            self._metrics.undeleted.set(len(self.undeleted))
+            self._retry_later()
 
     def _breaker_changed(self, state: int) -> None:
         self._metrics.breaker_state.set(state)
-        # open ⇄ half-open repeats every open_s during an outage: only its ends are news
         # One line when the breaker opens after having been closed and one when it closes
         # again: open ⇄ half-open repeats every open_s during an outage and is not news.
         log.debug("redis breaker is now %s", ("closed", "open", "half-open")[state])
@@ -209,12 +212,14 @@ class RedisTier:
         of the key meanwhile, then sees it as deleted too."""
         self._remember(key)
         if not self.breaker.allow():
+            self.undeleted.keep(key)
             self._retry_later()
             return
         try:
             async with self._guard("delete"):
                 await self.client.unlink(self.prefix + key)
         except TierError:
+            self.undeleted.keep(key)
             self._retry_later()
             return
         self._forget(key)
@@ -226,6 +231,7 @@ class RedisTier:
         whose delete it could not confirm, and which it announced itself: this process reads
         none of it from Redis meanwhile, and deletes it too."""
         self._remember(key, announce)
+        self.undeleted.keep(key)
         self._retry_later()
 
     def pending(self, key: str) -> bool:
@@ -268,11 +274,13 @@ class RedisTier:
                 continue
             for k in keys:
                 self._forget(k)
+            self.undeleted.settle()
             if self.on_late_delete is not None and told:
                 try:
                     await self.on_late_delete(told)
                 except Exception:  # the cache boundary: the deletes themselves landed
                     log.exception("announcing late deletes failed")
+        self.undeleted.settle()  # (emptied by stores too: an overwritten entry needs no delete)
 
     async def acquire_lease(self, key: str, ttl_ms: int) -> str | None:
         """None only when Redis said another process holds the lease; otherwise a token, and
@@ -382,6 +390,7 @@ class RedisTier:
     async def aclose(self) -> None:
         if self._retrying is not None:
             self._retrying.cancel()
+        self.undeleted.close()  # (its keys stay in the file for the next process)
         for t in list(self._tasks):
             t.cancel()
         for futs in self._pending.values():

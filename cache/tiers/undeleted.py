@@ -13,19 +13,29 @@ again once deleted here: that process, and every other, was told already.
 
 Bounded: past `cap` keys the oldest is forgotten (counted and logged; that entry then lives
 until its TTL, as every such entry did before).
+
+With a journal (cache.tiers.delete_journal), a key whose delete failed is also written to a file
+(`keep`), so a process that stops before Redis answers hands it to the next one; the keys a
+stopped process left start here.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
+from cache.tiers.delete_journal import DeleteJournal
+
 MAX_UNDELETED = 16384  # ~2 MB of key strings at most
 
 
 class UndeletedKeys:
-    def __init__(self, cap: int = MAX_UNDELETED) -> None:
+    def __init__(self, cap: int = MAX_UNDELETED, journal: DeleteJournal | None = None) -> None:
         self.cap = cap
         self._keys: OrderedDict[str, bool] = OrderedDict()  # key: announce once deleted
+        self.journal = journal
+        if journal is not None:
+            for key, announce in journal.taken.items():
+                self.add(key, announce)
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -43,8 +53,25 @@ class UndeletedKeys:
             return True
         return False
 
+    def keep(self, key: str) -> None:
+        """`key` (added) waits for Redis: written to the journal, for the next process if this
+        one stops first."""
+        if self.journal is not None and key in self._keys:
+            self.journal.append(key, self._keys[key])
+
     def discard(self, key: str) -> None:
         self._keys.pop(key, None)
+
+    def settle(self) -> None:
+        """After deletes landed: the journal is emptied once no key waits, and compacted when
+        lines for keys deleted since have piled up."""
+        j = self.journal
+        if j is not None and ((not self._keys and not j.empty) or j.oversized):
+            j.rewrite(dict(self._keys))
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
 
     def to_announce(self, keys: list[str]) -> list[str]:
         return [k for k in keys if self._keys.get(k, False)]

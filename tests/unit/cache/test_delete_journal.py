@@ -1,0 +1,115 @@
+"""cache.tiers.delete_journal: the deletes a process could not send outlive it, in a file the
+next process on the host takes; a live process's file is never taken."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from redis.asyncio import Redis
+
+from cache.codec import CacheEntry
+from cache.metrics import CacheMetrics
+from cache.tiers.delete_journal import DeleteJournal
+from cache.tiers.redis import RedisTier
+from tests.support.servers import RedisServer
+from tests.unit.cache.conftest import redis_settings
+
+URL, PREFIX = "redis://127.0.0.1:6379/0", "lg:"
+
+
+def _journals(directory: Path) -> list[str]:
+    return [p.read_text() for p in directory.glob("undeleted-*.log")]
+
+
+def test_a_live_processs_keys_are_its_own_a_gone_ones_are_taken(tmp_path: Path) -> None:
+    a = DeleteJournal.open(tmp_path, URL, PREFIX)
+    assert a is not None and a.taken == {}
+    a.append("r.m.t.one", True)
+    a.append("r.m.t.two", False)
+    b = DeleteJournal.open(tmp_path, URL, PREFIX)  # A still runs: its file is locked
+    assert b is not None and b.taken == {}
+    b.append("r.m.t.three", True)
+    assert b.path is not None and b.path != a.path
+    other = DeleteJournal.open(tmp_path, URL, "other:")  # another prefix: none of theirs
+    assert other is not None and other.taken == {}
+    other.append("r.m.t.theirs", True)
+    a.close()
+    b.close()  # both gone: the next process takes both files' keys into one
+    c = DeleteJournal.open(tmp_path, URL, PREFIX)
+    assert c is not None
+    assert c.taken == {"r.m.t.one": True, "r.m.t.two": False, "r.m.t.three": True}
+    assert sorted(tmp_path.glob("undeleted-*.log")) == sorted([c.path, other.path])
+    c.close()
+    other.close()
+    d = DeleteJournal.open(tmp_path, URL, PREFIX)  # C stopped before sending them: still there
+    assert d is not None and set(d.taken) == {"r.m.t.one", "r.m.t.two", "r.m.t.three"}
+    d.rewrite({})
+    d.close()
+    e = DeleteJournal.open(tmp_path, URL, PREFIX)
+    assert e is not None and e.taken == {}
+    e.close()
+
+
+def test_a_line_a_crash_cut_short_is_dropped(tmp_path: Path) -> None:
+    a = DeleteJournal.open(tmp_path, URL, PREFIX)
+    assert a is not None
+    a.append("r.m.t.whole", True)
+    a.close()
+    with a.path.open("a") as fh:
+        fh.write("r.m.t.cu")  # no tab: the key itself may be cut
+    b = DeleteJournal.open(tmp_path, URL, PREFIX)
+    assert b is not None and b.taken == {"r.m.t.whole": True}
+    b.close()
+
+
+def test_an_unusable_directory_is_no_journal(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert DeleteJournal.open(blocker / "dir", URL, PREFIX) is None
+
+
+async def test_a_tier_hands_its_waiting_delete_to_the_next_tier(
+    redis_server: RedisServer, metrics: CacheMetrics, tmp_path: Path
+) -> None:
+    settings = redis_settings(
+        redis_server.url, breaker={"failures": 1, "open_s": 60}, journal_dir=str(tmp_path)
+    )
+    key = "r0.m0.t0.k-journal"
+    probe = Redis.from_url(redis_server.url)
+    a = RedisTier(settings, metrics)
+    try:
+        await a.put(key, CacheEntry(200, [], body=b'{"old":1}', ttl=60.0, model="m", kind="chat"))
+        a.breaker.failure()  # Redis marked down for a minute: A sends nothing
+        await a.delete(key)
+    finally:
+        await a.aclose()  # A stops with the delete waiting
+    stored = settings.key_prefix + "e:" + key
+    assert await probe.exists(stored) == 1
+    b = RedisTier(settings, metrics)
+    told: list[list[str]] = []
+
+    async def announce(keys: list[str]) -> None:
+        told.append(keys)
+
+    b.on_late_delete = announce
+    try:
+        assert b.pending(key) and await b.get(key) is None  # not read back meanwhile
+        for _ in range(400):
+            if await probe.exists(stored) == 0 and told:
+                break
+            await asyncio.sleep(0.05)
+        assert await probe.exists(stored) == 0 and told == [[key]]
+        assert not b.pending(key)
+        assert _journals(tmp_path) == [""]
+    finally:
+        await b.aclose()
+        await probe.aclose()
+
+
+def test_a_process_with_nothing_to_keep_holds_no_file(tmp_path: Path) -> None:
+    a = DeleteJournal.open(tmp_path, URL, PREFIX)
+    assert a is not None
+    a.rewrite({})  # (what settling with nothing waiting does)
+    assert a.path is None and list(tmp_path.iterdir()) == []
+    a.close()
