@@ -202,7 +202,7 @@ class RedisTier:
             async with self._guard("set"):
                 await self.client.set(self.prefix + key, encode(entry), ex=ttl)
             self._metrics.stores.labels("redis", "ok").inc()
-            self._forget(key)  # the old entry is overwritten: nothing left to delete
+            self._overwritten(key)
         except TierError:
             self._metrics.stores.labels("redis", "error").inc()
 
@@ -248,6 +248,23 @@ class RedisTier:
             )
         self._metrics.undeleted.set(len(self.undeleted))
 
+    def _overwritten(self, key: str) -> None:
+        """A store replaced the entry a remembered delete was for: no delete is left to send,
+        but an announcement the others were owed still is (else they serve their memory copy
+        of the old answer until its TTL): sent now, as the retry would have."""
+        told = self.undeleted.to_announce([key])
+        self._forget(key)
+        if told:
+            self._spawn(self._announce_late(told))
+
+    async def _announce_late(self, keys: list[str]) -> None:
+        if self.on_late_delete is None:
+            return
+        try:  # (Cache._announce_late puts one that fails back on the list)
+            await self.on_late_delete(keys)
+        except Exception:  # the cache boundary: the deletes (or overwrites) themselves landed
+            log.exception("announcing late deletes failed")
+
     def _retry_later(self) -> None:
         if self._retrying is None or self._retrying.done():
             self._retrying = asyncio.ensure_future(self._retry_deletes())
@@ -275,11 +292,8 @@ class RedisTier:
             for k in keys:
                 self._forget(k)
             self.undeleted.settle()
-            if self.on_late_delete is not None and told:
-                try:
-                    await self.on_late_delete(told)
-                except Exception:  # the cache boundary: the deletes themselves landed
-                    log.exception("announcing late deletes failed")
+            if told:
+                await self._announce_late(told)
         self.undeleted.settle()  # (emptied by stores too: an overwritten entry needs no delete)
 
     async def acquire_lease(self, key: str, ttl_ms: int) -> str | None:
