@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import time
 import uuid
@@ -59,6 +60,25 @@ class _Route:
     pending: tuple[str, list[Label]] | None = None
     last_id: str = "0-0"  # the last stream entry read
     seen: OrderedDict[str, None] = field(default_factory=OrderedDict)  # batch ids counted
+
+
+def _list(value: object) -> list[object]:
+    return value if isinstance(value, list) else []
+
+
+def _label(value: object) -> Label | None:
+    """A label as this version writes it (tenant, cosine, score, agree, time), else None."""
+    if not isinstance(value, list) or len(value) != 5:
+        return None
+    tenant, cosine, score, agree, at = value
+    numbers = (cosine, score, at)
+    if not isinstance(tenant, str) or not isinstance(agree, bool):
+        return None
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in numbers):
+        return None
+    if not all(math.isfinite(x) for x in numbers):
+        return None
+    return tenant, float(cosine), float(score), agree, float(at)
 
 
 class TenantLabelShare:
@@ -156,9 +176,10 @@ class TenantLabelShare:
         applied = 0
         for ident, fields in items or []:
             st.last_id = ident.decode() if isinstance(ident, bytes) else str(ident)
-            if fields.get(b"o", b"").decode() == self.origin:
+            # (decoded leniently: an entry this version cannot read must not stop the reader)
+            if fields.get(b"o", b"").decode(errors="replace") == self.origin:
                 continue  # (counted when made)
-            batch = fields.get(b"b", b"").decode()
+            batch = fields.get(b"b", b"").decode(errors="replace")
             if batch:
                 if batch in st.seen:
                     continue  # sent again after a reply was lost: counted once
@@ -169,12 +190,13 @@ class TenantLabelShare:
                 labels = msgpack.unpackb(fields[b"d"], raw=False)
             except Exception:  # an entry this version cannot read: the others still count
                 continue
-            for tenant, cosine, score, agree, at in labels:
-                age = max(now - float(at), 0.0) / half_life if half_life else 0.0
+            # Each label checked on its own: one this version cannot read (another version's
+            # shape) raised out of here, which failed the stage's load at start and ended the
+            # flush loop for good later (no label shared or counted again).
+            for tenant, cosine, score, agree, at in filter(None, map(_label, _list(labels))):
+                age = max(now - at, 0.0) / half_life if half_life else 0.0
                 if age <= KEEP_HALF_LIVES:
-                    budget.count_tenant_label(
-                        str(tenant), float(cosine), float(score), bool(agree), 0.5**age
-                    )
+                    budget.count_tenant_label(tenant, cosine, score, agree, 0.5**age)
                     applied += 1
         if applied:
             self._count("replayed" if replay else "applied", applied)

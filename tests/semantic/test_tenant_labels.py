@@ -206,3 +206,43 @@ async def test_a_batch_sent_again_after_a_lost_reply_counts_once(
         await _close(share_a)
         await _close(share_b)
         redis.stop()
+
+
+async def test_an_entry_this_version_cannot_read_stops_neither_replay_nor_the_others(
+    stage: SemanticStage, verifier: MlpVerifier, redis_server: RedisServer, prefix: str
+) -> None:
+    """Entries another version wrote (a label with a field more, a batch that is not a list,
+    an origin that is not UTF-8) are skipped, and the readable labels beside them still count.
+    Before, unpacking such a label raised out of the reader: at start the semantic stage failed
+    to load, and in the flush loop the task died, so this process shared no label again."""
+    probe = _route(stage, verifier)
+    grid = _budget(probe).grid
+    cosine, score = 0.995, float(grid.score_edges[-1]) + 0.001
+    key = f"{prefix}sem:tenants:chat:c1"
+    raw = Redis.from_url(redis_server.url)
+
+    async def unreadable_then(tenant: str) -> None:
+        now = time.time()
+        for d in (
+            msgpack.packb([[tenant, cosine, score, False, now, "a newer field"]]),
+            msgpack.packb(7),
+            msgpack.packb([["x", "not a cosine", score, False, now]]),
+        ):
+            await raw.xadd(key, {"o": "newer-process", "d": d})
+        await raw.xadd(key, {"o": b"\xff\xfe", "d": msgpack.packb([])})
+        labels = [[tenant, cosine, score, False, now] for _ in range(3)]
+        await raw.xadd(key, {"o": "another-process", "d": msgpack.packb(labels)})
+
+    try:
+        await unreadable_then("replayed")
+        share = await _share(redis_server, probe, prefix)
+        try:
+            assert _refuted(probe, "replayed")
+            await unreadable_then("applied")
+            assert await share.flush()
+            assert _refuted(probe, "applied")
+            assert share._task is not None and not share._task.done()
+        finally:
+            await _close(share)
+    finally:
+        await raw.aclose()
