@@ -284,14 +284,24 @@ class SemanticSetup:
                 learn,
             )
         await self._open_cross_encoder()
+        # Built (no Redis call) before the stage serves, so their hooks take every count and
+        # label; built after the starts (seconds), they missed those made meanwhile.
+        self._build_sharing()
         self.stage.ready = True
         self.progress.step("ready")
+        if self._sync is not None:
+            await self._sync.start()
+        if self._budget_store is not None:
+            await self._budget_store.start()
+        if self._tenant_labels is not None:
+            await self._tenant_labels.start()
+
+    def _build_sharing(self) -> None:
         redis = self.settings.redis
         if redis is None or not redis.url:
             return
-        if s.sync:
+        if self.settings.semantic.sync:
             self._sync = RedisSync.from_settings(self.stage, redis)
-            await self._sync.start()
         if self.budgets():
             # Shared and durable counts whenever Redis is configured, with or without a shared
             # index: on the sync's publishing client (one client set per process), or a client
@@ -304,10 +314,8 @@ class SemanticSetup:
                 )
                 self._owned_redis = client
             self._budget_store = BudgetStore(client, self.budgets(), redis.key_prefix)
-            await self._budget_store.start()
             if any(b.guard is not None for b in self.budgets().values()):
                 self._tenant_labels = TenantLabelShare(client, self.budgets(), redis.key_prefix)
-                await self._tenant_labels.start()
 
     async def _open_cross_encoder(self) -> None:
         """One cross-encoder per process, shared by the routes whose verifier uses it."""
@@ -343,15 +351,18 @@ class SemanticSetup:
         return len(keys)
 
     async def aclose(self) -> None:
+        if self._task is not None and not self._task.done():
+            # First: an open() still starting must not start what is closed below. (A load
+            # still running in its thread finishes there; its result is dropped.)
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
         if self._budget_store is not None:
             await self._budget_store.aclose()
         if self._tenant_labels is not None:
             await self._tenant_labels.aclose()
         for b in self.budgets().values():
             await b.aclose()
-        if self._task is not None and not self._task.done():
-            # A load still running in its thread finishes there; its result is dropped.
-            self._task.cancel()
         if self._sync is not None:
             await self._sync.aclose()
         if self._owned_redis is not None:
