@@ -25,9 +25,9 @@ from cache.policy import (
 from cache.recording import Recording
 from cache.route_cache import RouteCache
 from cache.semantic.off import NoSemantic
+from cache.semantic.preflight import preflight as semantic_preflight
 from cache.semantic.route import SemanticRoute
 from cache.semantic.setup import SemanticSetup, build_semantic, semantic_routes
-from cache.semantic.setup import preflight as semantic_preflight
 from cache.settings import CachePolicy, CacheSettings
 from cache.singleflight import CallerGone, SingleFlight
 from cache.tenant import SECRET_ENV, identity_from_purge, share_generated_secret

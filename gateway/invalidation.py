@@ -14,7 +14,8 @@ async def invalidate_get(router: Router, flows: Flows, request: web.Request) -> 
     the route a GET of this path resolves to, its adapter, this request's tenant. Only where
     that route is a cached passthrough one, which keys a bodiless GET by method, raw path and
     query alone. The other processes on the same Redis drop it through the purge fan-out
-    (RouteCache.invalidate); without Redis, other workers keep their copy until it expires."""
+    (RouteCache.invalidate); without Redis, the sibling workers of `--workers N` are told over
+    their private sockets (gateway.worker_drops)."""
     candidates, _ = router.resolve("GET", request.path)
     if len(candidates) != 1:
         return

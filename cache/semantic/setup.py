@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -31,6 +31,7 @@ from cache.semantic.judge import BackendNamed, JudgeMatch, backend_judge, url_ju
 from cache.semantic.label_context import label_context
 from cache.semantic.learn import RouteBudget
 from cache.semantic.metrics import SemanticMetrics
+from cache.semantic.preflight import RouteLike
 from cache.semantic.route import SemanticRoute
 from cache.semantic.stage import SemanticStage
 from cache.semantic.sync import RedisSync
@@ -43,17 +44,9 @@ from cache.semantic.verifier import (
     load_verifier,
     with_floor,
 )
-from cache.settings import CachePolicy, CacheSettings, SemanticPolicy
+from cache.settings import CacheSettings, SemanticPolicy
 
 log = logging.getLogger("latentgate.semantic")
-
-
-class RouteLike(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def cache(self) -> CachePolicy: ...
 
 
 class _Pending:
@@ -371,24 +364,6 @@ class SemanticSetup:
         await self.stage.embedder.aclose()
         if self._cross_encoder is not None:
             self._cross_encoder.close()
-
-
-def preflight(settings: CacheSettings, routes: Sequence[RouteLike]) -> list[str]:
-    """What would stop the semantic stage from starting here (check-config and serve say it)."""
-    from cache.semantic.cross_encoder import DEFAULT_ARTIFACT
-
-    problems = []
-    for r in routes:
-        p = r.cache.semantic
-        if p.enabled and p.verifier == "cross-encoder":
-            path = settings.semantic.cross_encoder_artifact or str(DEFAULT_ARTIFACT)
-            if not Path(path).is_file():
-                problems.append(
-                    f"route {r.name}: verifier 'cross-encoder' needs its artifact {path}: train "
-                    "it with `python -m bench.train_cross_encoder` (or set "
-                    "cache.semantic.cross_encoder_artifact)"
-                )
-    return problems
 
 
 def build_semantic(

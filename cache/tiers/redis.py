@@ -31,6 +31,7 @@ from cache.outage import OutageLog
 from cache.redis_client import REDIS_ERRORS, connect
 from cache.settings import RedisSettings
 from cache.tiers.delete_journal import open_journal
+from cache.tiers.redis_deletes import WaitingDeletes
 from cache.tiers.undeleted import UndeletedKeys
 
 log = logging.getLogger("latentgate.cache.redis")
@@ -41,7 +42,7 @@ _RELEASE = (
 )
 
 
-class RedisTier:
+class RedisTier(WaitingDeletes):
     name = "redis"
 
     def __init__(self, settings: RedisSettings, metrics: CacheMetrics) -> None:
@@ -205,96 +206,6 @@ class RedisTier:
             self._overwritten(key)
         except TierError:
             self._metrics.stores.labels("redis", "error").inc()
-
-    async def delete(self, key: str) -> None:
-        """Delete now, or, when Redis cannot take it, remember the key until it can
-        (cache.tiers.undeleted). Remembered first: a request cancelled mid-delete, or a read
-        of the key meanwhile, then sees it as deleted too."""
-        self._remember(key)
-        if not self.breaker.allow():
-            self.undeleted.keep(key)
-            self._retry_later()
-            return
-        try:
-            async with self._guard("delete"):
-                await self.client.unlink(self.prefix + key)
-        except TierError:
-            self.undeleted.keep(key)
-            self._retry_later()
-            return
-        self._forget(key)
-
-    def redo(self, key: str, announce: bool = True) -> None:
-        """Delete `key` again once Redis answers, and have the others told then (an
-        invalidation whose announcement was skipped or failed: the delete may have landed, the
-        others' memory tiers were not told). announce=False: another process's invalidation
-        whose delete it could not confirm, and which it announced itself: this process reads
-        none of it from Redis meanwhile, and deletes it too."""
-        self._remember(key, announce)
-        self.undeleted.keep(key)
-        self._retry_later()
-
-    def pending(self, key: str) -> bool:
-        """Whether this process's delete of `key` has not reached Redis yet."""
-        return key in self.undeleted
-
-    def _remember(self, key: str, announce: bool = True) -> None:
-        if self.undeleted.add(key, announce):
-            self._metrics.undeleted_forgotten.inc()
-            log.warning(
-                "redis: more than %d deletes waiting for Redis; the oldest is forgotten (its"
-                " entry lives until its TTL)",
-                self.undeleted.cap,
-            )
-        self._metrics.undeleted.set(len(self.undeleted))
-
-    def _overwritten(self, key: str) -> None:
-        """A store replaced the entry a remembered delete was for: no delete is left to send,
-        but an announcement the others were owed still is (else they serve their memory copy
-        of the old answer until its TTL): sent now, as the retry would have."""
-        told = self.undeleted.to_announce([key])
-        self._forget(key)
-        if told:
-            self._spawn(self._announce_late(told))
-
-    async def _announce_late(self, keys: list[str]) -> None:
-        if self.on_late_delete is None:
-            return
-        try:  # (Cache._announce_late puts one that fails back on the list)
-            await self.on_late_delete(keys)
-        except Exception:  # the cache boundary: the deletes (or overwrites) themselves landed
-            log.exception("announcing late deletes failed")
-
-    def _retry_later(self) -> None:
-        if self._retrying is None or self._retrying.done():
-            self._retrying = asyncio.ensure_future(self._retry_deletes())
-
-    def _forget(self, key: str) -> None:
-        if key in self.undeleted:
-            self.undeleted.discard(key)
-            self._metrics.undeleted.set(len(self.undeleted))
-
-    async def _retry_deletes(self) -> None:
-        """Delete the remembered keys once Redis takes commands (the breaker lets a call
-        through), in batches, then tell the other processes (on_late_delete: their memory tiers
-        may hold the same entries, and the request's own announcement was skipped or lost)."""
-        while self.undeleted:
-            await asyncio.sleep(self._retry_s)
-            keys = self.undeleted.oldest(500)
-            if not keys or not self.breaker.allow():
-                continue
-            told = self.undeleted.to_announce(keys)
-            try:
-                async with self._guard("delete"):
-                    await self.client.unlink(*(self.prefix + k for k in keys))
-            except TierError:
-                continue
-            for k in keys:
-                self._forget(k)
-            self.undeleted.settle()
-            if told:
-                await self._announce_late(told)
-        self.undeleted.settle()  # (emptied by stores too: an overwritten entry needs no delete)
 
     async def acquire_lease(self, key: str, ttl_ms: int) -> str | None:
         """None only when Redis said another process holds the lease; otherwise a token, and
