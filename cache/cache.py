@@ -70,7 +70,8 @@ class Cache:
         return rc
 
     async def open(self) -> None:
-        if self.fanout is not None:
+        if self.fanout is not None and self.redis is not None:
+            await self.fanout.prime(self.redis.settings.timeouts.connect * 2)
             self.fanout.start()
         if self.redis is not None:
             log.info("exact cache: memory (%d bytes) + redis", self.memory.max_bytes)

@@ -96,6 +96,22 @@ class PurgeFanout:
         fanout._socket_s = sock
         return fanout
 
+    async def prime(self, deadline_s: float) -> None:
+        """Learn where the stream ends before the process serves. The tail starts there: left
+        to its first read, a purge announced between this process's first reads from Redis and
+        that read was skipped, and an entry it had just read stayed in its memory until its TTL.
+        A Redis that does not answer in time leaves it to the tail (logged, counted)."""
+        try:
+            async with asyncio.timeout(deadline_s):
+                await self._newest()
+        except (*REDIS_ERRORS, TimeoutError) as exc:
+            self._failed(exc)
+
+    async def _newest(self) -> str:
+        newest: Any = await self.tail_redis.xrevrange(self.stream_key, count=1)
+        self.last_id = newest[0][0].decode() if newest else "0-0"
+        return self.last_id
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._tail(), name="purge-fanout")
 
@@ -177,11 +193,9 @@ class PurgeFanout:
         await follow(self.tail_redis, self._read, lambda: self._closing, self._failed)
 
     async def _read(self) -> None:
-        if self.last_id is None:
-            newest: Any = await self.tail_redis.xrevrange(self.stream_key, count=1)
-            self.last_id = newest[0][0].decode() if newest else "0-0"
+        last = self.last_id if self.last_id is not None else await self._newest()
         resp: Any = await self.tail_redis.xread(
-            {self.stream_key: self.last_id}, block=self.block_ms, count=100
+            {self.stream_key: last}, block=self.block_ms, count=100
         )
         self._tail_log.ok()
         for _stream, items in resp or []:

@@ -110,3 +110,31 @@ async def test_an_announcement_to_a_lost_redis_says_so_and_returns() -> None:
     finally:
         await dead.aclose()
     assert said.startswith("not announced: ")
+
+
+async def test_a_purge_announced_as_a_process_starts_serving_reaches_it(
+    redis_server: RedisServer,
+) -> None:
+    """A process primes its tail before it serves (Cache.open): a purge announced right after,
+    while its tail has not read yet, is applied. Before, the tail's first read looked for the
+    stream's end itself, after the announcement, and skipped it: the entry stayed in memory."""
+    settings = redis_settings(redis_server.url)
+    memory = MemoryTier(1 << 20)
+
+    def apply(selector: Selector, _pending: bool) -> Awaitable[int]:
+        return memory.purge(selector)
+
+    here = PurgeFanout(connect(settings, socket_timeout=2, max_connections=2), apply)
+    there = PurgeFanout(connect(settings, socket_timeout=2, max_connections=2), apply)
+    here.stream_key = there.stream_key = f"{{{settings.key_prefix}}}purge"
+    alice, _, bob = _keys()
+    try:
+        assert await here.announce(Selector.one(bob), deadline_s=5) == "announced"  # warm
+        await there.prime(5.0)  # what Cache.open does before the process serves
+        memory.put_now(alice.value, _entry())  # read from Redis as it starts serving
+        there.start()
+        assert await here.announce(Selector.one(alice), deadline_s=5) == "announced"
+        await _applied(memory, alice.value)
+    finally:
+        await there.aclose()
+        await here.aclose()
