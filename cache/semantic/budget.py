@@ -107,7 +107,9 @@ class Bar:
 REASON_LABELS = "too_few_labels"  # prior and live labels under min_labels
 REASON_BOUND = "bound_over_budget"  # its upper confidence bound is over the budget
 REASON_REFUTED = "refuted"  # the live labels alone put its lower bound over the budget
-REASONS = (REASON_LABELS, REASON_BOUND, REASON_REFUTED)
+# A starting process that has not read the fleet's counts and tenant labels yet (learn.py)
+REASON_JOINING = "joining_fleet"
+REASONS = (REASON_LABELS, REASON_BOUND, REASON_REFUTED, REASON_JOINING)
 CLOSED = Bar(1.01, 1.01, False, float("nan"), 1.0, 0, reason=REASON_LABELS)
 
 

@@ -18,6 +18,7 @@ All of it runs in background tasks of its own: never raising, never delaying a c
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -28,7 +29,7 @@ from typing import Any, Literal
 from cache.codec import CacheEntry
 from cache.semantic.answer_text import answer_text
 from cache.semantic.answers import ExactMatch, Matcher
-from cache.semantic.budget import REASONS, Bar, BudgetGrid
+from cache.semantic.budget import REASON_JOINING, REASONS, Bar, BudgetGrid
 from cache.semantic.metrics import SemanticMetrics
 from cache.semantic.records import Candidate, SemanticHit
 from cache.semantic.stage import SemanticStage
@@ -94,6 +95,10 @@ class RouteBudget:
         # False once a reload turned the route's semantic cache off: its bar serves nothing,
         # whatever its counts say, and /metrics and /admin/semantic say so.
         self.serving = True
+        # False while a starting process has not read what the fleet has learnt (the shared
+        # counts, the tenant labels: cache.semantic.setup): it serves no semantic hit until
+        # then. Serving on its own counts alone, it served a tenant the fleet had refuted.
+        self.joined = True
         self.publish()
 
     # -- the bar ---------------------------------------------------------------------------
@@ -102,6 +107,8 @@ class RouteBudget:
         """The route's bar; with `tenant`, the bar that tenant is served at (closed while its
         own labels refute the route's)."""
         b = self.grid.bar()
+        if not self.joined and b.open:
+            return dataclasses.replace(b, open=False, reason=REASON_JOINING)
         return b if tenant is None or self.guard is None else self.guard.bar(tenant, b)
 
     def observer(self, tenant: str) -> Callable[[float, float], None]:
@@ -129,7 +136,7 @@ class RouteBudget:
 
     def publish(self) -> None:
         """The bar and its statistics on /metrics."""
-        b = self.grid.bar()
+        b = self.bar()
         m, r = self.metrics, self.route
         m.bar.labels(r, "cosine").set(b.cosine)
         m.bar.labels(r, "score").set(b.score)

@@ -280,14 +280,26 @@ class SemanticSetup:
         # Built (no Redis call) before the stage serves, so their hooks take every count and
         # label; built after the starts (seconds), they missed those made meanwhile.
         self._build_sharing()
+        joining = self._budget_store is not None or self._tenant_labels is not None
+        self._join(not joining)
         self.stage.ready = True
         self.progress.step("ready")
-        if self._sync is not None:
-            await self._sync.start()
-        if self._budget_store is not None:
-            await self._budget_store.start()
-        if self._tenant_labels is not None:
-            await self._tenant_labels.start()
+        try:
+            if self._sync is not None:
+                await self._sync.start()
+            if self._budget_store is not None:
+                await self._budget_store.start()
+            if self._tenant_labels is not None:
+                await self._tenant_labels.start()
+        finally:  # (each start ends within its Redis timeouts, read or not)
+            self._join(True)
+
+    def _join(self, joined: bool) -> None:
+        """Budgeted routes serve once this process has read the fleet's counts and labels."""
+        for b in self.budgets().values():
+            if b.joined != joined:
+                b.joined = joined
+                b.publish()
 
     def _build_sharing(self) -> None:
         redis = self.settings.redis

@@ -73,3 +73,66 @@ async def test_a_label_made_while_the_stage_starts_its_redis_sharing_reaches_the
         await setup.aclose()
         await raw.aclose()
         redis.stop()
+
+
+async def test_a_starting_process_serves_no_budgeted_hit_before_it_has_heard_the_fleet() -> None:
+    """A tenant refuted at A; B starts with Redis stalled: its stage is ready, but its budgeted
+    route serves nobody (`joining_fleet`) until it has read the fleet's counts and labels, and
+    then keeps that tenant apart. Before, B served at the bar its prior alone opened, to the
+    refuted tenant too, until its replay ran (seconds: after the index replay)."""
+    redis = RedisServer().start()
+    assert redis.proc is not None
+    # the shipped prior alone opens this route's bar: what a fresh process serves at
+    cfg = semantic_config("http://127.0.0.1:9", redis.url, max_error_rate=0.2, min_labels=50)
+    cfg["cache"]["redis"]["timeouts"] = {"op": 60}
+    settings = Settings.model_validate(cfg)
+    # A's bar stays shut (min_labels is no part of what a label means, so they share labels):
+    # the bad tenant's paraphrases are misses there, each labelled by its answer
+    strict = semantic_config("http://127.0.0.1:9", redis.url, max_error_rate=0.2)
+    strict["cache"]["redis"] = cfg["cache"]["redis"]
+    strict_settings = Settings.model_validate(strict)
+    a = build_semantic(strict_settings.cache, CollectorRegistry(), strict_settings.routes)
+    assert a is not None
+    try:
+        await a.open()
+        sa = a.routes["chat"]
+        assert sa.budget is not None
+        q, para = PAIRS[0]
+        await sa.remember(chat(q, temperature=0), "bad", "k-bad")
+        for _ in range(3):
+            res = await sa.search(chat(para, temperature=0), "bad")
+            assert res.candidate is not None
+            sa.label_after_miss(
+                chat(para, temperature=0), "bad", res.candidate, answer(q), answer("no")
+            )
+            await sa.budget.drain()
+        assert not sa.budget.bar("bad").open
+        assert a._tenant_labels is not None and await a._tenant_labels.flush()
+    finally:
+        await a.aclose()
+    b = build_semantic(settings.cache, CollectorRegistry(), settings.routes)
+    assert b is not None
+    budget = b.routes["chat"].budget
+    assert budget is not None
+    redis.proc.send_signal(signal.SIGSTOP)
+    opening = asyncio.ensure_future(b.open())
+    stopped = True
+    try:
+        while not b.stage.ready:
+            assert not opening.done(), opening.exception()
+            await asyncio.sleep(0.01)
+        assert not opening.done()  # held in Redis
+        for tenant in ("bad", "good"):
+            bar = budget.bar(tenant)
+            assert not bar.open and bar.reason == "joining_fleet", bar
+        redis.proc.send_signal(signal.SIGCONT)
+        stopped = False
+        await opening
+        assert budget.joined and not budget.bar("bad").open  # the fleet's verdict, replayed
+    finally:
+        if stopped:
+            redis.proc.send_signal(signal.SIGCONT)
+        if not opening.done():
+            await opening
+        await b.aclose()
+        redis.stop()
