@@ -58,7 +58,7 @@ def handler(apply: Callable[[Selector], Awaitable[int]]) -> Callable[..., Awaita
     async def drop(request: web.Request) -> web.Response:
         try:
             selector = parse(json.loads(await request.read()))
-        except ValueError:
+        except (ValueError, RecursionError):  # (RecursionError: JSON nested too deeply)
             selector = None
         if selector is None:
             return web.json_response({"error": _REQUIRED}, status=400)

@@ -58,6 +58,7 @@ async def test_a_siblings_invalidation_drops_that_key_alone() -> None:
                 # a key whose hashes are another tenant's: it would drop bob's under alice's name
                 b'{"route_h": "r0", "model_h": "m0", "tenant_h": "t0", "key": "r0.m0.t1.bob"}',
                 b'{"route_h": "", "model_h": null, "tenant_h": null, "key": null}',
+                b"[" * 100_000,  # nested past the JSON decoder's stack: a 400, not a 500
             )
             for body in bad:
                 async with s.post("http://worker" + worker_drops.PATH, data=body) as r:
