@@ -57,7 +57,7 @@ from gateway.errors import (
     ServiceUnavailable,
 )
 from gateway.headers import end_to_end, field, upstream_headers
-from gateway.invalidation import invalidate_get
+from gateway.invalidation import invalidate_get, stored_get
 from gateway.metrics import Metrics
 from gateway.protocols.base import Call
 from gateway.render import framing_of
@@ -276,10 +276,19 @@ class Pipeline:
         alias: AliasKey | None,
     ) -> web.StreamResponse:
         headers = request.headers
+        cc, pragma = field(headers, "Cache-Control"), field(headers, "Pragma")
+        conditional = any(h in headers for h in CONDITIONAL_HEADERS)
+        if request.method == "HEAD" and not conditional:
+            # the stored GET of its target, as a GET with these headers may be answered
+            found = await stored_get(
+                self.router, self.flows, request, request_directives(cc, pragma)
+            )
+            if found is not None:
+                return responses.cached(request, found[0], found[1], timing)
         directives = request_directives(
-            field(headers, "Cache-Control"),
-            field(headers, "Pragma"),
-            any(h in headers for h in CONDITIONAL_HEADERS),
+            cc,
+            pragma,
+            conditional,
             head=request.method == "HEAD",
             unsafe=request.method not in CACHED_METHODS,
         )

@@ -84,16 +84,17 @@ async def test_a_waiter_never_gets_an_answer_chosen_for_another_clients_header(
     assert await ask("fr", "0") == ("fr", "miss")  # and nothing was stored
 
 
-async def test_a_head_request_goes_to_the_replica_and_says_the_length(
+async def test_a_head_request_says_the_length_and_stores_nothing(
     upstream: ServerThread, start_gateway: Callable[..., ServerThread]
 ) -> None:
-    """A HEAD answer has no body to store: it is not cached (a stored one answered later HEADs
-    without the Content-Length the replica sent), and it does not disturb the GET's entry."""
+    """A HEAD answer has no body to store: it is not cached (a stored one answered later GETs
+    with nothing), and it does not disturb the GET's entry; once the GET is stored, a HEAD is
+    answered from it with the GET's length (tests/integration/cache/test_head.py)."""
     gw = start_gateway(cache_config(upstream.url, tiers=["memory"]))
-    for expected in ("miss", "hit"):
+    for head_cache, expected in (("bypass", "miss"), ("hit", "hit")):
         async with aiohttp.ClientSession() as s:
             async with s.head(gw.url + DOC) as r:
                 head = r.status, r.headers.get("X-Cache"), r.headers.get("Content-Length")
             async with s.get(gw.url + DOC) as r:
                 assert (r.status, r.headers["X-Cache"], await r.read()) == (200, expected, DOCUMENT)
-        assert head == (200, "bypass", str(len(DOCUMENT)))
+        assert head == (200, head_cache, str(len(DOCUMENT)))

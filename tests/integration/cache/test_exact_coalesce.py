@@ -63,7 +63,9 @@ async def test_leader_error_is_shared_not_retried(
     for route in cfg["routes"]:
         route["upstream"] = {"retries": {"max": 0}}
     gw = start_gateway(cfg)
-    results = await _many([gw.url], 50, BODY, {"X-Test-Delay": "0.3", "X-Test-Status": "503"})
+    # (the leader's call lasts long enough that all 50 join it on a loaded machine too: at 0.3 s
+    # a few arrived after it had ended, and made a flight of their own)
+    results = await _many([gw.url], 50, BODY, {"X-Test-Delay": "2", "X-Test-Status": "503"})
     assert [r[0] for r in results] == [503] * 50
     assert await _calls(upstream) == 1
 
