@@ -100,17 +100,38 @@ class PurgeFanout:
         """Learn where the stream ends before the process serves. The tail starts there: left
         to its first read, a purge announced between this process's first reads from Redis and
         that read was skipped, and an entry it had just read stayed in its memory until its TTL.
-        A Redis that does not answer in time leaves it to the tail (logged, counted)."""
+        A Redis that does not answer in time leaves it to the tail (logged, counted), which
+        then drops what the process read meanwhile (`_find_end`)."""
         try:
             async with asyncio.timeout(deadline_s):
-                await self._newest()
+                self.last_id = await self._newest()
         except (*REDIS_ERRORS, TimeoutError) as exc:
             self._failed(exc)
 
     async def _newest(self) -> str:
         newest: Any = await self.tail_redis.xrevrange(self.stream_key, count=1)
-        self.last_id = newest[0][0].decode() if newest else "0-0"
-        return self.last_id
+        return newest[0][0].decode() if newest else "0-0"
+
+    async def _find_end(self) -> str:
+        """The tail's start when `prime` could not learn it. The process may have served (and
+        read entries from Redis) since it started, and the purges announced before this read
+        are behind the end found here, never read: what the memory tier holds goes (a purge of
+        everything, applied as the others' are). Before, an entry read from Redis before such a
+        purge stayed in this process's memory until its TTL."""
+        end = await self._newest()
+        try:  # (before `last_id` is set: a read that waits for it finds the drop done)
+            dropped = await self.apply(Selector(), False)
+        except Exception:  # as in _apply: the tail goes on
+            log.exception("purge fan-out: dropping what was read before the tail started failed")
+        else:
+            log.warning(
+                "purge fan-out: the tail found where the stream ends only after this process"
+                " started serving (its prime had no answer): the purges made meanwhile are"
+                " unknown, so its memory tier is dropped (%s entries)",
+                dropped,
+            )
+        self.last_id = end
+        return end
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._tail(), name="purge-fanout")
@@ -193,7 +214,7 @@ class PurgeFanout:
         await follow(self.tail_redis, self._read, lambda: self._closing, self._failed)
 
     async def _read(self) -> None:
-        last = self.last_id if self.last_id is not None else await self._newest()
+        last = self.last_id if self.last_id is not None else await self._find_end()
         resp: Any = await self.tail_redis.xread(
             {self.stream_key: last}, block=self.block_ms, count=100
         )
