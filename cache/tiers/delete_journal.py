@@ -172,7 +172,10 @@ class DeleteJournal:
 
 
 def _locked(path: Path) -> IO[str] | None:
-    fh = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held for the process's life)
+    # errors="replace": bytes that are not UTF-8 (a block a power loss or a disk error left)
+    # cost their line (_lines), not the start: a UnicodeDecodeError from here failed the
+    # gateway's start, at every restart, until the file was removed by hand
+    fh = open(path, "a+", encoding="utf-8", errors="replace")  # noqa: SIM115 (held for life)
     try:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -184,5 +187,7 @@ def _locked(path: Path) -> IO[str] | None:
 def _lines(fh: IO[str]) -> Iterator[tuple[str, bool]]:
     for line in fh:
         key, sep, announce = line.rstrip("\n").partition("\t")
-        if key and sep:  # (a line cut short by a crash is dropped)
+        # (a line cut short by a crash is dropped, and so is one with bytes that were not
+        # UTF-8: keys are ASCII, so that line's key is not one this cache wrote whole)
+        if key and sep and "\ufffd" not in key:
             yield key, announce == "1"

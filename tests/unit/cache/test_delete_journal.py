@@ -63,6 +63,22 @@ def test_a_line_a_crash_cut_short_is_dropped(tmp_path: Path) -> None:
     b.close()
 
 
+def test_bytes_that_are_not_utf8_cost_their_line_not_the_start(tmp_path: Path) -> None:
+    """A file a power loss or a disk error left with bytes that are not UTF-8: the lines around
+    them still count. Before, reading it raised UnicodeDecodeError out of RedisTier's
+    constructor, and the gateway failed to start, at every restart, until it was removed."""
+    a = DeleteJournal.open(tmp_path, URL, PREFIX)
+    assert a is not None
+    a.append("r.m.t.before", True)
+    a.close()
+    assert a.path is not None
+    with a.path.open("ab") as fh:
+        fh.write(b"r.m.t.\xff\xfe\t1\n\x80garbage\nr.m.t.after\t0\n")
+    b = DeleteJournal.open(tmp_path, URL, PREFIX)
+    assert b is not None and b.taken == {"r.m.t.before": True, "r.m.t.after": False}
+    b.close()
+
+
 def test_an_unusable_directory_is_no_journal(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
