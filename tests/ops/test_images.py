@@ -57,6 +57,20 @@ def test_final_stage_is_slim_non_root_and_health_checked(dockerfile: Path) -> No
     assert "scripts/export_minilm.py" in build
 
 
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_final_stage_keeps_a_state_dir_the_gateway_can_write(dockerfile: Path) -> None:
+    """The journal of deletes Redis could not take (cache.tiers.delete_journal) lives in
+    $LATENTGATE_STATE_DIR: each image names one and makes it, owned by the user it runs as.
+    Without it the user's home (which --no-create-home leaves missing, under a /home it cannot
+    write) is the fallback, and the journal was off: a sidecar stopped during a Redis outage
+    took its waiting invalidations with it."""
+    final = _stages(dockerfile.read_text())[-1]
+    state = re.search(r"LATENTGATE_STATE_DIR=(\S+)", final)
+    assert state is not None, f"{dockerfile.name} sets no LATENTGATE_STATE_DIR"
+    made = re.search(r"install -d -o 10001 -g 10001 -m 0700 (\S+)", final)
+    assert made is not None and made.group(1) == state.group(1)
+
+
 def test_images_and_make_install_share_one_install_script() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert "scripts/install.sh $(BIN)/python dev" in makefile
