@@ -12,8 +12,9 @@ prefix reads the file of any process that is gone and deletes those keys once Re
   host: each has its own). At start a process takes every file of its Redis and prefix that no
   live process holds: the first becomes its own, the keys of the others are appended to it and
   their files removed.
-- Append-only while keys wait, truncated once none is left. A line for a key that was deleted
-  since, or stored again, is deleted again by the next process: a delete costs at most a miss.
+- Append-only while keys wait (rewritten with those alone past COMPACT_BYTES, during an outage
+  too), truncated once none is left. A line for a key that was deleted since, or stored again,
+  is deleted again by the next process: a delete costs at most a miss.
 - Written with write(2) and no fsync: a process that dies leaves its lines in the page cache; a
   host that loses power may lose the last of them.
 - Named by a digest of the Redis URL and the key prefix (`undeleted-{digest}.{id}.log`), in

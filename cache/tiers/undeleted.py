@@ -58,6 +58,11 @@ class UndeletedKeys:
         one stops first."""
         if self.journal is not None and key in self._keys:
             self.journal.append(key, self._keys[key])
+            if self.journal.oversized:
+                # compacted here too: settle runs only once deletes land, and through an outage
+                # the file grew by a line per failed delete without bound (the keys that wait,
+                # at most `cap` of them, are well under the bound, so this cannot repeat at once)
+                self.journal.rewrite(dict(self._keys))
 
     def discard(self, key: str) -> None:
         self._keys.pop(key, None)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from redis.asyncio import Redis
 
 from cache.codec import CacheEntry
 from cache.metrics import CacheMetrics
+from cache.tiers import delete_journal
 from cache.tiers.delete_journal import DeleteJournal
 from cache.tiers.redis import RedisTier
 from tests.support.servers import RedisServer
@@ -129,3 +131,35 @@ def test_a_process_with_nothing_to_keep_holds_no_file(tmp_path: Path) -> None:
     a.rewrite({})  # (what settling with nothing waiting does)
     assert a.path is None and list(tmp_path.iterdir()) == []
     a.close()
+
+
+async def test_a_long_outage_does_not_grow_the_file_without_bound(
+    redis_server: RedisServer,
+    metrics: CacheMetrics,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis marked down for the whole test: every delete of the same few keys appends a line.
+    Before, the file was compacted only once a delete landed (settle), so through an outage it
+    grew by a line per failed delete without bound (a pod's state emptyDir has a size limit
+    whose excess evicts the pod); now it is rewritten with the keys still waiting once it
+    passes the bound, and they all still count."""
+    monkeypatch.setattr(delete_journal, "COMPACT_BYTES", 4096)  # (8 MiB: ~100k deletes)
+    settings = redis_settings(
+        redis_server.url, breaker={"failures": 1, "open_s": 3600}, journal_dir=str(tmp_path)
+    )
+    a = RedisTier(settings, metrics)
+    keys = [f"r0.m0.t0.k-outage-{i}" for i in range(3)]
+    try:
+        a.breaker.failure()  # marked down: nothing is sent
+        for _ in range(100):  # ~25 kB of lines
+            for key in keys:
+                await a.delete(key)
+        journal = a.undeleted.journal
+        assert journal is not None and journal.path is not None
+        assert journal.path.stat().st_size <= 4096
+    finally:
+        await a.aclose()
+    b = DeleteJournal.open(tmp_path, settings.url or "", settings.key_prefix)
+    assert b is not None and b.taken == dict.fromkeys(keys, True)
+    b.close()
