@@ -75,6 +75,7 @@ class DeleteJournal:
         self.taken: dict[str, bool] = {}
         self._fh: IO[str] | None = None
         self._size = 0
+        self._failing = False
 
     @classmethod
     def open(cls, directory: Path, url: str, key_prefix: str) -> DeleteJournal | None:
@@ -140,7 +141,14 @@ class DeleteJournal:
             fh.write(line)
             fh.flush()
             self._size += len(line)
+            self._failing = False
         except OSError as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        # once per spell, not once per failed delete (a directory that turned read-only)
+        if not self._failing:
+            self._failing = True
             log.warning("redis: the journal of waiting deletes could not be written: %s", exc)
 
     def rewrite(self, keys: dict[str, bool]) -> None:
@@ -154,8 +162,9 @@ class DeleteJournal:
             fh.writelines(f"{k}\t{int(a)}\n" for k, a in keys.items())
             fh.flush()
             self._size = fh.tell()
+            self._failing = False
         except OSError as exc:
-            log.warning("redis: the journal of waiting deletes could not be written: %s", exc)
+            self._failed(exc)
 
     @property
     def oversized(self) -> bool:
@@ -179,7 +188,12 @@ def _locked(path: Path) -> IO[str] | None:
     fh = open(path, "a+", encoding="utf-8", errors="replace")  # noqa: SIM115 (held for life)
     try:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        # Still the file at this path: another process may have taken it (its keys, then the
+        # file removed) between our open and our lock. Locked after, it would be kept as a
+        # journal no other process can ever find.
+        if os.fstat(fh.fileno()).st_ino != path.stat().st_ino:
+            raise BlockingIOError
+    except (BlockingIOError, FileNotFoundError):
         fh.close()
         return None
     return fh
