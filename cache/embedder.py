@@ -117,6 +117,7 @@ def load_embedder(
     batching: Any = None,
     share: Any = None,
     progress: Any = None,
+    session: Any = None,
 ) -> Embedder:
     try:
         from backends.local import load_text_encoder
@@ -134,6 +135,7 @@ def load_embedder(
         batching=batching,
         share=share,
         progress=progress,
+        session=session,
         registry=None if metrics else registry,
         metrics=metrics,
     )

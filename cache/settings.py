@@ -234,6 +234,12 @@ class SemanticIndexSettings(_Frozen):
     batch_max: int = Field(32, ge=1)
     batch_max_delay_ms: float = Field(2.0, ge=0)
     batch_target_p95_ms: float | None = Field(20.0, gt=0)
+    # ONNX Runtime's worker threads for the embedder (0: one per core) and whether they spin
+    # between runs (its default): spinning takes 0.8-2 ms off a lone lookup's embed on 2 cores,
+    # and costs a sidecar that shares them with Redis about a fifth of its throughput under
+    # load (docs/benchmarks.md, "Fourteenth session").
+    intra_op_threads: int = Field(0, ge=0)
+    allow_spinning: bool = True
     verifier_artifact: str | None = None  # the "features" MLP (.npz)
     # the error budget's prior (.npz from bench/budget_prior.py); None = the shipped one
     budget_prior: str | None = None

@@ -229,7 +229,7 @@ class SemanticSetup:
     async def open(self) -> None:
         s = self.settings.semantic
         shared = self._engine_metrics() if self._engine_metrics is not None else None
-        from backends import BatcherSettings
+        from backends import BatcherSettings, SessionOptions
 
         batching = BatcherSettings(
             max_batch=s.batch_max,
@@ -246,6 +246,8 @@ class SemanticSetup:
             batching,
             self._engines,
             self.progress,
+            # (the defaults: the same engine a local backend of this model has, shared)
+            SessionOptions(intra_op_threads=s.intra_op_threads, allow_spinning=s.allow_spinning),
         )
         self.stage.embedder = embedder
         self.stage.metrics.device.clear()  # drop the "pending" series set before the load
