@@ -9,65 +9,29 @@ answer from their memory until its TTL. Now the store sends the announcement the
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from cache import Cache, CacheEntry, request_directives
 from cache.breaker import OPEN
-from cache.route_cache import RouteCache
-from cache.settings import CacheSettings, ExactPolicy
 from tests.support.servers import RedisServer
+from tests.unit.cache.cache_pair import ALICE, FIELDS, cache_pair, route, until
 
-FIELDS = {"method": "GET", "path": "/items/1"}
-ALICE = {"Authorization": "Bearer sk-alice"}
 OPEN_S = 0.2
-
-
-def _settings(url: str, prefix: str) -> CacheSettings:
-    redis = {"url": url, "key_prefix": prefix, "breaker": {"failures": 1, "open_s": OPEN_S}}
-    return CacheSettings.model_validate({"tenant_secret": "t" * 32, "redis": redis})
 
 
 @pytest.fixture
 async def pair(redis_server: RedisServer) -> AsyncIterator[tuple[Cache, Cache]]:
-    prefix = f"t{uuid.uuid4().hex[:8]}:"
-    a = Cache(_settings(redis_server.url, prefix), CollectorRegistry())
-    b = Cache(_settings(redis_server.url, prefix), CollectorRegistry())
-    for c in (a, b):
-        await c.open()
-    await _until(
-        "a tail never looked",
-        lambda: all(c.fanout is not None and c.fanout.last_id is not None for c in (a, b)),
-    )
-    try:
-        yield a, b
-    finally:
-        await a.aclose()
-        await b.aclose()
-
-
-def _route(cache: Cache) -> RouteCache:
-    rc = cache.for_route("default", ExactPolicy(enabled=True, tiers=["memory", "redis"]))
-    assert rc is not None
-    return rc
-
-
-async def _until(what: str, condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.01)
+    async with cache_pair(redis_server.url, breaker={"failures": 1, "open_s": OPEN_S}) as caches:
+        yield caches
 
 
 async def test_a_new_answer_stored_before_the_retry_still_has_the_others_told(
     pair: tuple[Cache, Cache],
 ) -> None:
     a, b = pair
-    ra, rb = _route(a), _route(b)
+    ra, rb = route(a), route(b)
     assert a.redis is not None
     key = ra.key("m", FIELDS, ALICE)
     assert await ra.store(key, CacheEntry(200, [], body=b"old", ttl=60.0))
@@ -87,7 +51,7 @@ async def test_a_new_answer_stored_before_the_retry_still_has_the_others_told(
     assert await ra.lookup(fresh, request_directives(None)) is None
     assert await ra.store(fresh, CacheEntry(200, [], body=b"new", ttl=60.0))
     assert not a.redis.pending(key.value)  # the old entry in Redis is overwritten
-    await _until(
+    await until(
         "B still serves the answer from before the DELETE",
         lambda: b.memory.get_now(key.value) is None,
     )

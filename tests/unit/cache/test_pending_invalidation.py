@@ -10,71 +10,29 @@ that key from Redis until its own delete of it lands.
 
 from __future__ import annotations
 
-import asyncio
-import time
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
-from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from cache import Cache, CacheEntry, request_directives
-from cache.route_cache import RouteCache
-from cache.settings import CacheSettings, ExactPolicy
 from tests.support.servers import RedisServer
-
-FIELDS = {"method": "GET", "path": "/items/1"}
-ALICE = {"Authorization": "Bearer sk-alice"}
-
-
-def _settings(url: str, prefix: str) -> CacheSettings:
-    redis = {
-        "url": url,
-        "key_prefix": prefix,
-        "pool": {"max_connections": 1},
-        "timeouts": {"op": 0.2},
-    }
-    return CacheSettings.model_validate({"tenant_secret": "t" * 32, "redis": redis})
+from tests.unit.cache.cache_pair import ALICE, FIELDS, cache_pair, route, until
 
 
 @pytest.fixture
 async def pair(redis_server: RedisServer) -> AsyncIterator[tuple[Cache, Cache]]:
-    prefix = f"t{uuid.uuid4().hex[:8]}:"
-    a = Cache(_settings(redis_server.url, prefix), CollectorRegistry())
-    b = Cache(_settings(redis_server.url, prefix), CollectorRegistry())
-    for c in (a, b):
-        await c.open()
-    fanouts = [c.fanout for c in (a, b) if c.fanout is not None]
-    deadline = time.monotonic() + 10
-    while any(f.last_id is None for f in fanouts):  # each tail has looked at the stream
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
-    try:
-        yield a, b
-    finally:
-        await a.aclose()
-        await b.aclose()
-
-
-def _route(cache: Cache) -> RouteCache:
-    rc = cache.for_route("default", ExactPolicy(enabled=True, tiers=["memory", "redis"]))
-    assert rc is not None
-    return rc
-
-
-async def _until(what: str, condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.01)
+    async with cache_pair(
+        redis_server.url, pool={"max_connections": 1}, timeouts={"op": 0.2}
+    ) as caches:
+        yield caches
 
 
 async def test_a_peer_reads_no_old_entry_while_the_delete_is_pending(
     pair: tuple[Cache, Cache], redis_server: RedisServer
 ) -> None:
     a, b = pair
-    ra, rb = _route(a), _route(b)
+    ra, rb = route(a), route(b)
     key = ra.key("m", FIELDS, ALICE)
     assert rb.key("m", FIELDS, ALICE).value == key.value  # one deployment secret: one key
     assert await ra.store(key, CacheEntry(200, [], body=b"old", ttl=60.0))
@@ -89,19 +47,19 @@ async def test_a_peer_reads_no_old_entry_while_the_delete_is_pending(
         await ra.invalidate(key)
         assert a.redis.pending(key.value)
         assert await raw.exists(stored) == 1  # the old entry is still in Redis
-        await _until("B's memory still holds it", lambda: b.memory.get_now(key.value) is None)
+        await until("B's memory still holds it", lambda: b.memory.get_now(key.value) is None)
         assert await rb.lookup(key, request_directives(None)) is None  # not the old answer
         # B deletes it too (its pool is free): the old entry goes without A
-        await _until("B did not delete it", lambda: not b.redis.undeleted)  # type: ignore[union-attr]
+        await until("B did not delete it", lambda: not b.redis.undeleted)  # type: ignore[union-attr]
         assert await raw.exists(stored) == 0
         assert a.redis.pending(key.value)  # A's own retry still waits for its connection
     finally:
         await pool.release(busy)
     try:
-        await _until("A's retry never landed", lambda: not a.redis.undeleted)  # type: ignore[union-attr]
+        await until("A's retry never landed", lambda: not a.redis.undeleted)  # type: ignore[union-attr]
     finally:
         await raw.aclose()
     assert a.fanout is not None and b.fanout is not None
     # A announces its late delete (B has it twice); B, which deleted for A, announces nothing
-    await _until("A's late delete was not announced", lambda: b.fanout.applied == 2)  # type: ignore[union-attr]
+    await until("A's late delete was not announced", lambda: b.fanout.applied == 2)  # type: ignore[union-attr]
     assert a.fanout.applied == 0

@@ -23,8 +23,7 @@ def _entry() -> CacheEntry:
     return CacheEntry(200, [], body=b"{}", ttl=60.0)
 
 
-@pytest.fixture
-async def pair(redis_server: RedisServer) -> AsyncIterator[tuple[PurgeFanout, MemoryTier]]:
+def _two(redis_server: RedisServer) -> tuple[PurgeFanout, PurgeFanout, MemoryTier]:
     """A process that announces, and another whose memory tier the fan-out applies to."""
     settings = redis_settings(redis_server.url)
     memory = MemoryTier(1 << 20)
@@ -35,6 +34,13 @@ async def pair(redis_server: RedisServer) -> AsyncIterator[tuple[PurgeFanout, Me
     here = PurgeFanout(connect(settings, socket_timeout=2, max_connections=2), apply)
     there = PurgeFanout(connect(settings, socket_timeout=2, max_connections=2), apply)
     here.stream_key = there.stream_key = f"{{{settings.key_prefix}}}purge"
+    return here, there, memory
+
+
+@pytest.fixture
+async def pair(redis_server: RedisServer) -> AsyncIterator[tuple[PurgeFanout, MemoryTier]]:
+    """A process that announces, and another whose memory tier the fan-out applies to."""
+    here, there, memory = _two(redis_server)
     there.start()
     try:
         # (the tail starts after the newest record: wait until it has looked)
@@ -118,15 +124,7 @@ async def test_a_purge_announced_as_a_process_starts_serving_reaches_it(
     """A process primes its tail before it serves (Cache.open): a purge announced right after,
     while its tail has not read yet, is applied. Before, the tail's first read looked for the
     stream's end itself, after the announcement, and skipped it: the entry stayed in memory."""
-    settings = redis_settings(redis_server.url)
-    memory = MemoryTier(1 << 20)
-
-    def apply(selector: Selector, _pending: bool) -> Awaitable[int]:
-        return memory.purge(selector)
-
-    here = PurgeFanout(connect(settings, socket_timeout=2, max_connections=2), apply)
-    there = PurgeFanout(connect(settings, socket_timeout=2, max_connections=2), apply)
-    here.stream_key = there.stream_key = f"{{{settings.key_prefix}}}purge"
+    here, there, memory = _two(redis_server)
     alice, _, bob = _keys()
     try:
         assert await here.announce(Selector.one(bob), deadline_s=5) == "announced"  # warm
