@@ -74,6 +74,7 @@ class Cache:
             await self.fanout.prime(self.redis.settings.timeouts.connect * 2)
             self.fanout.start()
         if self.redis is not None:
+            self.redis.resume()
             log.info("exact cache: memory (%d bytes) + redis", self.memory.max_bytes)
         else:
             log.info(

@@ -79,9 +79,7 @@ class RedisTier(WaitingDeletes):
         self.on_late_delete: Callable[[list[str]], Awaitable[None]] | None = None
         self._retrying: asyncio.Task[None] | None = None
         self._retry_s = 0.25  # the breaker, not this, paces the retries while Redis is down
-        if self.undeleted:  # a stopped process's (cache.tiers.delete_journal)
-            self._metrics.undeleted.set(len(self.undeleted))
-            self._retry_later()
+        self._metrics.undeleted.set(len(self.undeleted))  # a stopped process's, if any
 
     def _breaker_changed(self, state: int) -> None:
         self._metrics.breaker_state.set(state)

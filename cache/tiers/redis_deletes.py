@@ -97,6 +97,12 @@ class WaitingDeletes:
         except Exception:  # the cache boundary: the deletes (or overwrites) themselves landed
             log.exception("announcing late deletes failed")
 
+    def resume(self) -> None:
+        """Start sending the deletes a stopped process left (taken from its journal when the
+        tier was built): from Cache.open, on the running loop, not from the constructor."""
+        if self.undeleted:
+            self._retry_later()
+
     def _retry_later(self) -> None:
         if self._retrying is None or self._retrying.done():
             self._retrying = asyncio.ensure_future(self._retry_deletes())

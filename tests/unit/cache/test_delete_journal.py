@@ -113,6 +113,7 @@ async def test_a_tier_hands_its_waiting_delete_to_the_next_tier(
     b.on_late_delete = announce
     try:
         assert b.pending(key) and await b.get(key) is None  # not read back meanwhile
+        b.resume()  # (what Cache.open does)
         for _ in range(400):
             if await probe.exists(stored) == 0 and told:
                 break
