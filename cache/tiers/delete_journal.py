@@ -13,7 +13,8 @@ prefix reads the file of any process that is gone and deletes those keys once Re
   live process holds: the first becomes its own, the keys of the others are appended to it and
   their files removed.
 - Append-only while keys wait (rewritten with those alone past COMPACT_BYTES, during an outage
-  too), truncated once none is left. A line for a key that was deleted since, or stored again,
+  too: written to a locked side file, then renamed over the journal), truncated once none is
+  left. A line for a key that was deleted since, or stored again,
   is deleted again by the next process: a delete costs at most a miss.
 - Written with write(2) and no fsync: a process that dies leaves its lines in the page cache; a
   host that loses power may lose the last of them.
@@ -42,6 +43,8 @@ log = logging.getLogger("latentgate.cache.redis")
 # Past this the file is rewritten with the keys still waiting (lines for keys that were deleted
 # since only cost a miss, but need not grow without bound in a long outage).
 COMPACT_BYTES = 8 << 20
+# A rewrite's new content, before it is renamed over the journal (not matched by *.log)
+SIDE_SUFFIX = ".new"
 
 
 def default_dir(environ: os._Environ[str] | dict[str, str] = os.environ) -> Path:
@@ -99,6 +102,13 @@ class DeleteJournal:
         becomes this process's own, the others' keys go into it and their files are removed."""
         taken: dict[str, bool] = {}
         others: list[tuple[Path, IO[str]]] = []
+        for side in self.directory.glob(self.stem + "*.log" + SIDE_SUFFIX):
+            # a rewrite a kill stopped before its rename: the journal it was for is whole
+            fh = _locked(side)
+            if fh is not None:
+                with contextlib.suppress(OSError):
+                    side.unlink()
+                fh.close()
         for path in sorted(self.directory.glob(self.stem + "*.log")):
             fh = _locked(path)
             if fh is None:
@@ -127,7 +137,7 @@ class DeleteJournal:
 
     def _own(self) -> IO[str]:
         if self._fh is None:
-            path = self.directory / f"{self.stem}{uuid.uuid4().hex[:12]}.log"
+            path = self._own_path()
             fh = _locked(path)
             if fh is None:  # (a fresh random name: nobody else holds it)
                 raise OSError(f"cannot lock {path}")
@@ -152,19 +162,51 @@ class DeleteJournal:
             log.warning("redis: the journal of waiting deletes could not be written: %s", exc)
 
     def rewrite(self, keys: dict[str, bool]) -> None:
-        """The file holds `keys` alone (none: it is emptied)."""
+        """The file holds `keys` alone (none: it is emptied). The new content is written to a
+        locked side file and renamed over the old one: truncating and writing in place lost
+        every waiting key to a kill (or a full disk) between the two."""
         if self._fh is None and not keys:
             return
+        if not keys:
+            try:
+                fh = self._own()
+                fh.seek(0)
+                fh.truncate()  # one syscall: nothing is left to lose
+                self._size = 0
+                self._failing = False
+            except OSError as exc:
+                self._failed(exc)
+            return
+        side: Path | None = None
         try:
-            fh = self._own()
-            fh.seek(0)
-            fh.truncate()
-            fh.writelines(f"{k}\t{int(a)}\n" for k, a in keys.items())
-            fh.flush()
-            self._size = fh.tell()
+            path = self._own_path()
+            side = path.with_name(path.name + SIDE_SUFFIX)
+            fh = open(side, "w+", encoding="utf-8", errors="replace")  # noqa: SIM115 (kept)
+            try:
+                # locked before it has the journal's name: no claim can take it half-written
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fh.writelines(f"{k}\t{int(a)}\n" for k, a in keys.items())
+                fh.flush()
+                os.replace(side, path)
+            except BaseException:
+                fh.close()
+                raise
+            side = None
+            if self._fh is not None:
+                self._fh.close()  # the old inode, unlinked by the rename
+            self._fh, self._size = fh, fh.tell()
             self._failing = False
         except OSError as exc:
             self._failed(exc)
+        finally:
+            if side is not None:
+                with contextlib.suppress(OSError):
+                    side.unlink()
+
+    def _own_path(self) -> Path:
+        if self.path is None:
+            self.path = self.directory / f"{self.stem}{uuid.uuid4().hex[:12]}.log"
+        return self.path
 
     @property
     def oversized(self) -> bool:

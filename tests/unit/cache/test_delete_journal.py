@@ -164,3 +164,59 @@ async def test_a_long_outage_does_not_grow_the_file_without_bound(
     b = DeleteJournal.open(tmp_path, settings.url or "", settings.key_prefix)
     assert b is not None and b.taken == dict.fromkeys(keys, True)
     b.close()
+
+
+_REWRITE_PAST_LIMIT = """
+import resource, signal, sys
+from pathlib import Path
+from cache.tiers.delete_journal import DeleteJournal
+directory = Path(sys.argv[1])
+j = DeleteJournal.open(directory, "redis://127.0.0.1:6379/0", "lg:")
+j.append("r.m.t.waiting", True)
+j.close()
+j = DeleteJournal.open(directory, "redis://127.0.0.1:6379/0", "lg:")
+assert j.taken == {"r.m.t.waiting": True}, j.taken
+# files past 4 KiB cannot be written (EFBIG, as on a full disk): the rewrite stops half-way
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+keys = {f"r.m.t.new{i:05d}": False for i in range(400)}
+keys["r.m.t.waiting"] = True
+j.rewrite(keys)
+"""
+
+
+def test_a_rewrite_that_cannot_finish_keeps_the_keys_the_file_held(tmp_path: Path) -> None:
+    """A compaction cut short (here a file-size limit; a kill is the same window) leaves the
+    journal as it was: before, it was truncated first, and the waiting keys were gone."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _REWRITE_PAST_LIMIT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "could not be written" in done.stderr  # logged, not raised
+    after = DeleteJournal.open(tmp_path, URL, PREFIX)
+    assert after is not None and after.taken == {"r.m.t.waiting": True}
+    assert not list(tmp_path.glob("*.new"))  # the half-written side file is gone
+    after.close()
+
+
+def test_a_rewrite_replaces_the_file_and_the_process_keeps_its_lock(tmp_path: Path) -> None:
+    a = DeleteJournal.open(tmp_path, URL, PREFIX)
+    assert a is not None
+    for i in range(3):
+        a.append(f"r.m.t.k{i}", False)
+    a.rewrite({"r.m.t.k2": True})
+    a.append("r.m.t.k3", False)  # appends go on after the rename, to the new file
+    assert _journals(tmp_path) == ["r.m.t.k2\t1\nr.m.t.k3\t0\n"]
+    b = DeleteJournal.open(tmp_path, URL, PREFIX)  # A still holds the renamed file
+    assert b is not None and b.taken == {}
+    b.close()
+    a.close()
+    c = DeleteJournal.open(tmp_path, URL, PREFIX)
+    assert c is not None and c.taken == {"r.m.t.k2": True, "r.m.t.k3": False}
+    c.close()
