@@ -28,7 +28,7 @@ from typing import Any
 
 from cache.keys import Selector
 from cache.outage import OutageLog
-from cache.redis_client import REDIS_ERRORS, AnyRedis, connect, follow
+from cache.redis_client import REDIS_ERRORS, AnyRedis, connect, follow, stop_task
 from cache.settings import RedisSettings
 
 log = logging.getLogger("latentgate.cache.purge")
@@ -143,10 +143,7 @@ class PurgeFanout:
             for send in late:
                 send.cancel()
             await asyncio.gather(*late, return_exceptions=True)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
         await self.redis.aclose()
         if self.tail_redis is not self.redis:
             await self.tail_redis.aclose()

@@ -164,3 +164,18 @@ async def follow(
                     await redis.aclose()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
+
+
+async def stop_task(task: asyncio.Task[Any] | None, again_s: float = 0.05) -> None:
+    """Cancel `task` and wait until it has ended, cancelling it again while it runs on. redis-py's
+    asyncio client can let a command that a cancel interrupted finish and return its reply
+    (redis/redis-py#2665: it shields connection state), so the cancel is spent: a loop that goes
+    on to sleep or to its next command never ends, and a single cancel-then-await in the owner's
+    aclose() waited for ever (a shutdown that hung). A task's own error is raised, as before."""
+    if task is None:
+        return
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=again_s)
+    if not task.cancelled():
+        task.result()

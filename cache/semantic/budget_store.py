@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cache.redis_client import REDIS_ERRORS, AnyRedis, Command, round_trip
+from cache.redis_client import REDIS_ERRORS, AnyRedis, Command, round_trip, stop_task
 from cache.semantic.budget import BudgetGrid
 from cache.semantic.learn import RouteBudget
 
@@ -324,9 +324,6 @@ class BudgetStore:
             await self.flush()
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
         with contextlib.suppress(*REDIS_ERRORS):
             await self.flush()

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Literal
 
 from cache.codec import CacheEntry
+from cache.redis_client import stop_task
 from cache.semantic.answer_text import answer_text
 from cache.semantic.answers import ExactMatch, Matcher
 from cache.semantic.budget import REASON_JOINING, REASONS, Bar, BudgetGrid
@@ -322,9 +323,7 @@ class RouteBudget:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def aclose(self) -> None:
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await asyncio.gather(*(stop_task(t) for t in list(self._tasks)), return_exceptions=True)
         close = getattr(self.matcher, "aclose", None)
         if close is not None:
             await close()

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from backends.local import LoadProgress
 from cache.embedder import Embedder, load_embedder
 from cache.keys import Selector
-from cache.redis_client import REDIS_ERRORS, AnyRedis, connect
+from cache.redis_client import REDIS_ERRORS, AnyRedis, connect, stop_task
 from cache.semantic.answers import EmbeddingMatch, ExactMatch, Matcher
 from cache.semantic.budget import LEARN_FLOOR, BudgetGrid, grid_edges
 from cache.semantic.budget_prior import DEFAULT_PRIOR, load_prior
@@ -361,9 +361,7 @@ class SemanticSetup:
         if self._task is not None and not self._task.done():
             # First: an open() still starting must not start what is closed below. (A load
             # still running in its thread finishes there; its result is dropped.)
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
         if self._budget_store is not None:
             await self._budget_store.aclose()
         if self._tenant_labels is not None:

@@ -1,8 +1,10 @@
 """Share the semantic index across gateway processes through Redis.
 
 Entries live in a Redis hash (`{<prefix>sem}:entries`, exact key → msgpack record) and every add,
-removal and wrong-hit bar is also appended to a Redis Stream (`{<prefix>sem}:log`). The hash tag
-puts both on one slot of a Redis Cluster, so a publish is one round trip to one primary, and a
+removal and wrong-hit bar is also appended to a Redis Stream (`{<prefix>sem}:log`). Each record's
+expiry is also a score in a sorted set (`{<prefix>sem}:expiry`), from which every process deletes
+expired records once a minute (one Lua script, PRUNE_BATCH at a time). The hash tag puts all
+three on one slot of a Redis Cluster, so a publish is one round trip to one primary, and a
 failover of that primary loses at most the events its replica had not received yet: the tail
 resumes from its last id on the promoted replica. At start-up a
 process rebuilds its local index from the hash, then tails the stream from the id it saw before the
@@ -31,7 +33,15 @@ import numpy as np
 from redis.typing import EncodableT, FieldT
 
 from cache.outage import OutageLog
-from cache.redis_client import REDIS_ERRORS, AnyRedis, Command, connect, follow, round_trip
+from cache.redis_client import (
+    REDIS_ERRORS,
+    AnyRedis,
+    Command,
+    connect,
+    follow,
+    round_trip,
+    stop_task,
+)
 from cache.semantic.records import Entry
 from cache.semantic.stage import SemanticStage
 from cache.settings import RedisSettings
@@ -45,7 +55,23 @@ STREAM_MAXLEN = 200_000
 OUTBOX_MAX = 10_000
 _BATCH = 256  # publications per pipeline
 
-Publication = tuple[str, str, bytes | None, dict[FieldT, EncodableT]]
+# what, exact key, record (None: delete it), its expiry (wall clock), stream event
+Publication = tuple[str, str, bytes | None, float, dict[FieldT, EncodableT]]
+# How often a process deletes expired records from the shared hash, and how many per script run
+PRUNE_INTERVAL_S = 60.0
+PRUNE_BATCH = 500
+
+# KEYS[1] the records hash, KEYS[2] their expiries (a sorted set, wall-clock seconds);
+# ARGV[1] now, ARGV[2] at most this many. Atomic: a record stored again since it expired has a
+# new score and is out of range, so a fresh record is never deleted for its old one.
+_PRUNE = """
+local keys = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
+for _, k in ipairs(keys) do
+  redis.call('HDEL', KEYS[1], k)
+  redis.call('ZREM', KEYS[2], k)
+end
+return #keys
+"""
 
 
 def _pack(entry: Entry) -> bytes:
@@ -86,6 +112,7 @@ class RedisSync:
         self.redis = redis
         self.tail_redis = tail if tail is not None else redis
         self.entries_key = f"{{{prefix}sem}}:entries"
+        self.expiry_key = f"{{{prefix}sem}}:expiry"
         self.stream_key = f"{{{prefix}sem}}:log"
         self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.block_ms = block_ms
@@ -93,6 +120,8 @@ class RedisSync:
         self._owned: list[AnyRedis] = []
         self._task: asyncio.Task[None] | None = None
         self._publisher: asyncio.Task[None] | None = None
+        self._pruner: asyncio.Task[None] | None = None
+        self._prune = redis.register_script(_PRUNE)
         self._outbox: collections.deque[Publication] = collections.deque(maxlen=OUTBOX_MAX)
         self._queued = asyncio.Event()
         self._idle = asyncio.Event()  # the outbox is empty and nothing is being sent
@@ -134,22 +163,19 @@ class RedisSync:
         self.stage.replicator = self
         self._task = asyncio.create_task(self._tail(), name="semantic-sync-tail")
         self._publisher = asyncio.create_task(self._publish_loop(), name="semantic-sync-publish")
+        self._pruner = asyncio.create_task(self._prune_loop(), name="semantic-sync-prune")
 
     async def aclose(self, flush_s: float = 2.0) -> None:
         self._closing = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
+        await stop_task(self._pruner)
         self.stage.replicator = None
         if self._publisher is not None:
             # what is still queued goes out if Redis answers within flush_s
             self._queued.set()
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(self._publisher), flush_s)
-            self._publisher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._publisher
+            await stop_task(self._publisher)
         for client in self._owned:
             await client.aclose()
 
@@ -158,36 +184,79 @@ class RedisSync:
         self.last_id = last[0][0].decode() if last else "0-0"  # type: ignore[union-attr]
         now, n = time.time(), 0
         bad = 0
-        async for _key, raw in self.redis.hscan_iter(self.entries_key, count=1000):
+        # Every readable record's expiry, in case it has none yet (kept by an earlier version,
+        # or its ZADD was lost): NX, so a record stored again meanwhile keeps its new one.
+        expiries: dict[str, float] = {}
+        async for key, raw in self.redis.hscan_iter(self.entries_key, count=1000):
             try:
                 entry = _unpack(raw)
             except Exception:  # a record this version cannot read: the others still load
                 bad += 1
                 continue
+            expiries[key.decode() if isinstance(key, bytes) else key] = entry.expires_at
+            if len(expiries) >= 1000:
+                await self._note_expiries(expiries)
             if entry.expires_at > now:
                 self.stage.apply_add(entry)
                 n += 1
+        await self._note_expiries(expiries)
         if bad:
             self._m.labels("rebuild", "skipped").inc(bad)
             log.warning("semantic sync: skipped %d unreadable records in %s", bad, self.entries_key)
         log.info("semantic sync: rebuilt %d entries from Redis", n)
         return n
 
+    async def _note_expiries(self, expiries: dict[str, float]) -> None:
+        if expiries:
+            await self.redis.zadd(self.expiry_key, expiries, nx=True)
+            expiries.clear()
+
+    async def prune(self, now: float | None = None) -> int:
+        """Delete the records whose entries have expired from the shared hash (each process
+        drops them from its own index itself): without this the hash only grew, by one record
+        per semantic miss, until Redis ran out of memory, and every start scanned all of it."""
+        at = time.time() if now is None else now
+        total = 0
+        while True:
+            n = int(
+                await self._prune(keys=[self.entries_key, self.expiry_key], args=[at, PRUNE_BATCH])
+            )
+            total += n
+            if n < PRUNE_BATCH:
+                break
+        if total:
+            self._m.labels("prune", "ok").inc(total)
+        return total
+
+    async def _prune_loop(self) -> None:
+        while not self._closing:
+            try:
+                await self.prune()
+            except REDIS_ERRORS as exc:  # (the publisher's log says Redis is down)
+                self._m.labels("prune", "error").inc()
+                log.debug("semantic sync: pruning expired records failed: %s", exc)
+            await asyncio.sleep(PRUNE_INTERVAL_S)
+
     async def publish_add(self, entry: Entry) -> None:
         raw = _pack(entry)
-        await self._publish("add", entry.exact_key, raw, {"op": "add", "e": raw})
+        await self._publish("add", entry.exact_key, raw, entry.expires_at, {"op": "add", "e": raw})
 
     async def publish_bar(self, entry: Entry) -> None:
         """A wrong-hit report: the record in the hash carries the new bar (for rebuilds), the
         stream tells the live processes."""
         event = {"op": "bar", "k": entry.exact_key, "b": repr(entry.bar)}
-        await self._publish("wrong-hit bar", entry.exact_key, _pack(entry), event)
+        await self._publish("wrong-hit bar", entry.exact_key, _pack(entry), entry.expires_at, event)
 
     async def publish_remove(self, exact_key: str) -> None:
-        await self._publish("remove", exact_key, None, {"op": "del", "k": exact_key})
+        await self._publish("remove", exact_key, None, 0.0, {"op": "del", "k": exact_key})
 
     async def _publish(
-        self, what: str, key: str, record: bytes | None, event: Mapping[str, str | bytes]
+        self,
+        what: str,
+        key: str,
+        record: bytes | None,
+        expires_at: float,
+        event: Mapping[str, str | bytes],
     ) -> None:
         """Queue the hash record (written, or deleted when `record` is None) and the stream
         event for the publisher task, in order; never waits on Redis."""
@@ -195,7 +264,7 @@ class RedisSync:
         fields.update(event)
         if len(self._outbox) == self._outbox.maxlen:
             self._m.labels("publish", "dropped").inc()  # the oldest gives way
-        self._outbox.append((what, key, record, fields))
+        self._outbox.append((what, key, record, expires_at, fields))
         self._idle.clear()
         self._queued.set()
 
@@ -224,11 +293,13 @@ class RedisSync:
         logged and counted, never raised: the local index already has the changes."""
         try:
             commands: list[Command] = []
-            for _what, key, record, fields in batch:
+            for _what, key, record, expires_at, fields in batch:
                 if record is None:
                     commands.append(("hdel", (self.entries_key, key), {}))
+                    commands.append(("zrem", (self.expiry_key, key), {}))
                 else:
                     commands.append(("hset", (self.entries_key, key, record), {}))
+                    commands.append(("zadd", (self.expiry_key, {key: expires_at}), {}))
                 stream = {"maxlen": STREAM_MAXLEN, "approximate": True}
                 commands.append(("xadd", (self.stream_key, fields), stream))
             await round_trip(self.redis, commands)

@@ -38,7 +38,7 @@ from typing import Any
 import msgpack
 
 from cache.outage import OutageLog
-from cache.redis_client import REDIS_ERRORS, AnyRedis, Command, round_trip
+from cache.redis_client import REDIS_ERRORS, AnyRedis, Command, round_trip, stop_task
 from cache.semantic.learn import RouteBudget
 
 log = logging.getLogger("latentgate.semantic.budget")
@@ -216,9 +216,6 @@ class TenantLabelShare:
             await self.flush()
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
         with contextlib.suppress(*REDIS_ERRORS):
             await self.flush()

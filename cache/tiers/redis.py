@@ -28,7 +28,7 @@ from cache.errors import CodecError, TierError, TierTimeout
 from cache.keys import Selector
 from cache.metrics import CacheMetrics
 from cache.outage import OutageLog
-from cache.redis_client import REDIS_ERRORS, connect
+from cache.redis_client import REDIS_ERRORS, connect, stop_task
 from cache.settings import RedisSettings
 from cache.tiers.delete_journal import open_journal
 from cache.tiers.redis_deletes import WaitingDeletes
@@ -311,8 +311,9 @@ class RedisTier(WaitingDeletes):
         task.add_done_callback(self._tasks.discard)
 
     async def aclose(self) -> None:
-        if self._retrying is not None:
-            self._retrying.cancel()
+        # awaited: a cancel redis-py spent on an UNLINK in flight left the loop running on
+        # after the tier closed (a reload's old tier kept deleting and announcing)
+        await stop_task(self._retrying)
         self.undeleted.close()  # (its keys stay in the file for the next process)
         for t in list(self._tasks):
             t.cancel()

@@ -1,0 +1,77 @@
+"""The shared index's Redis hash holds live records only: each process deletes expired ones, so
+the hash no longer grows by one record per semantic miss for as long as the fleet runs."""
+
+from __future__ import annotations
+
+import time
+
+import msgpack
+import numpy as np
+from redis.asyncio import Redis
+
+from cache.embedder import Embedder
+from cache.semantic.sync import RedisSync
+from cache.settings import RedisSettings
+from tests.semantic.test_sync import new_stage
+from tests.support.servers import RedisServer
+
+
+async def test_expired_records_leave_redis_and_live_ones_stay(
+    redis_server: RedisServer, embedder: Embedder
+) -> None:
+    settings = RedisSettings(url=redis_server.url, key_prefix=f"x{time.monotonic_ns()}:")
+    stage = new_stage(embedder)
+    sync = RedisSync.from_settings(stage, settings, block_ms=100)
+    await sync.start()
+    redis = Redis.from_url(redis_server.url)
+    try:
+        vec = await stage.embed("How do I reset my password?")
+        for i in range(3):
+            await stage.add("ns", f"question {i}", f"short-{i}", ttl=1, vector=vec)
+        await stage.add("ns", "a question kept an hour", "long", ttl=3600, vector=vec)
+        await stage.add("ns", "asked again later", "again", ttl=1, vector=vec)
+        await sync.published()
+        assert await redis.hlen(sync.entries_key) == 5
+        # 'again' is stored again, for an hour, after its first copy expired: it stays
+        later = time.time() + 5
+        await stage.add("ns", "asked again later", "again", ttl=3600, vector=vec)
+        await sync.published()
+
+        assert await sync.prune(now=later) == 3
+        assert sorted(await redis.hkeys(sync.entries_key)) == [b"again", b"long"]
+        assert await sync.prune(now=later) == 0
+
+        # a removed entry leaves both the hash and the expiry set
+        await stage.remove_key("long")
+        await sync.published()
+        assert await redis.hkeys(sync.entries_key) == [b"again"]
+        assert await redis.zrange(sync.expiry_key, 0, -1) == [b"again"]
+    finally:
+        await sync.aclose()
+        await redis.aclose()
+
+
+async def test_records_an_earlier_version_kept_without_an_expiry_are_pruned_after_a_start(
+    redis_server: RedisServer, embedder: Embedder
+) -> None:
+    """A hash written before expiries were kept: the next start gives its records theirs."""
+    settings = RedisSettings(url=redis_server.url, key_prefix=f"y{time.monotonic_ns()}:")
+    redis = Redis.from_url(redis_server.url)
+    probe = RedisSync.from_settings(new_stage(embedder), settings)
+    vec = np.asarray(await new_stage(embedder).embed("what is a cache?"), np.float32).tobytes()
+    now = time.time()
+    for key, expires in (("old-1", now - 10), ("old-2", now - 5), ("live", now + 3600)):
+        record = {"ns": "ns", "k": key, "t": key, "v": vec, "x": expires, "b": 0.0}
+        await redis.hset(probe.entries_key, key, msgpack.packb(record))
+    await probe.aclose()
+    stage = new_stage(embedder)
+    sync = RedisSync.from_settings(stage, settings, block_ms=100)
+    await sync.start()  # rebuild, then the first prune
+    try:
+        assert len(stage.entries) == 1
+        await sync.prune()
+        assert await redis.hkeys(sync.entries_key) == [b"live"]
+        assert await redis.zcard(sync.expiry_key) == 1
+    finally:
+        await sync.aclose()
+        await redis.aclose()
