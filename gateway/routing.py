@@ -46,7 +46,7 @@ class Route:
             adapter=adapter,
             path=s.match.path,
             prefix=s.match.prefix,
-            methods=frozenset(m.upper() for m in s.match.methods) if s.match.methods else None,
+            methods=_methods(s.match.methods),
             model=s.match.model,
             upstream=_upstream_policy(s),
             max_items=s.limits.max_items,
@@ -63,6 +63,17 @@ class Route:
         if self.methods is not None and method not in self.methods:
             return Match.PARTIAL
         return Match.FULL
+
+
+def _methods(names: list[str] | None) -> frozenset[str] | None:
+    """A route that takes GET takes HEAD too (RFC 9110 9.3.2: the same answer without its
+    content), so a HEAD is answered where its GET is, not by a later route or a 405."""
+    if not names:
+        return None
+    methods = {m.upper() for m in names}
+    if "GET" in methods:
+        methods.add("HEAD")
+    return frozenset(methods)
 
 
 def _upstream_policy(s: RouteSettings) -> RoutePolicy:

@@ -195,7 +195,7 @@ class LocalBackend:
         await self._loaded()
         if op is None:
             return _json(self._metadata())
-        if op == "/config" and method == "GET":
+        if op == "/config" and method in ("GET", "HEAD"):
             return _json(v2tensors.model_config(self._metadata()))
         if op == "/infer" and method == "POST":
             return await self._infer(body, _header(request, BINARY_HEADER), ctype)

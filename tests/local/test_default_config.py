@@ -7,6 +7,7 @@ import contextlib
 import json
 import socket
 from collections.abc import Callable, Iterator
+from http.client import HTTPConnection
 
 import numpy as np
 import pytest
@@ -109,6 +110,31 @@ def test_tritonclient_works_unchanged_with_no_upstream(
         assert err.value.status() == "502"
     finally:
         client.close()
+
+
+@pytest.mark.parametrize(
+    "path", ["/v2/models/all-MiniLM-L6-v2", "/v2/models/all-MiniLM-L6-v2/config"]
+)
+def test_a_head_of_the_local_models_metadata_is_answered_like_its_get(
+    default_gateway: ServerThread, path: str
+) -> None:
+    # curl -I, a load balancer's HEAD probe: before, the metadata HEAD went past the GET-only
+    # route to the (dead) upstream (502), and the config HEAD was a 404 of the local model.
+    def ask(method: str) -> tuple[int, str | None, str | None, bytes]:
+        conn = HTTPConnection("127.0.0.1", default_gateway.port, timeout=30)
+        try:
+            conn.request(method, path)
+            resp = conn.getresponse()
+            got = resp.status, resp.getheader("Content-Type"), resp.getheader("Content-Length")
+            return (*got, resp.read())
+        finally:
+            conn.close()
+
+    get_status, get_type, get_length, get_body = ask("GET")
+    head_status, head_type, head_length, head_body = ask("HEAD")
+    assert get_status == 200 and json.loads(get_body)["name"] == "all-MiniLM-L6-v2"
+    assert (head_status, head_type, head_body) == (200, get_type, b"")
+    assert head_length in (None, get_length)
 
 
 def test_readyz_shows_a_never_reached_upstream_as_not_healthy(
