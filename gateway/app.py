@@ -23,6 +23,7 @@ from cache import (
 from gateway import admin, admin_semantic, reload, v2_server
 from gateway.config import RouteSettings, Settings
 from gateway.drain import CATCH_ALL, CATCH_ALL_RESOURCE, unless_draining
+from gateway.expect import expect_handler
 from gateway.headers import SERVER
 from gateway.metrics import Metrics
 from gateway.middleware import listener_roles, request_target
@@ -185,7 +186,10 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     if semantic is not None:
         admin_semantic.register(app, semantic)
     model_route = app.router.add_route(
-        "*", CATCH_ALL, listener_roles.admin_stays_here(unless_draining(state, pipeline.handle))
+        "*",
+        CATCH_ALL,
+        listener_roles.admin_stays_here(unless_draining(state, pipeline.handle)),
+        expect_handler=expect_handler(lambda: pipeline.router),
     )
     assert model_route.resource is not None
     app[CATCH_ALL_RESOURCE] = model_route.resource

@@ -45,6 +45,13 @@ class PayloadTooLarge(GatewayError):
     error_type = "payload_too_large"
 
 
+class ExpectationFailed(GatewayError):
+    """An `Expect` other than 100-continue (RFC 9110 10.1.1)."""
+
+    status = 417
+    error_type = "expectation_failed"
+
+
 class UnsupportedMediaType(GatewayError):
     status = 415
     error_type = "unsupported_media_type"
@@ -101,6 +108,7 @@ _ANTHROPIC_TYPES = {
     408: "timeout_error",
     413: "request_too_large",
     415: "invalid_request_error",
+    417: "invalid_request_error",
     503: "overloaded_error",
     504: "timeout_error",
 }
