@@ -18,7 +18,7 @@ from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import LineTooLong
+from aiohttp.http_exceptions import BadHttpMethod, LineTooLong
 from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
@@ -92,21 +92,32 @@ class JsonErrorHandler(RequestHandler):
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> StreamResponse:
-        plain = super().handle_error(request, status, exc, message)  # logs; raises if sent
-        try:
-            reason = HTTPStatus(status).phrase
-        except ValueError:
-            reason = "Error"
         # the parser's message is its first line ("Invalid header token:"), then the bytes
         said = (message or "").split("\n", 1)[0].strip().rstrip(":")
         if isinstance(exc, LineTooLong):  # its message quotes the line back
             said = "a request line or header field is too long"
+        retry_after: dict[str, str] = {}
+        if status < 500 and request.writer.output_size == 0:
+            # The client's own mistake (its request line, a header, the chunked framing): one
+            # line, not aiohttp's ERROR with a traceback for every request a client gets wrong
+            # (debug for a first line that is no HTTP method: TLS or a scanner on the port).
+            level = logging.DEBUG if isinstance(exc, BadHttpMethod) else logging.INFO
+            log.log(
+                level, "refused a malformed request from %s: %s (%d)", request.remote, said, status
+            )
+        else:
+            plain = super().handle_error(request, status, exc, message)  # logs; raises if sent
+            retry_after = {k: v for k, v in plain.headers.items() if k.lower() == "retry-after"}
+        try:
+            reason = HTTPStatus(status).phrase
+        except ValueError:
+            reason = "Error"
         text = said if status < 500 and said else reason
         resp = web.Response(
             status=status,
             body=_error_json(status, reason, text),
             content_type="application/json",
-            headers={k: v for k, v in plain.headers.items() if k.lower() == "retry-after"},
+            headers=retry_after,
         )
         resp.force_close()
         return resp
