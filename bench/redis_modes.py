@@ -41,7 +41,7 @@ POOL = 3000
 
 
 class _NoEmbedder:
-    dim, device, backend = 384, "none", "none"
+    dim, device, backend, space = 384, "none", "none", "none"
 
 
 async def stream(urls: list[str], seconds: float, clients: int) -> dict[str, Any]:

@@ -64,7 +64,7 @@ THINGS = [
 
 
 class _NoEmbedder:
-    dim, device, backend = DIM, "none", "none"
+    dim, device, backend, space = DIM, "none", "none", "none"
 
 
 def rss_bytes() -> int:

@@ -10,7 +10,9 @@ verifiers never serve a candidate whose unseen spans differ from the question's)
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -20,10 +22,21 @@ log = logging.getLogger("latentgate.embedder")
 DEFAULT_MODEL = "builtin:all-MiniLM-L6-v2"
 
 
+def embedding_space(model_hash: str, tokenizer_hash: str, max_tokens: int, precision: str) -> str:
+    """A short name for the vector space an embedder maps texts into: the same weights,
+    tokenizer and window give the same vectors whichever runtime computes them (the ONNX engine,
+    or sentence-transformers on the packaged weights); INT8 (a lossy precision) is its own
+    space. Vectors and labels are shared between processes only within one space."""
+    lossy = precision if precision == "int8" else ""
+    raw = f"{model_hash}|{tokenizer_hash}|{max_tokens}|{lossy}"
+    return hashlib.blake2b(raw.encode(), digest_size=6).hexdigest()
+
+
 class Embedder(Protocol):
     dim: int
     device: str
     backend: str
+    space: str  # embedding_space(): vectors of two embedders compare only when it is the same
 
     async def embed(self, text: str) -> np.ndarray: ...
 
@@ -46,6 +59,9 @@ class TextEncoderEmbedder:
         self._enc = encoder
         self.dim = int(encoder.dim)
         self.device = str(encoder.device)
+        self.space = embedding_space(
+            encoder.model_hash, encoder.tokenizer_hash, encoder.max_tokens, encoder.precision
+        )
 
     async def embed(self, text: str) -> np.ndarray:
         out = await self._enc.aencode([text])
@@ -72,7 +88,12 @@ class SentenceTransformersEmbedder:
         from backends import UnknownSpans
 
         self._model = SentenceTransformer(model_dir, device="cpu")
-        self.dim = int(self._model.get_sentence_embedding_dimension() or 384)
+        # renamed in sentence-transformers 5 (the old name warns)
+        dim_of = (
+            getattr(self._model, "get_embedding_dimension", None)
+            or self._model.get_sentence_embedding_dimension
+        )
+        self.dim = int(dim_of() or 384)
         self.device = "cpu"
         # the fast tokenizer's own (tokenizers) object: the spans it maps to [UNK], and the tail
         # past the model's window. A copy, set to truncate as the model reads: the library
@@ -80,6 +101,12 @@ class SentenceTransformersEmbedder:
         from tokenizers import Tokenizer
 
         window = int(self._model.max_seq_length or 256)
+        # as the ONNX path names the same weights (backends.local.artifacts.resolve)
+        src = Path(model_dir)
+        weights = [*sorted(src.glob("*.safetensors")), src / "config.json"]
+        self.space = embedding_space(
+            _file_hash(*weights), _file_hash(src / "tokenizer.json"), window, "fp32"
+        )
         tok = Tokenizer.from_str(self._model.tokenizer.backend_tokenizer.to_str())
         tok.no_padding()
         tok.enable_truncation(window)
@@ -100,6 +127,16 @@ class SentenceTransformersEmbedder:
 
     async def aclose(self) -> None:
         return None
+
+
+def _file_hash(*paths: Path) -> str:
+    # (backends.local.artifacts.file_hash, which this fallback may not be able to import)
+    h = hashlib.blake2b(digest_size=16)
+    for p in paths:
+        with p.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 def packaged_model_dir() -> str:

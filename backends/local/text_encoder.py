@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from backends.batcher import Batcher
 from backends.errors import EngineError
-from backends.local.artifacts import resolve
+from backends.local.artifacts import file_hash, resolve
 from backends.local.engine import Engine
 from backends.local.metrics import LocalMetrics
 from backends.local.progress import LoadProgress
@@ -72,6 +72,11 @@ class TextEncoder:
             metrics=metrics,
         )
         self.ready = False
+        # What the vectors depend on (set by load_text_encoder; the semantic cache keys its
+        # shared index and labels by them): the weights, the tokenizer, and a lossy precision.
+        self.model_hash = ""
+        self.tokenizer_hash = ""
+        self.precision = "fp32"
 
     def warmup(self) -> float:
         """Run a few batch shapes once so the first request pays no graph/allocator set-up."""
@@ -223,6 +228,8 @@ def load_text_encoder(
         eng = share.acquire(key, build) if share is not None else build()
     pre = TextPreprocessor.from_file(str(art.tokenizer_path), limit, truncate)
     enc = TextEncoder(art.name, eng, pre, batching, metrics)
+    enc.model_hash, enc.tokenizer_hash = art.model_hash, file_hash(art.tokenizer_path)
+    enc.precision = precision
     if warmup:
         if progress is not None:
             progress.step("warmup")

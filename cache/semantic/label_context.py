@@ -1,6 +1,7 @@
 """What a label means on a route, as a short digest: shared counts and tenant labels are kept
 per digest, so labels gathered under another scorer, point, rival rule or answer match never
-prove this route's bar (cache.semantic.budget_store, cache.semantic.tenant_labels)."""
+prove this route's bar (cache.semantic.budget_store, cache.semantic.tenant_labels). The
+embedder's space joins the digest once it has loaded (in_space)."""
 
 from __future__ import annotations
 
@@ -35,3 +36,9 @@ def label_context(
         p.judge.model if p.judge is not None and p.answer_match == "judge" else "",
     )
     return hashlib.blake2b("|".join(parts).encode(), digest_size=6).hexdigest()
+
+
+def in_space(context: str, space: str) -> str:
+    """The context of labels made with one embedder (cache.embedder.embedding_space): a label's
+    cosine is a distance between that embedder's vectors, and says nothing under another."""
+    return hashlib.blake2b(f"{context}|{space}".encode(), digest_size=6).hexdigest()

@@ -28,7 +28,7 @@ from cache.semantic.budget_store import BudgetStore
 from cache.semantic.cross_encoder import CrossEncoder
 from cache.semantic.index import VectorIndex
 from cache.semantic.judge import BackendNamed, JudgeMatch, backend_judge, url_judge
-from cache.semantic.label_context import label_context
+from cache.semantic.label_context import in_space, label_context
 from cache.semantic.learn import RouteBudget
 from cache.semantic.metrics import SemanticMetrics
 from cache.semantic.preflight import RouteLike
@@ -55,6 +55,7 @@ class _Pending:
     dim = 384
     device = "pending"
     backend = "pending"
+    space = "pending"
 
     async def embed(self, text: str) -> Any:
         raise RuntimeError("the semantic embedder is still loading")
@@ -250,6 +251,9 @@ class SemanticSetup:
             SessionOptions(intra_op_threads=s.intra_op_threads, allow_spinning=s.allow_spinning),
         )
         self.stage.embedder = embedder
+        for b in self.budgets().values():
+            # labels are cosines of this embedder's vectors: shared within its space only
+            b.context = in_space(b.context, embedder.space)
         self.stage.metrics.device.clear()  # drop the "pending" series set before the load
         self.stage.metrics.device.labels(embedder.device, self.index.device).set(1)
         log.info(

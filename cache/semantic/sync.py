@@ -1,8 +1,9 @@
 """Share the semantic index across gateway processes through Redis.
 
-Entries live in a Redis hash (`{<prefix>sem}:entries`, exact key → msgpack record) and every add,
-removal and wrong-hit bar is also appended to a Redis Stream (`{<prefix>sem}:log`). Each record's
-expiry is also a score in a sorted set (`{<prefix>sem}:expiry`), from which every process deletes
+Entries live in a Redis hash (`{<prefix>sem:<space>}:entries`, exact key → msgpack record; space:
+the embedder's, cache.embedder.embedding_space) and every add, removal and wrong-hit bar is also
+appended to a Redis Stream (`{<prefix>sem:<space>}:log`). Each record's expiry is also a score in
+a sorted set (`{<prefix>sem:<space>}:expiry`), from which every process deletes
 expired records once a minute (one Lua script, PRUNE_BATCH at a time). The hash tag puts all
 three on one slot of a Redis Cluster, so a publish is one round trip to one primary, and a
 failover of that primary loses at most the events its replica had not received yet: the tail
@@ -107,13 +108,18 @@ class RedisSync:
         tail: AnyRedis | None = None,
     ) -> None:
         """`tail` is the stream reader's client (its socket timeout must exceed block_ms);
-        None: `redis` serves both."""
+        None: `redis` serves both. The keys are the stage's embedding space's: a process whose
+        embedder maps texts elsewhere (another model, tokenizer or window: a rollout, a config
+        change and a restart) shares nothing with it, rather than comparing its questions with
+        vectors of another space (wrong hits) or of another width (a failed start)."""
         self.stage = stage
         self.redis = redis
         self.tail_redis = tail if tail is not None else redis
-        self.entries_key = f"{{{prefix}sem}}:entries"
-        self.expiry_key = f"{{{prefix}sem}}:expiry"
-        self.stream_key = f"{{{prefix}sem}}:log"
+        space = getattr(stage.embedder, "space", "")
+        tag = f"{prefix}sem" + (f":{space}" if space else "")
+        self.entries_key = f"{{{tag}}}:entries"
+        self.expiry_key = f"{{{tag}}}:expiry"
+        self.stream_key = f"{{{tag}}}:log"
         self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.block_ms = block_ms
         self.last_id = "0-0"

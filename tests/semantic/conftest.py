@@ -27,6 +27,7 @@ class LoopFree:
     def __init__(self, inner: Embedder) -> None:
         self.inner = inner
         self.dim, self.device, self.backend = inner.dim, inner.device, inner.backend
+        self.space = inner.space
 
     async def embed(self, text: str) -> np.ndarray:
         out: np.ndarray = self.inner.embed_sync([text])[0]
