@@ -89,9 +89,14 @@ def _pack(entry: Entry) -> bytes:
     return raw
 
 
-def _unpack(raw: bytes) -> Entry:
+def _unpack(raw: bytes, dim: int) -> Entry:
+    """A record; ValueError (and msgpack's errors) for one this process cannot use, a vector of
+    another width included (a record cut short: it failed the FAISS add, and with it the start)."""
     d = msgpack.unpackb(raw, raw=False)
-    entry = Entry(d["ns"], d["k"], d["t"], np.frombuffer(d["v"], dtype=np.float32).copy(), d["x"])
+    vector = np.frombuffer(d["v"], dtype=np.float32).copy()
+    if vector.shape != (dim,):
+        raise ValueError(f"a vector of {vector.size} values, not {dim}")
+    entry = Entry(d["ns"], d["k"], d["t"], vector, d["x"])
     entry.bar = float(d.get("b", 0.0))
     return entry
 
@@ -195,7 +200,7 @@ class RedisSync:
         expiries: dict[str, float] = {}
         async for key, raw in self.redis.hscan_iter(self.entries_key, count=1000):
             try:
-                entry = _unpack(raw)
+                entry = _unpack(raw, self.stage.index.dim)
             except Exception:  # a record this version cannot read: the others still load
                 bad += 1
                 continue
@@ -321,7 +326,12 @@ class RedisSync:
             return
         op = fields.get(b"op")
         if op == b"add":
-            self.stage.apply_add(_unpack(fields[b"e"]))
+            try:
+                entry = _unpack(fields[b"e"], self.stage.index.dim)
+            except Exception:  # as in rebuild: skipped and counted, the tail reads on
+                self._m.labels("apply", "skipped").inc()
+                return
+            self.stage.apply_add(entry)
         elif op == b"del":
             self.stage.apply_remove(fields[b"k"].decode())
         elif op == b"bar":

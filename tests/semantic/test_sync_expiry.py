@@ -75,3 +75,27 @@ async def test_records_an_earlier_version_kept_without_an_expiry_are_pruned_afte
     finally:
         await sync.aclose()
         await redis.aclose()
+
+
+async def test_a_record_with_a_vector_of_another_width_is_skipped_not_fatal(
+    redis_server: RedisServer, embedder: Embedder
+) -> None:
+    """A record cut short (or written with another width) used to fail the FAISS add inside
+    the rebuild, and with it the whole start of the semantic stage's sharing."""
+    settings = RedisSettings(url=redis_server.url, key_prefix=f"z{time.monotonic_ns()}:")
+    redis = Redis.from_url(redis_server.url)
+    stage = new_stage(embedder)
+    probe = RedisSync.from_settings(stage, settings)
+    vec = np.asarray(await stage.embed("what is a cache?"), np.float32).tobytes()
+    later = time.time() + 3600
+    for key, v in (("whole", vec), ("cut", vec[:100])):
+        record = {"ns": "ns", "k": key, "t": key, "v": v, "x": later, "b": 0.0}
+        await redis.hset(probe.entries_key, key, msgpack.packb(record))
+    await probe.aclose()
+    sync = RedisSync.from_settings(stage, settings, block_ms=100)
+    try:
+        assert await sync.rebuild() == 1
+        assert stage.metrics.sync.labels("rebuild", "skipped")._value.get() == 1
+    finally:
+        await sync.aclose()
+        await redis.aclose()
