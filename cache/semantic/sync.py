@@ -243,14 +243,19 @@ class RedisSync:
         while not self._closing:
             try:
                 await self.prune()
-            except REDIS_ERRORS as exc:  # (the publisher's log says Redis is down)
+            except Exception as exc:  # (the publisher's log says Redis is down)
+                # Exception: a client-library fault mid-failover (as _send) must not end the
+                # pruning for the process's life, nor come out of aclose through stop_task
                 self._m.labels("prune", "error").inc()
                 log.debug("semantic sync: pruning expired records failed: %s", exc)
             await asyncio.sleep(PRUNE_INTERVAL_S)
 
     async def publish_add(self, entry: Entry) -> None:
-        raw = _pack(entry)
-        await self._publish("add", entry.exact_key, raw, entry.expires_at, {"op": "add", "e": raw})
+        # The event names the record rather than carrying it: a stream of STREAM_MAXLEN events
+        # holding ~1.7 KB vectors each kept ~350 MB in Redis; tails read the hash (one HMGET a
+        # batch of events).
+        raw, key = _pack(entry), entry.exact_key
+        await self._publish("add", key, raw, entry.expires_at, {"op": "add", "k": key})
 
     async def publish_bar(self, entry: Entry) -> None:
         """A wrong-hit report: the record in the hash carries the new bar (for rebuilds), the
@@ -309,8 +314,10 @@ class RedisSync:
                     commands.append(("hdel", (self.entries_key, key), {}))
                     commands.append(("zrem", (self.expiry_key, key), {}))
                 else:
-                    commands.append(("hset", (self.entries_key, key, record), {}))
+                    # the expiry first: a prune between the two (commands one by one on a
+                    # cluster) must not find the record's old, passed expiry beside a fresh one
                     commands.append(("zadd", (self.expiry_key, {key: expires_at}), {}))
+                    commands.append(("hset", (self.entries_key, key, record), {}))
                 stream = {"maxlen": STREAM_MAXLEN, "approximate": True}
                 commands.append(("xadd", (self.stream_key, fields), stream))
             await round_trip(self.redis, commands)
@@ -321,13 +328,16 @@ class RedisSync:
             what = batch[0][0] + (f" and {len(batch) - 1} more" if len(batch) > 1 else "")
             self._publish_log.failed(f"{what}: {exc}; kept locally", len(batch))
 
-    def _apply(self, fields: dict[bytes, bytes]) -> None:
+    def _apply(self, fields: dict[bytes, bytes], records: dict[bytes, bytes | None]) -> None:
         if fields.get(b"o", b"").decode() == self.origin:
             return
         op = fields.get(b"op")
         if op == b"add":
+            raw = fields.get(b"e") or records.get(fields.get(b"k", b""))
+            if raw is None:  # removed (or expired) since: a later event says so, or said so
+                return
             try:
-                entry = _unpack(fields[b"e"], self.stage.index.dim)
+                entry = _unpack(raw, self.stage.index.dim)
             except Exception:  # as in rebuild: skipped and counted, the tail reads on
                 self._m.labels("apply", "skipped").inc()
                 return
@@ -346,10 +356,25 @@ class RedisSync:
             {self.stream_key: self.last_id}, block=self.block_ms, count=500
         )
         self._tail_log.ok()
-        for _stream, items in resp or []:
-            for ident, fields in items:
-                self.last_id = ident.decode()
-                self._apply(fields)
+        items = [item for _stream, batch in resp or [] for item in batch]
+        # An add event names its record; the records of a batch's adds come in one HMGET, read
+        # before last_id moves (a failed read is read again). The hash holds each key's latest
+        # record, so an add followed by a remove in the batch finds none, as it should.
+        keys = sorted(
+            {
+                f[b"k"]
+                for _, f in items
+                if f.get(b"op") == b"add" and b"e" not in f and b"k" in f
+                if f.get(b"o", b"").decode() != self.origin
+            }
+        )
+        records: dict[bytes, bytes | None] = {}
+        if keys:
+            values: list[Any] = await self.tail_redis.hmget(self.entries_key, keys)
+            records = dict(zip(keys, values, strict=True))
+        for ident, fields in items:
+            self.last_id = ident.decode()
+            self._apply(fields, records)
 
     def _tail_failed(self, exc: Exception) -> None:
         self._m.labels("tail", "error").inc()

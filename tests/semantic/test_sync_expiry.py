@@ -1,5 +1,6 @@
-"""The shared index's Redis hash holds live records only: each process deletes expired ones, so
-the hash no longer grows by one record per semantic miss for as long as the fleet runs."""
+"""The shared index's footprint in Redis: the hash holds live records only (each process deletes
+expired ones, so it no longer grows by one record per semantic miss for as long as the fleet
+runs), and the stream's events name records rather than carrying their vectors."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from redis.asyncio import Redis
 from cache.embedder import Embedder
 from cache.semantic.sync import RedisSync
 from cache.settings import RedisSettings
-from tests.semantic.test_sync import new_stage
+from tests.semantic.test_sync import new_stage, wait_for
 from tests.support.servers import RedisServer
 
 
@@ -98,4 +99,33 @@ async def test_a_record_with_a_vector_of_another_width_is_skipped_not_fatal(
         assert stage.metrics.sync.labels("rebuild", "skipped")._value.get() == 1
     finally:
         await sync.aclose()
+        await redis.aclose()
+
+
+async def test_stream_events_name_records_and_tails_still_apply_them_in_order(
+    redis_server: RedisServer, embedder: Embedder
+) -> None:
+    """The stream kept STREAM_MAXLEN copies of ~1.7 KB records (~350 MB in a busy fleet)."""
+    settings = RedisSettings(url=redis_server.url, key_prefix=f"w{time.monotonic_ns()}:")
+    a, b = new_stage(embedder), new_stage(embedder)
+    sa = RedisSync.from_settings(a, settings, block_ms=100)
+    sb = RedisSync.from_settings(b, settings, block_ms=100)
+    await sa.start()
+    await sb.start()
+    redis = Redis.from_url(redis_server.url)
+    try:
+        vec = await a.embed("How do I reset my password?")
+        for i in range(50):
+            await a.add("ns", f"question {i}", f"k{i}", ttl=60, vector=vec)
+        await a.remove_key("k7")  # in the same batch as its add, most likely: b never has it
+        await sa.published()
+        await wait_for(lambda: len(b.entries) == 49, limit=5.0)
+        assert {e.exact_key for e in b.entries.values()} == {f"k{i}" for i in range(50)} - {"k7"}
+        stream = await redis.memory_usage(sa.stream_key)
+        records = await redis.memory_usage(sa.entries_key)
+        assert stream is not None and records is not None
+        assert stream * 4 < records  # 51 small events against 49 records with their vectors
+    finally:
+        await sa.aclose()
+        await sb.aclose()
         await redis.aclose()
