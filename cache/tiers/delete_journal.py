@@ -79,6 +79,7 @@ class DeleteJournal:
         self._fh: IO[str] | None = None
         self._size = 0
         self._failing = False
+        self._held: list[IO[str]] = []  # gone processes' files a failed merge kept
 
     @classmethod
     def open(cls, directory: Path, url: str, key_prefix: str) -> DeleteJournal | None:
@@ -120,12 +121,17 @@ class DeleteJournal:
                 self.path, self._fh = path, fh
             else:
                 others.append((path, fh))
-        if self._fh is not None:
-            self.rewrite(taken)  # the others' keys are in this file before theirs go
+        # the others' keys are in this file before theirs go
+        merged = self._fh is None or self.rewrite(taken)
         for path, fh in others:
-            with contextlib.suppress(OSError):
-                path.unlink()
-            fh.close()
+            if merged:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                fh.close()
+            else:
+                # (a full disk) their keys are in no other file: kept, and held until this
+                # process ends, for the next one to take
+                self._held.append(fh)
         self.taken = taken
         if taken:
             log.info(
@@ -161,12 +167,13 @@ class DeleteJournal:
             self._failing = True
             log.warning("redis: the journal of waiting deletes could not be written: %s", exc)
 
-    def rewrite(self, keys: dict[str, bool]) -> None:
-        """The file holds `keys` alone (none: it is emptied). The new content is written to a
-        locked side file and renamed over the old one: truncating and writing in place lost
-        every waiting key to a kill (or a full disk) between the two."""
+    def rewrite(self, keys: dict[str, bool]) -> bool:
+        """The file holds `keys` alone (none: it is emptied); False: it could not be written
+        (logged) and holds what it held. The new content is written to a locked side file and
+        renamed over the old one: truncating and writing in place lost every waiting key to a
+        kill (or a full disk) between the two."""
         if self._fh is None and not keys:
-            return
+            return True
         if not keys:
             try:
                 fh = self._own()
@@ -176,7 +183,8 @@ class DeleteJournal:
                 self._failing = False
             except OSError as exc:
                 self._failed(exc)
-            return
+                return False
+            return True
         side: Path | None = None
         try:
             path = self._own_path()
@@ -196,8 +204,10 @@ class DeleteJournal:
                 self._fh.close()  # the old inode, unlinked by the rename
             self._fh, self._size = fh, fh.tell()
             self._failing = False
+            return True
         except OSError as exc:
             self._failed(exc)
+            return False
         finally:
             if side is not None:
                 with contextlib.suppress(OSError):
@@ -221,6 +231,9 @@ class DeleteJournal:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+        for fh in self._held:
+            fh.close()
+        self._held.clear()
 
 
 def _locked(path: Path) -> IO[str] | None:

@@ -220,3 +220,44 @@ def test_a_rewrite_replaces_the_file_and_the_process_keeps_its_lock(tmp_path: Pa
     c = DeleteJournal.open(tmp_path, URL, PREFIX)
     assert c is not None and c.taken == {"r.m.t.k2": True, "r.m.t.k3": False}
     c.close()
+
+
+_CLAIM_PAST_LIMIT = """
+import resource, signal, sys
+from pathlib import Path
+from cache.tiers.delete_journal import DeleteJournal
+directory = Path(sys.argv[1])
+url, prefix = "redis://127.0.0.1:6379/0", "lg:"
+a = DeleteJournal.open(directory, url, prefix)
+b = DeleteJournal.open(directory, url, prefix)
+a.append("r.m.t.a" + "x" * 3000, True)
+b.append("r.m.t.b" + "y" * 3000, False)
+a.close()
+b.close()
+# each file fits under 4 KiB, both keys in one file do not (EFBIG, as on a full disk)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+c = DeleteJournal.open(directory, url, prefix)
+assert len(c.taken) == 2, c.taken
+"""
+
+
+def test_a_claim_whose_merge_cannot_be_written_keeps_the_files_it_took(tmp_path: Path) -> None:
+    """Two gone processes' files, merged into one at a claim that cannot write (a full disk):
+    the file whose keys did not make it into the merge is kept for the next process. Before,
+    it was removed anyway, and its keys were only in the memory of the process that took it."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _CLAIM_PAST_LIMIT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "could not be written" in done.stderr
+    after = DeleteJournal.open(tmp_path, URL, PREFIX)
+    assert after is not None
+    assert sorted(k[:7] for k in after.taken) == ["r.m.t.a", "r.m.t.b"]
+    after.close()
