@@ -4,7 +4,9 @@ Entries live in a Redis hash (`{<prefix>sem:<space>}:entries`, exact key → msg
 the embedder's, cache.embedder.embedding_space) and every add, removal and wrong-hit bar is also
 appended to a Redis Stream (`{<prefix>sem:<space>}:log`). Each record's expiry is also a score in
 a sorted set (`{<prefix>sem:<space>}:expiry`), from which every process deletes
-expired records once a minute (one Lua script, PRUNE_BATCH at a time). The hash tag puts all
+expired records once a minute (one Lua script, PRUNE_BATCH at a time); the keys of the version
+before spaces (`{<prefix>sem}:...`) are pruned the same way, and their stream trimmed, until they
+are gone. The hash tag puts all
 three on one slot of a Redis Cluster, so a publish is one round trip to one primary, and a
 failover of that primary loses at most the events its replica had not received yet: the tail
 resumes from its last id on the promoted replica. At start-up a
@@ -26,7 +28,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import msgpack
@@ -61,6 +63,10 @@ Publication = tuple[str, str, bytes | None, float, dict[FieldT, EncodableT]]
 # How often a process deletes expired records from the shared hash, and how many per script run
 PRUNE_INTERVAL_S = 60.0
 PRUNE_BATCH = 500
+# The keys before they named the embedder's space (`{<prefix>sem}:...`), which no process of
+# this version writes: their records leave by expiry as this version's do, and their stream keeps
+# this long (its readers, processes of the earlier version, read within seconds).
+LEGACY_LOG_KEEP_S = 600.0
 
 # KEYS[1] the records hash, KEYS[2] their expiries (a sorted set, wall-clock seconds);
 # ARGV[1] now, ARGV[2] at most this many. Atomic: a record stored again since it expired has a
@@ -92,7 +98,12 @@ def _pack(entry: Entry) -> bytes:
 def _unpack(raw: bytes, dim: int) -> Entry:
     """A record; ValueError (and msgpack's errors) for one this process cannot use, a vector of
     another width included (a record cut short: it failed the FAISS add, and with it the start)."""
-    d = msgpack.unpackb(raw, raw=False)
+    return _entry(msgpack.unpackb(raw, raw=False), dim)
+
+
+def _entry(d: Any, dim: int) -> Entry:
+    if not isinstance(d, dict):
+        raise ValueError("a record is a map")
     vector = np.frombuffer(d["v"], dtype=np.float32).copy()
     if vector.shape != (dim,):
         raise ValueError(f"a vector of {vector.size} values, not {dim}")
@@ -125,6 +136,10 @@ class RedisSync:
         self.entries_key = f"{{{tag}}}:entries"
         self.expiry_key = f"{{{tag}}}:expiry"
         self.stream_key = f"{{{tag}}}:log"
+        old = f"{{{prefix}sem}}"
+        # (entries, expiry, log) of the earlier version, None when they are this one's
+        self._legacy = (f"{old}:entries", f"{old}:expiry", f"{old}:log") if space else None
+        self._legacy_noted = self._legacy is None
         self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.block_ms = block_ms
         self.last_id = "0-0"
@@ -197,47 +212,76 @@ class RedisSync:
         bad = 0
         # Every readable record's expiry, in case it has none yet (kept by an earlier version,
         # or its ZADD was lost): NX, so a record stored again meanwhile keeps its new one.
-        expiries: dict[str, float] = {}
-        async for key, raw in self.redis.hscan_iter(self.entries_key, count=1000):
-            try:
-                entry = _unpack(raw, self.stage.index.dim)
-            except Exception:  # a record this version cannot read: the others still load
+        async for entry in self._records(self.entries_key, self.expiry_key):
+            if entry is None:  # a record this version cannot read: the others still load
                 bad += 1
-                continue
-            expiries[key.decode() if isinstance(key, bytes) else key] = entry.expires_at
-            if len(expiries) >= 1000:
-                await self._note_expiries(expiries)
-            if entry.expires_at > now:
+            elif entry.expires_at > now:
                 self.stage.apply_add(entry)
                 n += 1
-        await self._note_expiries(expiries)
         if bad:
             self._m.labels("rebuild", "skipped").inc(bad)
             log.warning("semantic sync: skipped %d unreadable records in %s", bad, self.entries_key)
         log.info("semantic sync: rebuilt %d entries from Redis", n)
         return n
 
-    async def _note_expiries(self, expiries: dict[str, float]) -> None:
+    async def _records(self, entries_key: str, expiry_key: str) -> AsyncIterator[Entry | None]:
+        """The hash's records (None: unreadable), each readable one's expiry noted as it goes."""
+        expiries: dict[str, float] = {}
+        dim = self.stage.index.dim
+        async for key, raw in self.redis.hscan_iter(entries_key, count=1000):
+            try:
+                doc = msgpack.unpackb(raw, raw=False)
+                expiries[key.decode() if isinstance(key, bytes) else key] = float(doc["x"])
+            except Exception:
+                yield None
+                continue
+            if len(expiries) >= 1000:
+                await self._note_expiries(expiry_key, expiries)
+            try:  # (a record of another width is noted, so pruned, but not loaded)
+                entry = _entry(doc, dim)
+            except Exception:
+                entry = None
+            yield entry
+        await self._note_expiries(expiry_key, expiries)
+
+    async def _note_expiries(self, expiry_key: str, expiries: dict[str, float]) -> None:
         if expiries:
-            await self.redis.zadd(self.expiry_key, expiries, nx=True)
+            await self.redis.zadd(expiry_key, expiries, nx=True)
             expiries.clear()
+
+    async def _prune_legacy(self, at: float) -> int:
+        """The earlier version's hash (no process of this one reads or writes it: left alone it
+        stayed in Redis, at its full size, for ever): its records' expiries are noted once
+        (records stored there since by a process of that version wait for the next start), then
+        pruned like this version's; its stream keeps LEGACY_LOG_KEEP_S."""
+        if self._legacy is None:
+            return 0
+        entries, expiry, stream = self._legacy
+        if not self._legacy_noted:
+            async for _ in self._records(entries, expiry):
+                pass
+            self._legacy_noted = True
+        await self.redis.xtrim(stream, minid=f"{int((at - LEGACY_LOG_KEEP_S) * 1000)}-0")
+        return await self._prune_pair(entries, expiry, at)
 
     async def prune(self, now: float | None = None) -> int:
         """Delete the records whose entries have expired from the shared hash (each process
         drops them from its own index itself): without this the hash only grew, by one record
         per semantic miss, until Redis ran out of memory, and every start scanned all of it."""
         at = time.time() if now is None else now
-        total = 0
-        while True:
-            n = int(
-                await self._prune(keys=[self.entries_key, self.expiry_key], args=[at, PRUNE_BATCH])
-            )
-            total += n
-            if n < PRUNE_BATCH:
-                break
+        total = await self._prune_pair(self.entries_key, self.expiry_key, at)
+        total += await self._prune_legacy(at)
         if total:
             self._m.labels("prune", "ok").inc(total)
         return total
+
+    async def _prune_pair(self, entries: str, expiry: str, at: float) -> int:
+        total = 0
+        while True:
+            n = int(await self._prune(keys=[entries, expiry], args=[at, PRUNE_BATCH]))
+            total += n
+            if n < PRUNE_BATCH:
+                return total
 
     async def _prune_loop(self) -> None:
         while not self._closing:

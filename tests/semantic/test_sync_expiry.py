@@ -129,3 +129,35 @@ async def test_stream_events_name_records_and_tails_still_apply_them_in_order(
         await sa.aclose()
         await sb.aclose()
         await redis.aclose()
+
+
+async def test_the_hash_and_stream_of_the_version_before_spaces_are_emptied_after_an_upgrade(
+    redis_server: RedisServer, embedder: Embedder
+) -> None:
+    """Before the keys named the embedder's space, every process used `{<prefix>sem}:entries`
+    and `:log`. No process of this version reads or writes them: left alone, the hash stayed in
+    Redis at its full size for ever (the growth the expiries were added to end)."""
+    prefix = f"z{time.monotonic_ns()}:"
+    settings = RedisSettings(url=redis_server.url, key_prefix=prefix)
+    redis = Redis.from_url(redis_server.url)
+    old = f"{{{prefix}sem}}"
+    vec = np.asarray(await new_stage(embedder).embed("what is a cache?"), np.float32).tobytes()
+    now = time.time()
+    for key, expires in (("old-1", now - 10), ("old-2", now - 5), ("live", now + 3600)):
+        record = {"ns": "ns", "k": key, "t": key, "v": vec, "x": expires, "b": 0.0}
+        await redis.hset(f"{old}:entries", key, msgpack.packb(record))
+    await redis.xadd(f"{old}:log", {"o": "an-old-process", "op": "del", "k": "old-0"}, id="1-0")
+    stage = new_stage(embedder)
+    sync = RedisSync.from_settings(stage, settings, block_ms=100)
+    assert sync.entries_key != f"{old}:entries"  # (the space is in the new keys)
+    await sync.start()
+    try:
+        assert len(stage.entries) == 0  # another space's vectors: never loaded
+        await sync.prune()
+        assert await redis.hkeys(f"{old}:entries") == [b"live"]
+        assert await redis.xlen(f"{old}:log") == 0
+        assert await sync.prune(now=now + 7200) == 1  # the live one, once it has expired
+        assert not await redis.exists(f"{old}:entries", f"{old}:expiry")
+    finally:
+        await sync.aclose()
+        await redis.aclose()
