@@ -2,11 +2,9 @@
 
 Entries live in a Redis hash (`{<prefix>sem:<space>}:entries`, exact key → msgpack record; space:
 the embedder's, cache.embedder.embedding_space) and every add, removal and wrong-hit bar is also
-appended to a Redis Stream (`{<prefix>sem:<space>}:log`). Each record's expiry is also a score in
-a sorted set (`{<prefix>sem:<space>}:expiry`), from which every process deletes
-expired records once a minute (one Lua script, PRUNE_BATCH at a time); the keys of the version
-before spaces (`{<prefix>sem}:...`) are pruned the same way, and their stream trimmed, until they
-are gone. The hash tag puts all
+appended to a Redis Stream (`{<prefix>sem:<space>}:log`); an add's event names its record, which
+the tails read from the hash. Expired records leave the hash through a sorted set of expiries
+(`{<prefix>sem:<space>}:expiry`, cache.semantic.shared_records). The hash tag puts all
 three on one slot of a Redis Cluster, so a publish is one round trip to one primary, and a
 failover of that primary loses at most the events its replica had not received yet: the tail
 resumes from its last id on the promoted replica. At start-up a
@@ -28,11 +26,9 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import msgpack
-import numpy as np
 from redis.typing import EncodableT, FieldT
 
 from cache.outage import OutageLog
@@ -46,6 +42,7 @@ from cache.redis_client import (
     stop_task,
 )
 from cache.semantic.records import Entry
+from cache.semantic.shared_records import SharedRecords, pack, unpack
 from cache.semantic.stage import SemanticStage
 from cache.settings import RedisSettings
 
@@ -60,56 +57,8 @@ _BATCH = 256  # publications per pipeline
 
 # what, exact key, record (None: delete it), its expiry (wall clock), stream event
 Publication = tuple[str, str, bytes | None, float, dict[FieldT, EncodableT]]
-# How often a process deletes expired records from the shared hash, and how many per script run
+# How often a process deletes expired records from the shared hash
 PRUNE_INTERVAL_S = 60.0
-PRUNE_BATCH = 500
-# The keys before they named the embedder's space (`{<prefix>sem}:...`), which no process of
-# this version writes: their records leave by expiry as this version's do, and their stream keeps
-# this long (its readers, processes of the earlier version, read within seconds).
-LEGACY_LOG_KEEP_S = 600.0
-
-# KEYS[1] the records hash, KEYS[2] their expiries (a sorted set, wall-clock seconds);
-# ARGV[1] now, ARGV[2] at most this many. Atomic: a record stored again since it expired has a
-# new score and is out of range, so a fresh record is never deleted for its old one.
-_PRUNE = """
-local keys = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
-for _, k in ipairs(keys) do
-  redis.call('HDEL', KEYS[1], k)
-  redis.call('ZREM', KEYS[2], k)
-end
-return #keys
-"""
-
-
-def _pack(entry: Entry) -> bytes:
-    raw: bytes = msgpack.packb(
-        {
-            "ns": entry.namespace,
-            "k": entry.exact_key,
-            "t": entry.text,
-            "v": np.asarray(entry.vector, np.float32).tobytes(),  # the caller's full vector
-            "x": entry.expires_at,
-            "b": entry.bar,
-        }
-    )
-    return raw
-
-
-def _unpack(raw: bytes, dim: int) -> Entry:
-    """A record; ValueError (and msgpack's errors) for one this process cannot use, a vector of
-    another width included (a record cut short: it failed the FAISS add, and with it the start)."""
-    return _entry(msgpack.unpackb(raw, raw=False), dim)
-
-
-def _entry(d: Any, dim: int) -> Entry:
-    if not isinstance(d, dict):
-        raise ValueError("a record is a map")
-    vector = np.frombuffer(d["v"], dtype=np.float32).copy()
-    if vector.shape != (dim,):
-        raise ValueError(f"a vector of {vector.size} values, not {dim}")
-    entry = Entry(d["ns"], d["k"], d["t"], vector, d["x"])
-    entry.bar = float(d.get("b", 0.0))
-    return entry
 
 
 class RedisSync:
@@ -137,9 +86,10 @@ class RedisSync:
         self.expiry_key = f"{{{tag}}}:expiry"
         self.stream_key = f"{{{tag}}}:log"
         old = f"{{{prefix}sem}}"
-        # (entries, expiry, log) of the earlier version, None when they are this one's
-        self._legacy = (f"{old}:entries", f"{old}:expiry", f"{old}:log") if space else None
-        self._legacy_noted = self._legacy is None
+        legacy = (f"{old}:entries", f"{old}:expiry", f"{old}:log") if space else None
+        self.shared = SharedRecords(
+            redis, self.entries_key, self.expiry_key, stage.index.dim, legacy
+        )
         self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.block_ms = block_ms
         self.last_id = "0-0"
@@ -147,7 +97,6 @@ class RedisSync:
         self._task: asyncio.Task[None] | None = None
         self._publisher: asyncio.Task[None] | None = None
         self._pruner: asyncio.Task[None] | None = None
-        self._prune = redis.register_script(_PRUNE)
         self._outbox: collections.deque[Publication] = collections.deque(maxlen=OUTBOX_MAX)
         self._queued = asyncio.Event()
         self._idle = asyncio.Event()  # the outbox is empty and nothing is being sent
@@ -210,9 +159,7 @@ class RedisSync:
         self.last_id = last[0][0].decode() if last else "0-0"  # type: ignore[union-attr]
         now, n = time.time(), 0
         bad = 0
-        # Every readable record's expiry, in case it has none yet (kept by an earlier version,
-        # or its ZADD was lost): NX, so a record stored again meanwhile keeps its new one.
-        async for entry in self._records(self.entries_key, self.expiry_key):
+        async for entry in self.shared.records():
             if entry is None:  # a record this version cannot read: the others still load
                 bad += 1
             elif entry.expires_at > now:
@@ -224,64 +171,13 @@ class RedisSync:
         log.info("semantic sync: rebuilt %d entries from Redis", n)
         return n
 
-    async def _records(self, entries_key: str, expiry_key: str) -> AsyncIterator[Entry | None]:
-        """The hash's records (None: unreadable), each readable one's expiry noted as it goes."""
-        expiries: dict[str, float] = {}
-        dim = self.stage.index.dim
-        async for key, raw in self.redis.hscan_iter(entries_key, count=1000):
-            try:
-                doc = msgpack.unpackb(raw, raw=False)
-                expiries[key.decode() if isinstance(key, bytes) else key] = float(doc["x"])
-            except Exception:
-                yield None
-                continue
-            if len(expiries) >= 1000:
-                await self._note_expiries(expiry_key, expiries)
-            try:  # (a record of another width is noted, so pruned, but not loaded)
-                entry = _entry(doc, dim)
-            except Exception:
-                entry = None
-            yield entry
-        await self._note_expiries(expiry_key, expiries)
-
-    async def _note_expiries(self, expiry_key: str, expiries: dict[str, float]) -> None:
-        if expiries:
-            await self.redis.zadd(expiry_key, expiries, nx=True)
-            expiries.clear()
-
-    async def _prune_legacy(self, at: float) -> int:
-        """The earlier version's hash (no process of this one reads or writes it: left alone it
-        stayed in Redis, at its full size, for ever): its records' expiries are noted once
-        (records stored there since by a process of that version wait for the next start), then
-        pruned like this version's; its stream keeps LEGACY_LOG_KEEP_S."""
-        if self._legacy is None:
-            return 0
-        entries, expiry, stream = self._legacy
-        if not self._legacy_noted:
-            async for _ in self._records(entries, expiry):
-                pass
-            self._legacy_noted = True
-        await self.redis.xtrim(stream, minid=f"{int((at - LEGACY_LOG_KEEP_S) * 1000)}-0")
-        return await self._prune_pair(entries, expiry, at)
-
     async def prune(self, now: float | None = None) -> int:
         """Delete the records whose entries have expired from the shared hash (each process
-        drops them from its own index itself): without this the hash only grew, by one record
-        per semantic miss, until Redis ran out of memory, and every start scanned all of it."""
-        at = time.time() if now is None else now
-        total = await self._prune_pair(self.entries_key, self.expiry_key, at)
-        total += await self._prune_legacy(at)
+        drops them from its own index itself; cache.semantic.shared_records)."""
+        total = await self.shared.prune(time.time() if now is None else now)
         if total:
             self._m.labels("prune", "ok").inc(total)
         return total
-
-    async def _prune_pair(self, entries: str, expiry: str, at: float) -> int:
-        total = 0
-        while True:
-            n = int(await self._prune(keys=[entries, expiry], args=[at, PRUNE_BATCH]))
-            total += n
-            if n < PRUNE_BATCH:
-                return total
 
     async def _prune_loop(self) -> None:
         while not self._closing:
@@ -298,14 +194,14 @@ class RedisSync:
         # The event names the record rather than carrying it: a stream of STREAM_MAXLEN events
         # holding ~1.7 KB vectors each kept ~350 MB in Redis; tails read the hash (one HMGET a
         # batch of events).
-        raw, key = _pack(entry), entry.exact_key
+        raw, key = pack(entry), entry.exact_key
         await self._publish("add", key, raw, entry.expires_at, {"op": "add", "k": key})
 
     async def publish_bar(self, entry: Entry) -> None:
         """A wrong-hit report: the record in the hash carries the new bar (for rebuilds), the
         stream tells the live processes."""
         event = {"op": "bar", "k": entry.exact_key, "b": repr(entry.bar)}
-        await self._publish("wrong-hit bar", entry.exact_key, _pack(entry), entry.expires_at, event)
+        await self._publish("wrong-hit bar", entry.exact_key, pack(entry), entry.expires_at, event)
 
     async def publish_remove(self, exact_key: str) -> None:
         await self._publish("remove", exact_key, None, 0.0, {"op": "del", "k": exact_key})
@@ -381,7 +277,7 @@ class RedisSync:
             if raw is None:  # removed (or expired) since: a later event says so, or said so
                 return
             try:
-                entry = _unpack(raw, self.stage.index.dim)
+                entry = unpack(raw, self.stage.index.dim)
             except Exception:  # as in rebuild: skipped and counted, the tail reads on
                 self._m.labels("apply", "skipped").inc()
                 return
