@@ -137,6 +137,21 @@ def _arrays(
     return out, stale
 
 
+def _counts(raw: Mapping[bytes, bytes]) -> Counter[str]:
+    """The hash's counts; a field this version cannot read (a value that is not an integer, a
+    name that is not UTF-8: an operator's HSET, a later version's) is left out. Before, its
+    ValueError failed the store's start, and later ended its flush loop."""
+    out: Counter[str] = Counter()
+    for k, v in raw.items():
+        if k == b"gen":
+            continue
+        try:
+            out[k.decode()] = int(v)
+        except ValueError:
+            continue
+    return out
+
+
 @dataclass
 class _Route:
     """One route's side of the exchange: counts not yet sent, the batch sent without a reply
@@ -290,7 +305,7 @@ class BudgetStore:
             st.gen = gen
             if now < st.hold_until:
                 continue
-            totals = Counter({k.decode(): int(v) for k, v in raw.items() if k != b"gen"})
+            totals = _counts(raw)
             totals.update(st.new)  # counted while the pipeline was out
             wall = time.time()
             (labels, wrong, volume), stale = _arrays(b.grid, totals, wall)
@@ -319,9 +334,16 @@ class BudgetStore:
         return int(half_life * KEEP_HALF_LIVES) + 60
 
     async def _loop(self) -> None:
+        failing = False
         while True:
             await asyncio.sleep(self.interval)
-            await self.flush()
+            try:
+                await self.flush()
+                failing = False
+            except Exception:  # never the end of sharing: the next flush tries again
+                if not failing:  # (once a spell, not every interval)
+                    log.exception("semantic budget: a flush failed; counting locally")
+                failing = True
 
     async def aclose(self) -> None:
         await stop_task(self._task)

@@ -291,12 +291,18 @@ class SemanticSetup:
         self.stage.ready = True
         self.progress.step("ready")
         try:
-            if self._sync is not None:
-                await self._sync.start()
-            if self._budget_store is not None:
-                await self._budget_store.start()
-            if self._tenant_labels is not None:
-                await self._tenant_labels.start()
+            # Each on its own: a fault in one (not a Redis error: those each start absorbs)
+            # left the ones after it unstarted, and the stage on its own counts for good.
+            for what, part in (
+                ("index sync", self._sync),
+                ("budget store", self._budget_store),
+                ("tenant labels", self._tenant_labels),
+            ):
+                if part is not None:
+                    try:
+                        await part.start()
+                    except Exception:
+                        log.exception("semantic stage: the %s did not start; not shared", what)
         finally:  # (each start ends within its Redis timeouts, read or not)
             self._join(True)
 

@@ -211,9 +211,16 @@ class TenantLabelShare:
         return int(half_life * KEEP_HALF_LIVES) + 60
 
     async def _loop(self) -> None:
+        failing = False
         while True:
             await asyncio.sleep(self.interval)
-            await self.flush()
+            try:
+                await self.flush()
+                failing = False
+            except Exception:  # never the end of sharing (as the budget store's loop)
+                if not failing:
+                    log.exception("semantic budget: a tenant-label flush failed")
+                failing = True
 
     async def aclose(self) -> None:
         await stop_task(self._task)
