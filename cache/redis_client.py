@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -28,6 +29,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError
 
 from cache.settings import RedisSettings
+
+log = logging.getLogger("latentgate.cache.redis")
 
 AnyRedis = Redis | RedisCluster
 # What a failing Redis raises in any mode (cluster routing errors are not RedisErrors), plus
@@ -171,11 +174,13 @@ async def stop_task(task: asyncio.Task[Any] | None, again_s: float = 0.05) -> No
     asyncio client can let a command that a cancel interrupted finish and return its reply
     (redis/redis-py#2665: it shields connection state), so the cancel is spent: a loop that goes
     on to sleep or to its next command never ends, and a single cancel-then-await in the owner's
-    aclose() waited for ever (a shutdown that hung). A task's own error is raised, as before."""
+    aclose() waited for ever (a shutdown that hung). A task that had ended on an error of its
+    own has it logged, not raised: the closer's other steps (its final flush, closing its
+    clients) still run."""
     if task is None:
         return
     while not task.done():
         task.cancel()
         await asyncio.wait({task}, timeout=again_s)
-    if not task.cancelled():
-        task.result()
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("task %s had ended on an error: %r", task.get_name(), exc)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from redis.asyncio import Redis
 
 from cache.redis_client import stop_task
@@ -36,3 +37,15 @@ async def test_a_loop_stopped_at_any_point_of_a_command_ends(redis_server: Redis
     finally:
         await client.aclose()
     print(f"cancels redis-py spent on a command in flight: {spent} of 30")
+
+
+async def test_a_task_that_had_failed_is_logged_and_the_closer_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def fails() -> None:
+        raise ValueError("a record this version cannot read")
+
+    task = asyncio.create_task(fails(), name="semantic-budget-sync")
+    await asyncio.wait({task})
+    await stop_task(task)  # no raise: the owner's aclose still closes its clients
+    assert "semantic-budget-sync" in caplog.text and "cannot read" in caplog.text
