@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from backends import BackendSettings, RoutePolicy
 from cache import CachePolicy, CacheSettings
+from gateway.config_aliases import alias_issue
 
 
 class _Frozen(BaseModel):
@@ -373,6 +374,9 @@ def parse_settings(
     env = os.environ if environ is None else environ
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        alias = alias_issue(node) if node is not None else None
+        if alias is not None:
+            raise ConfigError(source, [ConfigIssue("", *alias)])
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
