@@ -21,6 +21,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from redis.asyncio import RedisCluster
+from redis.exceptions import OutOfMemoryError
 
 from cache.breaker import CLOSED, OPEN, Breaker
 from cache.codec import CacheEntry, decode, encode
@@ -70,6 +71,13 @@ class RedisTier(WaitingDeletes):
             f"redis ({settings.mode}), breaker open,",
             "latentgate_cache_redis_errors_total",
         )
+        # A full Redis (maxmemory reached, maxmemory-policy noeviction) refuses writes and
+        # still answers reads: logged once a spell, apart from outages, and no breaker failure.
+        self._full = OutageLog(
+            log,
+            f"redis ({settings.mode}) writes",
+            'latentgate_cache_redis_errors_total{kind="OutOfMemoryError"}',
+        )
         self._release = self.client.register_script(_RELEASE)
         self._tasks: set[asyncio.Task[None]] = set()
         # GETs issued in the same loop iteration go out as one MGET (see _batched_get).
@@ -111,6 +119,19 @@ class RedisTier(WaitingDeletes):
             raise TierTimeout(f"redis {op} timed out") from exc
         except TierError:
             raise
+        except OutOfMemoryError as exc:
+            # Redis answered: it is full and evicts nothing, so it refuses writes (SET, the
+            # lease's SET NX) but serves reads. Opening the breaker for that stopped the reads
+            # too: every entry other processes stored there went unread while Redis was full.
+            verdict = True
+            self.breaker.success()
+            self._metrics.redis_errors.labels(op, type(exc).__name__).inc()
+            self._full.failed(
+                f"{op}: {exc} Redis is full and its maxmemory-policy evicts nothing: answers"
+                " are not stored there, reads go on; raise maxmemory or set an allkeys-*"
+                " policy"
+            )
+            raise TierError(f"redis {op} refused: {exc}") from exc
         except (*REDIS_ERRORS, Exception) as exc:
             # Exception too: mid-failover redis-py raised AttributeError from a connection torn
             # down under it, and that reached the client as a 500. A client-library fault is an
@@ -200,6 +221,7 @@ class RedisTier(WaitingDeletes):
         try:
             async with self._guard("set"):
                 await self.client.set(self.prefix + key, encode(entry), ex=ttl)
+            self._full.ok()
             self._metrics.stores.labels("redis", "ok").inc()
             self._overwritten(key)
         except TierError:
