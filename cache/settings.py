@@ -213,6 +213,35 @@ class RedisSettings(_Frozen):
     journal: bool = True
     journal_dir: str | None = None
 
+    @model_validator(mode="after")
+    def _usable_url(self) -> RedisSettings:
+        # checked here, so check-config says it: the client refused it only at start, with a
+        # traceback (a service that passed check-config then failed to start, again and again)
+        if self.url:
+            _check_redis_url(self.url, self.mode)
+        return self
+
+
+def _check_redis_url(url: str, mode: str) -> None:
+    from redis.asyncio.connection import parse_url
+
+    from cache.redis_client import parse_hosts
+
+    schemes = ("redis", "rediss", "unix") if mode == "standalone" else ("redis", "rediss")
+    scheme = urlsplit(url).scheme
+    if scheme not in schemes:
+        raise ValueError(
+            f"redis url must start with {', '.join(s + '://' for s in schemes)}"
+            f" in {mode} mode, not {scheme + '://' if scheme else 'no scheme'}"
+        )
+    try:
+        if mode == "standalone":
+            parse_url(url)
+        else:
+            parse_hosts(url)
+    except ValueError as exc:  # a port or db that is not a number, an unknown query option
+        raise ValueError(f"redis url does not parse: {exc}") from None
+
 
 class SemanticIndexSettings(_Frozen):
     """Process-wide semantic stage: embedder, index, verifier artifact (policies are per route)."""
