@@ -172,13 +172,10 @@ class Settings(_Frozen):
                     )
         for name in self.readiness.require:
             spec = self.backends.get(name)
-            if spec is None:
-                raise ValueError(f"readiness.require names {name!r}, which is not under backends")
-            if spec.kind == "remote" and getattr(spec, "health_check", None) is None:
-                raise ValueError(
-                    f"readiness.require names remote backend {name!r}: give it a health_check "
-                    "so its replicas are probed before any traffic"
-                )
+            if spec is None or (
+                spec.kind == "remote" and getattr(spec, "health_check", None) is None
+            ):  # said with its path and line by _readiness_issues
+                raise PydanticCustomError(_BACKEND_REF, "readiness.require")
         return self
 
 
@@ -212,9 +209,11 @@ def _reference_issues(data: Any, lines: dict[tuple[str, ...], int]) -> list[Conf
     validator only runs once every field is valid)."""
     backends = data.get("backends")
     routes = data.get("routes")
-    if not isinstance(backends, dict) or not isinstance(routes, list):
+    if not isinstance(backends, dict):
         return []
-    issues = []
+    issues = _readiness_issues(data, backends, lines)
+    if not isinstance(routes, list):
+        return issues
     named: dict[str, int] = {}
     for i, route in enumerate(routes):
         name = route.get("name") if isinstance(route, dict) else None
@@ -236,6 +235,32 @@ def _reference_issues(data: Any, lines: dict[tuple[str, ...], int]) -> list[Conf
                 path = ("routes", str(i), "protocol")
                 msg = _http_to_grpc(route.get("name"), protocol, backend)
                 issues.append(ConfigIssue(".".join(path), lines.get(path), msg))
+    return issues
+
+
+def _readiness_issues(
+    data: Any, backends: dict[Any, Any], lines: dict[tuple[str, ...], int]
+) -> list[ConfigIssue]:
+    """readiness.require naming a backend that is not there, or a remote one without a
+    health_check, at the name's own path and line."""
+    readiness = data.get("readiness")
+    names = readiness.get("require") if isinstance(readiness, dict) else None
+    issues = []
+    for i, name in enumerate(names if isinstance(names, list) else []):
+        spec = backends.get(name) if isinstance(name, str) else None
+        path = ("readiness", "require", str(i))
+        if isinstance(name, str) and spec is None:
+            msg = f"readiness.require names {name!r}, which is not under backends"
+        elif (
+            isinstance(spec, dict) and spec.get("kind") == "remote" and not spec.get("health_check")
+        ):
+            msg = (
+                f"readiness.require names remote backend {name!r}: give it a health_check "
+                "so its replicas are probed before any traffic"
+            )
+        else:
+            continue
+        issues.append(ConfigIssue(".".join(path), lines.get(path), msg))
     return issues
 
 
