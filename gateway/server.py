@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import logging
 import os
@@ -31,6 +32,7 @@ from gateway.state import STATE
 from gateway.worker_metrics import WorkerMetrics, Workers
 
 log = logging.getLogger("latentgate.server")
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -147,6 +149,20 @@ async def serve(
     log.info("stopped")
 
 
+def _end_with_parent(parent: int) -> None:
+    """A worker drains (SIGTERM) when the parent dies: a parent killed with SIGKILL (the OOM
+    killer, `kill -9`) left its workers serving on the port as orphans, on the config they
+    had, beside whatever was started next. Linux's PR_SET_PDEATHSIG; the SIGTERM is remembered
+    until the worker's handlers are in (gateway.early_signals), like any other."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: no such call
+        return
+    if os.getppid() != parent:  # the parent died before the call: no signal will come
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _drop_memory(cache: Cache | None) -> None:
     """A purge another worker took: this worker's memory tier goes whole (Redis, if any, was
     purged by that worker; the semantic index drops entries whose payload is gone)."""
@@ -206,9 +222,11 @@ def run(
     children: list[int] = []
     # each worker's own /metrics socket, for its siblings (private: mkdtemp makes it 0700)
     sockets = tempfile.mkdtemp(prefix="latentgate-workers-")
+    parent = os.getpid()
     for index in range(workers):
         pid = os.fork()
         if pid == 0:
+            _end_with_parent(parent)
             code = 0
             try:
                 with asyncio.Runner(loop_factory=_new_loop) as runner:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import base_config
@@ -83,3 +84,32 @@ def test_a_stop_while_the_workers_start_is_a_clean_stop(upstream: ServerThread) 
     assert "killed by signal" not in gw.log()
     assert gw.log().count("stopped") == 2, gw.log()
     gw.stop()
+
+
+def _running(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "State:\tZ" not in status  # a zombie has ended (its reaper may be slow)
+
+
+def test_workers_drain_and_end_when_the_parent_is_killed(
+    upstream: ServerThread, gateway_process: Callable[..., GatewayProcess]
+) -> None:
+    """The parent SIGKILLed (the OOM killer, `kill -9`): before, its workers went on serving the
+    port as orphans, on their config, beside whatever was started next. Now each gets SIGTERM
+    from the kernel (PR_SET_PDEATHSIG), drains and ends."""
+    gw = gateway_process(base_config(upstream.url), workers=2)
+    assert gw.proc is not None
+    workers = _children(gw.proc.pid)
+    assert len(workers) == 2
+    gw.proc.kill()
+    gw.proc.wait(10)
+    deadline = time.monotonic() + 60
+    while any(_running(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_running(w) for w in workers), gw.log()
+    assert gw.log().count("stopped") == 2, gw.log()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", gw.port), timeout=5).close()
