@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +19,13 @@ from pydantic_core import PydanticCustomError
 from backends import BackendSettings, RoutePolicy
 from cache import CachePolicy, CacheSettings
 from gateway.config_aliases import alias_issue
+from gateway.config_refs import (
+    BACKEND_REF,
+    ConfigIssue,
+    http_to_grpc,
+    missing_backend,
+    reference_issues,
+)
 
 
 class _Frozen(BaseModel):
@@ -140,22 +146,22 @@ class Settings(_Frozen):
         for route in self.routes:
             if route.backend not in self.backends:
                 raise PydanticCustomError(
-                    _BACKEND_REF, _missing_backend(route.name, route.backend, self.backends)
+                    BACKEND_REF, missing_backend(route.name, route.backend, self.backends)
                 )
-            if route.name in names:  # (said with its line by _reference_issues)
-                raise PydanticCustomError(_BACKEND_REF, f"route name {route.name!r} is used twice")
+            if route.name in names:  # (said with its line by reference_issues)
+                raise PydanticCustomError(BACKEND_REF, f"route name {route.name!r} is used twice")
             names.add(route.name)
             backend = self.backends[route.backend]
             if route.protocol != "grpc" and getattr(backend, "wire", "http") == "grpc":
                 raise PydanticCustomError(
-                    _BACKEND_REF, _http_to_grpc(route.name, route.protocol, route.backend)
+                    BACKEND_REF, http_to_grpc(route.name, route.protocol, route.backend)
                 )
             sem = route.cache.semantic
             if sem.max_error_rate is not None and route.protocol not in ("openai", "anthropic"):
                 # labels compare two answers' text (cache/semantic/answer_text.py): a v2 or
                 # gRPC answer is tensors, so no label would ever come and the bar never open
                 raise PydanticCustomError(
-                    _BACKEND_REF,
+                    BACKEND_REF,
                     f"route {route.name!r}: cache.semantic.max_error_rate needs answers the "
                     "gateway can compare, on protocol openai or anthropic; a "
                     f"{route.protocol} route's semantic cache serves at its static point "
@@ -166,7 +172,7 @@ class Settings(_Frozen):
                 spec = self.backends.get(judge.backend)
                 if spec is None or spec.kind != "remote" or getattr(spec, "wire", "") == "grpc":
                     raise PydanticCustomError(
-                        _BACKEND_REF,
+                        BACKEND_REF,
                         f"route {route.name!r}: judge backend {judge.backend!r} must be a remote "
                         f"HTTP backend under backends ({', '.join(sorted(self.backends))})",
                     )
@@ -174,107 +180,9 @@ class Settings(_Frozen):
             spec = self.backends.get(name)
             if spec is None or (
                 spec.kind == "remote" and getattr(spec, "health_check", None) is None
-            ):  # said with its path and line by _readiness_issues
-                raise PydanticCustomError(_BACKEND_REF, "readiness.require")
+            ):  # said with its path and line by readiness_issues
+                raise PydanticCustomError(BACKEND_REF, "readiness.require")
         return self
-
-
-_BACKEND_REF = "backend_reference"
-
-
-def _missing_backend(route: object, backend: object, backends: Mapping[str, object]) -> str:
-    return (
-        f"route {route!r} names backend {backend!r}, "
-        f"which is not under backends ({', '.join(sorted(backends))})"
-    )
-
-
-def _http_to_grpc(route: object, protocol: object, backend: object) -> str:
-    return (
-        f"route {route!r} is {protocol} over HTTP but backend {backend!r} speaks gRPC; "
-        "give the route protocol: grpc"
-    )
-
-
-def _speaks_grpc(spec: Any) -> bool:
-    replicas = spec.get("replicas") if isinstance(spec, dict) else None
-    return isinstance(replicas, list) and any(
-        isinstance(u, str) and u.startswith(("grpc://", "grpc+unix:")) for u in replicas
-    )
-
-
-def _reference_issues(data: Any, lines: dict[tuple[str, ...], int]) -> list[ConfigIssue]:
-    """Routes naming a missing backend, an HTTP route naming a gRPC pool, or a route name used
-    twice, found on the raw tree so they are reported alongside field errors (the model
-    validator only runs once every field is valid)."""
-    backends = data.get("backends")
-    routes = data.get("routes")
-    if not isinstance(backends, dict):
-        return []
-    issues = _readiness_issues(data, backends, lines)
-    if not isinstance(routes, list):
-        return issues
-    named: dict[str, int] = {}
-    for i, route in enumerate(routes):
-        name = route.get("name") if isinstance(route, dict) else None
-        if isinstance(name, str):
-            if name in named:
-                path = ("routes", str(i), "name")
-                msg = f"route name {name!r} is used twice (first: routes.{named[name]})"
-                issues.append(ConfigIssue(".".join(path), lines.get(path), msg))
-            else:
-                named[name] = i
-        backend = route.get("backend") if isinstance(route, dict) else None
-        if isinstance(backend, str) and backend not in backends:
-            path = ("routes", str(i), "backend")
-            msg = _missing_backend(route.get("name"), backend, backends)
-            issues.append(ConfigIssue(".".join(path), lines.get(path), msg))
-        elif isinstance(backend, str) and _speaks_grpc(backends[backend]):
-            protocol = route.get("protocol", "passthrough")
-            if protocol != "grpc":
-                path = ("routes", str(i), "protocol")
-                msg = _http_to_grpc(route.get("name"), protocol, backend)
-                issues.append(ConfigIssue(".".join(path), lines.get(path), msg))
-    return issues
-
-
-def _readiness_issues(
-    data: Any, backends: dict[Any, Any], lines: dict[tuple[str, ...], int]
-) -> list[ConfigIssue]:
-    """readiness.require naming a backend that is not there, or a remote one without a
-    health_check, at the name's own path and line."""
-    readiness = data.get("readiness")
-    names = readiness.get("require") if isinstance(readiness, dict) else None
-    issues = []
-    for i, name in enumerate(names if isinstance(names, list) else []):
-        spec = backends.get(name) if isinstance(name, str) else None
-        path = ("readiness", "require", str(i))
-        if isinstance(name, str) and spec is None:
-            msg = f"readiness.require names {name!r}, which is not under backends"
-        elif (
-            isinstance(spec, dict) and spec.get("kind") == "remote" and not spec.get("health_check")
-        ):
-            msg = (
-                f"readiness.require names remote backend {name!r}: give it a health_check "
-                "so its replicas are probed before any traffic"
-            )
-        else:
-            continue
-        issues.append(ConfigIssue(".".join(path), lines.get(path), msg))
-    return issues
-
-
-@dataclass(frozen=True)
-class ConfigIssue:
-    """One problem found in a config file: where it is and what is wrong."""
-
-    path: str
-    line: int | None
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.path or '<root>'}" + (f" (line {self.line})" if self.line else "")
-        return f"{where}: {self.message}"
 
 
 class ConfigError(Exception):
@@ -428,7 +336,7 @@ def parse_settings(
     except ValidationError as exc:
         issues = []
         for err in exc.errors():
-            if err["type"] == _BACKEND_REF:
+            if err["type"] == BACKEND_REF:
                 continue  # reported below with its path and line
             loc = tuple(str(p) for p in err["loc"])
             # Discriminated unions insert the tag into loc; drop it for the user-facing path.
@@ -440,7 +348,7 @@ def parse_settings(
                 msg = "unknown key"
             issues.append(ConfigIssue(".".join(loc), _line_of(loc, lines), msg))
         raise ConfigError(
-            source, duplicates + unset_issues + issues + _reference_issues(data, lines)
+            source, duplicates + unset_issues + issues + reference_issues(data, lines)
         ) from None
     if duplicates or unset_issues:
         raise ConfigError(source, duplicates + unset_issues)
