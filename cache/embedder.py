@@ -101,14 +101,11 @@ class SentenceTransformersEmbedder:
         from tokenizers import Tokenizer
 
         window = int(self._model.max_seq_length or 256)
-        # as the ONNX path names the same weights (backends.local.artifacts.resolve; that
-        # module is stdlib-only, importable where the engine is not)
-        from backends.local.artifacts import file_hash
-
+        # as the ONNX path names the same weights (backends.local.artifacts.resolve)
         src = Path(model_dir)
         weights = [*sorted(src.glob("*.safetensors")), src / "config.json"]
         self.space = embedding_space(
-            file_hash(*weights), file_hash(src / "tokenizer.json"), window, "fp32"
+            _file_hash(*weights), _file_hash(src / "tokenizer.json"), window, "fp32"
         )
         tok = Tokenizer.from_str(self._model.tokenizer.backend_tokenizer.to_str())
         tok.no_padding()
@@ -130,6 +127,16 @@ class SentenceTransformersEmbedder:
 
     async def aclose(self) -> None:
         return None
+
+
+def _file_hash(*paths: Path) -> str:
+    # (backends.local.artifacts.file_hash, which this fallback may not be able to import)
+    h = hashlib.blake2b(digest_size=16)
+    for p in paths:
+        with p.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 def packaged_model_dir() -> str:
