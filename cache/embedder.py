@@ -130,7 +130,8 @@ class SentenceTransformersEmbedder:
 
 
 def _file_hash(*paths: Path) -> str:
-    # (backends.local.artifacts.file_hash, which this fallback may not be able to import)
+    # backends.local.artifacts.file_hash, kept apart on purpose: this fallback runs where
+    # backends.local does not import, and cache may use only that package's face
     h = hashlib.blake2b(digest_size=16)
     for p in paths:
         with p.open("rb") as f:
