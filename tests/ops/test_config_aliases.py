@@ -6,8 +6,6 @@ answered 500."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
@@ -15,24 +13,15 @@ import yaml
 from gateway.app import build_app
 from gateway.config import load_settings
 from tests.conftest import base_config
+from tests.integration.test_check_config import _check
 from tests.ops.conftest import ADMIN_TOKEN, http, http_json
-from tests.support.servers import ROOT, ServerThread
+from tests.support.servers import ServerThread
 
 RECURSIVE = "x-loop: &a [*a]\n"
 # ten levels of ten aliases each: 10**10 values once expanded, a few hundred bytes on disk
 NESTED = "".join(
     f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}" if i else "x"] * 10) + "]\n" for i in range(10)
 )
-
-
-def _check(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", "check-config", str(path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def test_check_config_reports_a_self_referencing_alias(tmp_path: Path) -> None:
