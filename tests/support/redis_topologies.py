@@ -40,7 +40,11 @@ def _wait(cond: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
 
 class RedisClusterServers:
     def __init__(self) -> None:
-        self.nodes = [
+        self.nodes = self._new_nodes()
+
+    @staticmethod
+    def _new_nodes() -> list[RedisServer]:
+        return [
             RedisServer(
                 [
                     "--cluster-enabled",
@@ -67,24 +71,40 @@ class RedisClusterServers:
         return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
 
     def start(self) -> RedisClusterServers:
-        for n in self.nodes:
-            n.start()
-        subprocess.run(
-            [
-                "redis-cli",
-                "--cluster",
-                "create",
-                *(f"127.0.0.1:{n.port}" for n in self.nodes),
-                "--cluster-replicas",
-                "1",
-                "--cluster-yes",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-        _wait(self._healthy, "the cluster did not become healthy")
-        return self
+        # free_port() ports are only free when picked: a node whose bus port an outgoing
+        # connection took meanwhile exits at start, and `--cluster create` then fails (seen
+        # once in a full CI run). Fresh ports and a second try, with the tool's output if not.
+        failure = ""
+        for _ in range(3):
+            try:
+                for n in self.nodes:
+                    n.start()
+            except TimeoutError as exc:
+                failure = f"a node did not start: {exc}"
+                self.stop()
+                self.nodes = self._new_nodes()
+                continue
+            res = subprocess.run(
+                [
+                    "redis-cli",
+                    "--cluster",
+                    "create",
+                    *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                    "--cluster-replicas",
+                    "1",
+                    "--cluster-yes",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            if res.returncode == 0:
+                _wait(self._healthy, "the cluster did not become healthy")
+                return self
+            failure = res.stdout[-2000:] + res.stderr[-2000:]
+            self.stop()
+            self.nodes = self._new_nodes()
+        raise RuntimeError(f"the cluster did not form in three tries:\n{failure}")
 
     def _healthy(self) -> bool:
         live = self.live()
