@@ -43,6 +43,7 @@ class Cache:
                 redis,
                 self._apply_announced,
                 lambda kind: self.metrics.redis_errors.labels("purge_fanout", kind).inc(),
+                self.metrics.stream_gaps.labels("purge").inc,
             )
             if redis is not None and self.redis is not None
             else None

@@ -46,6 +46,14 @@ class CacheMetrics:
             ["op", "kind"],
             registry=r,
         )
+        self.stream_gaps = Counter(
+            "latentgate_cache_stream_gaps",
+            "Times a stream tail found that events it had not read were trimmed (it was cut off"
+            " from Redis or behind for longer than the stream holds; cache.stream_gap): purge"
+            " drops the memory tier, semantic rebuilds its index from Redis",
+            ["stream"],
+            registry=r,
+        )
         self.breaker_state = Gauge(
             "latentgate_cache_redis_breaker_state",
             "Redis breaker: 0 closed, 1 open (Redis skipped), 2 half-open (probing)",

@@ -30,11 +30,13 @@ from cache.keys import Selector
 from cache.outage import OutageLog
 from cache.redis_client import REDIS_ERRORS, AnyRedis, connect, follow, stop_task
 from cache.settings import RedisSettings
+from cache.stream_gap import START, missed
 
 log = logging.getLogger("latentgate.cache.purge")
 
 # Purges are rare admin calls: a short history covers any reader's reconnect.
 _STREAM_MAXLEN = 1000
+_READ_COUNT = 100
 _FIELDS = (b"r", b"m", b"t", b"k")
 
 
@@ -50,6 +52,7 @@ class PurgeFanout:
         on_error: Callable[[str], None] = lambda _kind: None,
         tail: AnyRedis | None = None,
         slots: int | None = None,
+        on_gap: Callable[[], None] = lambda: None,
     ) -> None:
         """on_error(kind) counts each failed Redis call (the cache's redis_errors counter).
         `redis` announces; `tail` reads the stream (None: `redis` does both). `slots`: the
@@ -61,12 +64,14 @@ class PurgeFanout:
         self._sending: set[asyncio.Future[str]] = set()  # announcements on their way
         self._socket_s = 2.0  # how long aclose waits for them (from_settings: the socket's)
         self.on_error = on_error
+        self.on_gap = on_gap  # counts each time the tail found it had missed purges
         self.apply = apply
         self.stream_key = f"{{{prefix}}}purge"
         self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.block_ms = block_ms
         self.last_id: str | None = None  # None: not read yet (start after the newest purge)
         self.applied = 0
+        self._check_gap = True  # after the first read and after a reconnect (cache.stream_gap)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         hint = 'latentgate_cache_redis_errors_total{op="purge_fanout"}'
@@ -80,6 +85,7 @@ class PurgeFanout:
         settings: RedisSettings,
         apply: Callable[[Selector, bool], Awaitable[object]],
         on_error: Callable[[str], None],
+        on_gap: Callable[[], None] = lambda: None,
     ) -> PurgeFanout:
         t = settings.timeouts
         # Announcements come with every invalidating request, not only with rare admin purges:
@@ -92,7 +98,9 @@ class PurgeFanout:
         sock = 0.5 + 1.0 + t.connect
         pub = connect(settings, socket_timeout=sock, max_connections=n)
         tail = connect(settings, socket_timeout=sock, max_connections=2)
-        fanout = cls(pub, apply, settings.key_prefix, on_error=on_error, tail=tail, slots=n)
+        fanout = cls(
+            pub, apply, settings.key_prefix, on_error=on_error, tail=tail, slots=n, on_gap=on_gap
+        )
         fanout._socket_s = sock
         return fanout
 
@@ -110,7 +118,7 @@ class PurgeFanout:
 
     async def _newest(self) -> str:
         newest: Any = await self.tail_redis.xrevrange(self.stream_key, count=1)
-        return newest[0][0].decode() if newest else "0-0"
+        return newest[0][0].decode() if newest else START
 
     async def _find_end(self) -> str:
         """The tail's start when `prime` could not learn it. The process may have served (and
@@ -213,15 +221,47 @@ class PurgeFanout:
     async def _read(self) -> None:
         last = self.last_id if self.last_id is not None else await self._find_end()
         resp: Any = await self.tail_redis.xread(
-            {self.stream_key: last}, block=self.block_ms, count=100
+            {self.stream_key: last}, block=self.block_ms, count=_READ_COUNT
         )
         self._tail_log.ok()
-        for _stream, items in resp or []:
-            for ident, fields in items:
-                self.last_id = ident.decode()
-                await self._apply(fields)
+        items = [item for _stream, batch in resp or [] for item in batch]
+        if self._check_gap or len(items) >= _READ_COUNT:
+            if await missed(self.tail_redis, self.stream_key, last):
+                await self._missed(last, bool(items))
+            self._check_gap = False
+        for ident, fields in items:
+            self.last_id = ident.decode()
+            await self._apply(fields)
+
+    async def _missed(self, last: str, read_on: bool) -> None:
+        """Purges this process never read were trimmed from the stream (it was cut off from
+        Redis, or behind, for longer than the stream's length covers): which entries they
+        deleted is unknown, so what the memory tier holds goes, as when the tail starts late."""
+        self.on_gap()
+        try:
+            dropped = await self.apply(Selector(), False)
+        except Exception:  # as in _apply: the tail goes on
+            log.exception("purge fan-out: dropping the memory tier after missed purges failed")
+            return
+        log.warning(
+            "purge fan-out: purges announced after %s were trimmed from %s before this process"
+            " read them (it was cut off or behind for more than %d announcements): its memory"
+            " tier is dropped (%s entries)",
+            last,
+            self.stream_key,
+            _STREAM_MAXLEN,
+            dropped,
+        )
+        if not read_on:
+            # the stream is gone or holds nothing past `last`: a stream made anew (Redis
+            # restarted empty) is read from its start
+            self.last_id = START if not await self._exists() else self.last_id
+
+    async def _exists(self) -> bool:
+        return bool(await self.tail_redis.exists(self.stream_key))
 
     def _failed(self, exc: Exception) -> None:
+        self._check_gap = True
         self.on_error(type(exc).__name__)
         self._tail_log.failed(f"{exc}; retrying with backoff up to 5 s")
 

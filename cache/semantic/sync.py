@@ -45,10 +45,12 @@ from cache.semantic.records import Entry
 from cache.semantic.shared_records import SharedRecords, pack, unpack
 from cache.semantic.stage import SemanticStage
 from cache.settings import RedisSettings
+from cache.stream_gap import START, missed
 
 log = logging.getLogger("latentgate.semantic.sync")
 
 STREAM_MAXLEN = 200_000
+_READ_COUNT = 500
 # Publications wait here for the publisher task: a miss never waits on Redis (a hung server
 # held every miss for the client's socket timeout). Past this many the oldest are dropped
 # (counted: outcome "dropped"); the local index has them, other processes miss them.
@@ -92,7 +94,8 @@ class RedisSync:
         )
         self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.block_ms = block_ms
-        self.last_id = "0-0"
+        self.last_id = START
+        self._check_gap = True  # after the first read and after a reconnect (cache.stream_gap)
         self._owned: list[AnyRedis] = []
         self._task: asyncio.Task[None] | None = None
         self._publisher: asyncio.Task[None] | None = None
@@ -156,7 +159,7 @@ class RedisSync:
 
     async def rebuild(self) -> int:
         last = await self.redis.xrevrange(self.stream_key, count=1)
-        self.last_id = last[0][0].decode() if last else "0-0"  # type: ignore[union-attr]
+        self.last_id = last[0][0].decode() if last else START  # type: ignore[union-attr]
         now, n = time.time(), 0
         bad = 0
         async for entry in self.shared.records():
@@ -292,11 +295,31 @@ class RedisSync:
         await follow(self.tail_redis, self._read, lambda: self._closing, self._tail_failed)
 
     async def _read(self) -> None:
+        last = self.last_id
         resp: Any = await self.tail_redis.xread(
-            {self.stream_key: self.last_id}, block=self.block_ms, count=500
+            {self.stream_key: last}, block=self.block_ms, count=_READ_COUNT
         )
         self._tail_log.ok()
         items = [item for _stream, batch in resp or [] for item in batch]
+        if self._check_gap or len(items) >= _READ_COUNT:
+            gap = await missed(self.tail_redis, self.stream_key, last)
+            self._check_gap = False
+            if gap:
+                # adds and wrong-hit bars this process never read were trimmed: the hash
+                # holds every live record with its bar, so a rebuild brings both (and moves
+                # last_id to the stream's end, past this batch, which the hash also holds)
+                self._m.labels("tail", "gap").inc()
+                n = await self.rebuild()
+                log.warning(
+                    "semantic sync: events after %s were trimmed from %s before this process"
+                    " read them (cut off or behind for more than %d events); rebuilt %d"
+                    " entries from the shared hash",
+                    last,
+                    self.stream_key,
+                    STREAM_MAXLEN,
+                    n,
+                )
+                return
         # An add event names its record; the records of a batch's adds come in one HMGET, read
         # before last_id moves (a failed read is read again). The hash holds each key's latest
         # record, so an add followed by a remove in the batch finds none, as it should.
@@ -317,5 +340,6 @@ class RedisSync:
             self._apply(fields, records)
 
     def _tail_failed(self, exc: Exception) -> None:
+        self._check_gap = True
         self._m.labels("tail", "error").inc()
         self._tail_log.failed(f"{exc}; retrying with backoff up to 5 s")

@@ -1,0 +1,66 @@
+"""Did a stream tail miss events that the stream's length cap trimmed before it read them?
+
+The purge fan-out and the semantic sync tail capped Redis Streams (`XADD MAXLEN ~`) from the
+last id they read. A tail cut off from Redis for longer than the cap covers (a partition, a
+stall, a long GC pause in a busy fleet) resumes from that id, and XREAD silently returns only
+what is left: the events trimmed in between are gone without a sign. For the purge stream
+(1,000 events, and every invalidating request adds one) those were deletes, and the process
+went on serving from memory what the rest of the fleet had deleted, until the TTL.
+
+`missed` tells the tail. Trimming removes the oldest entries first, so a tail has missed nothing
+while the oldest entry the stream still holds is at or before the last one it read. Once the
+stream's first entry is past it, the entry the tail read last is gone, and so may be unread ones
+after it: that counts as missed (it can be a false alarm only when the trim stopped exactly at
+the tail's position, i.e. when the tail was at the edge of losing events anyway). A stream that
+has never lost an entry (`entries-added == length`) has missed nothing, whatever the ids. A
+stream that is gone (Redis restarted empty, a flush, a failover to a replica without it) while
+the tail had read from it counts as missed: what was announced before it went is unknown.
+
+The tails ask after their first read, after each read that follows a failure (a reconnect) and
+after a read that filled its batch (the tail is behind): a caught-up tail cannot fall a whole
+cap behind between two reads, and an idle one is never trimmed past (trimming happens on XADD,
+after the entry it read). The caller passes the id it read from *before* the XREAD whose result
+it is about to apply, so an entry trimmed after that read (and in its result) is not missed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from cache.redis_client import AnyRedis
+
+START = "0-0"  # a tail's position before a stream's first entry
+
+
+def _id(raw: Any) -> tuple[int, int]:
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+async def missed(redis: AnyRedis, key: str, read_from: str) -> bool:
+    """Whether entries of stream `key` after `read_from` were removed before the tail read them
+    (see the module docstring). Redis errors propagate: the tail's retry handles them."""
+    try:
+        info: Any = await redis.xinfo_stream(key)
+    except ResponseError as exc:
+        if "no such key" not in str(exc).lower():
+            raise
+        return read_from != START
+    added, length = info.get("entries-added"), info.get("length")
+    if added is not None and length is not None and int(added) == int(length):
+        return False
+    # Redis >= 7.0 records the first id even when the stream is empty; older ones show the
+    # first entry (none once everything was trimmed: then it is the last generated id)
+    first = info.get("recorded-first-entry-id")
+    if first is None:
+        entry = info.get("first-entry")
+        if entry:
+            first = entry[0]
+        elif int(length or 0) == 0:
+            return _id(info.get("last-generated-id", START)) > _id(read_from)
+        else:
+            return False
+    return _id(first) > _id(read_from)

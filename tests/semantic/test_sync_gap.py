@@ -1,0 +1,83 @@
+"""A process whose semantic sync tail was cut off from Redis while the stream's length cap
+trimmed the events it had not read.
+
+Before: the tail resumed from its last id and never learnt what was trimmed. A wrong-hit bar that
+another process raised on an entry did not reach it (it went on serving that entry to the
+paraphrases the report had ruled out), and the entries added meanwhile were missing until its
+next start. Now the tail sees the gap (cache.stream_gap) and rebuilds from the shared hash, whose
+records carry their bars.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+import cache.semantic.sync as sync_module
+from cache.embedder import Embedder
+from cache.semantic.records import entry_id
+from cache.semantic.sync import RedisSync
+from cache.settings import RedisSettings
+from tests.semantic.test_sync import new_stage, wait_for
+from tests.support.servers import RedisServer
+
+
+@pytest.fixture
+async def user(redis_server: RedisServer) -> AsyncIterator[tuple[str, str, Redis]]:
+    admin = Redis.from_url(redis_server.url)
+    name = f"u{uuid.uuid4().hex[:8]}"
+    await admin.execute_command("ACL", "SETUSER", name, "on", ">pw", "~*", "&*", "+@all")
+    try:
+        yield f"redis://{name}:pw@127.0.0.1:{redis_server.port}/0", name, admin
+    finally:
+        await admin.execute_command("ACL", "DELUSER", name)
+        await admin.aclose()
+
+
+def _gaps(sync: RedisSync) -> float:
+    return sync._m.labels("tail", "gap")._value.get()
+
+
+@pytest.mark.parametrize("trimmed", [True, False], ids=["trimmed", "within-the-cap"])
+async def test_a_tail_cut_off_past_the_cap_rebuilds_and_gets_the_bars_it_missed(
+    redis_server: RedisServer,
+    embedder: Embedder,
+    user: tuple[str, str, Redis],
+    monkeypatch: pytest.MonkeyPatch,
+    trimmed: bool,
+) -> None:
+    # the real cap trims at 200,000 events; a small one trims the same way (XADD MAXLEN ~)
+    monkeypatch.setattr(sync_module, "STREAM_MAXLEN", 100 if trimmed else 10_000)
+    url, name, admin = user
+    prefix = f"g{time.monotonic_ns()}:"
+    a, b = new_stage(embedder), new_stage(embedder)
+    sa = RedisSync.from_settings(a, RedisSettings(url=url, key_prefix=prefix), block_ms=100)
+    sb = RedisSync.from_settings(b, RedisSettings(url=redis_server.url, key_prefix=prefix))
+    await sa.start()
+    await sb.start()
+    try:
+        vec = await b.embed("How do I reset my password?")
+        await b.add("ns", "How do I reset my password?", "reset", ttl=3600, vector=vec)
+        await wait_for(lambda: entry_id("reset") in a.entries, 5)
+        await wait_for(lambda: not sa._check_gap, 5)
+        await admin.execute_command("ACL", "SETUSER", name, "-xread")  # A is cut off
+        await wait_for(lambda: sa._check_gap, 10)
+
+        assert await b.report_wrong("reset", 0.95)  # B's client: that hit was wrong
+        await b.add("ns", "What is a cache?", "cache", ttl=3600)
+        for i in range(400):  # a busy fleet goes on adding
+            await b.add("ns", f"filler question {i}", f"filler-{i}", ttl=3600, vector=vec)
+        await sb.published()
+        await admin.execute_command("ACL", "SETUSER", name, "+xread")
+
+        await wait_for(lambda: len(a.entries) == len(b.entries), 20)
+        assert a.entries[entry_id("reset")].bar == b.entries[entry_id("reset")].bar > 0.95
+        assert entry_id("cache") in a.entries
+        assert _gaps(sa) == (1 if trimmed else 0)
+    finally:
+        await sa.aclose()
+        await sb.aclose()
