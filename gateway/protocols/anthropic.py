@@ -139,11 +139,14 @@ class AnthropicAdapter:
         if system is not None:
             fields["system"] = _blocks(system)
         hdrs = key_headers(headers)
+        key: dict[str, Any] = {"body": fields, "headers": hdrs, "query": query}
+        if path != PATH:  # `/v1/messages/`: another URI, never the entry of the path without
+            key["path"] = path
         call = Call(
             "anthropic",
             model,
             # the query (the SDK's beta client sends ?beta=true) may change the answer too
-            {"body": fields, "headers": hdrs, "query": query},
+            key,
             stream=stream,
             kind=KIND,
             deterministic=zero_temperature(doc),
@@ -158,4 +161,6 @@ class AnthropicAdapter:
         context["messages"] = fields["messages"][:-1]
         context["last"] = {k: v for k, v in last.items() if k != "content"}
         call.context = {"body": context, "headers": hdrs, "query": query}
+        if path != PATH:
+            call.context["path"] = path
         return call

@@ -60,7 +60,9 @@ class OpenAIAdapter:
         fields = {k: v for k, v in doc.items() if k not in self._ignored}
         # The path names an Azure deployment and the query an api-version (or a key some
         # servers take there): answers from another deployment or version are another answer.
-        target = path.rstrip("/") + ("?" + query if query else "")
+        # The path as sent: `/v1/chat/completions/` is another URI (RFC 9110 4.2.3), which an
+        # upstream may refuse or redirect, so it never shares the entry of the path without.
+        target = path + ("?" + query if query else "")
         call = Call("openai", model, {"body": fields, "target": target}, stream=stream, kind=kind)
         options = doc.get("stream_options")
         call.extra["include_usage"] = isinstance(options, dict) and bool(
