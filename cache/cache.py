@@ -50,6 +50,7 @@ class Cache:
         )
         if self.redis is not None and self.fanout is not None:
             self.redis.on_late_delete = self._announce_late
+            self.redis.purges.on_late_purge = self._announce_late_purge
         self.flights: SingleFlight[Any] = SingleFlight(self.metrics)
         self.counts = {"lookups": 0, "memory": 0, "redis": 0, "misses": 0, "bypasses": 0}
         self.routes: dict[str, RouteCache] = {}
@@ -95,8 +96,11 @@ class Cache:
         """Another process's purge or invalidation. Pending: its delete of that one key was
         not confirmed, so the old entry may still be in Redis: this process reads none of it
         from there until its own delete lands (remembered before the memory tier lets go)."""
-        if pending and selector.key is not None and self.redis is not None:
-            self.redis.redo(selector.key, announce=False)
+        if pending and self.redis is not None:
+            if selector.key is not None:
+                self.redis.redo(selector.key, announce=False)
+            else:  # a purge whose Redis part failed there: kept from Redis here, and run
+                self.redis.purges.add(selector, announce=False)
         return await self.memory.purge(selector)
 
     async def _announce_late(self, keys: list[str]) -> None:
@@ -126,7 +130,9 @@ class Cache:
             try:
                 out["redis"] = await self.redis.purge(selector)
             except TierError as exc:
-                out["redis"] = {"error": str(exc)}
+                # kept from being read back, and run again once Redis answers (then announced)
+                self.redis.purges.add(selector)
+                out["redis"] = {"error": str(exc), "retrying": True}
         # A Redis read that answered while Redis was being purged may have put back what the
         # purge removes: a second pass drops it, and bumps the generation again, so a read or
         # an upstream answer still in flight is not kept either (LayeredTier.lookup,
@@ -135,8 +141,21 @@ class Cache:
         if self.siblings is not None:  # after Redis: a sibling told first could read it back
             out["other_workers"] = await self.siblings(selector)
         if self.fanout is not None:
-            out["other_processes"] = await self.fanout.announce(selector)
+            # pending: the others keep it from Redis and run it too (Cache._apply_announced)
+            pending = isinstance(out.get("redis"), dict)
+            told = await self.fanout.announce(selector, pending=pending)
+            out["other_processes"] = told
+            if told.startswith("not announced") and self.redis is not None:
+                self.redis.purges.add(selector)  # the retry announces it
         return out
+
+    async def _announce_late_purge(self, selector: Selector) -> None:
+        """A purge whose Redis part (or announcement) failed reached Redis at last: the other
+        processes' memory tiers may hold what it removes (read from Redis before it landed)."""
+        fanout, redis = self.fanout, self.redis
+        assert fanout is not None and redis is not None
+        if (await fanout.announce(selector)).startswith("not announced"):
+            redis.purges.add(selector)
 
     async def stats(self) -> dict[str, object]:
         c = self.counts

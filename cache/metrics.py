@@ -46,6 +46,17 @@ class CacheMetrics:
             ["op", "kind"],
             registry=r,
         )
+        self.purges_waiting = Gauge(
+            "latentgate_cache_redis_purges_waiting",
+            "Admin purges whose Redis part failed: this process reads no key they match from"
+            " Redis, and runs them again once it answers (cache.tiers.redis_purges)",
+            registry=r,
+        )
+        self.purges_forgotten = Counter(
+            "latentgate_cache_redis_purges_forgotten",
+            "Waiting purges forgotten past the cap (their entries live in Redis until their TTL)",
+            registry=r,
+        )
         self.stream_gaps = Counter(
             "latentgate_cache_stream_gaps",
             "Times a stream tail found that events it had not read were trimmed (it was cut off"

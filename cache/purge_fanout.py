@@ -164,11 +164,12 @@ class PurgeFanout:
         pending: bool = False,
     ) -> str:
         """Tell the other processes; what the admin answer says about it. `pending`: a one-key
-        selector whose delete Redis has not confirmed (the readers delete it too). deadline_s bounds
-        the wait (a request's invalidation must not wait out a stalled Redis), not the
-        announcement: one still on its way then is sent on in the background, within the
-        client's socket timeout (a burst of DELETEs on a busy process used the deadline up
-        while Redis was healthy, and the others kept serving what was deleted)."""
+        selector whose delete Redis has not confirmed (the readers delete it too), or a purge
+        whose Redis part failed (the readers read none of it from Redis and run it too).
+        deadline_s bounds the wait (a request's invalidation must not wait out a stalled
+        Redis), not the announcement: one still on its way then is sent on in the background,
+        within the client's socket timeout (a burst of DELETEs on a busy process used the
+        deadline up while Redis was healthy, and the others kept serving what was deleted)."""
         fields: dict[Any, Any] = {
             b"o": self.origin,
             b"r": selector.route_h or "",
@@ -179,8 +180,8 @@ class PurgeFanout:
             # (a reader without this field drops the key's route, model and tenant: more of
             # that one tenant's entries, never another's)
             fields[b"k"] = selector.key
-            if pending:
-                fields[b"p"] = b"1"
+        if pending:
+            fields[b"p"] = b"1"
         send = asyncio.ensure_future(self._send(fields, on_failure))
         self._sending.add(send)  # (held until sent: a request's deadline does not cancel it)
         send.add_done_callback(self._sending.discard)
@@ -269,7 +270,7 @@ class PurgeFanout:
         if fields.get(b"o", b"").decode() == self.origin:
             return
         route_h, model_h, tenant_h, key = (fields.get(f, b"").decode() or None for f in _FIELDS)
-        pending = key is not None and fields.get(b"p") == b"1"
+        pending = fields.get(b"p") == b"1"
         try:
             await self.apply(Selector(route_h, model_h, tenant_h, key), pending)
             self.applied += 1

@@ -124,7 +124,13 @@ async def admin_cache_purge(request: web.Request) -> web.Response:
     if all(v is None for v in fields.values()) and doc.get("all") is not True:
         raise BadRequest("say what to purge: route, model, tenant, or all: true")
     # (with --workers N, the other workers' memory too, by this selector: Cache.siblings)
-    return _json({"purged": await cache.purge(**fields)})
+    purged = await cache.purge(**fields)
+    # 202: Redis (or the announcement to the other processes) did not take it yet; this
+    # process reads none of it from Redis meanwhile and runs it again once Redis answers
+    waiting = isinstance(purged.get("redis"), dict) or str(
+        purged.get("other_processes", "")
+    ).startswith("not announced")
+    return _json({"purged": purged}, 202 if waiting else 200)
 
 
 def utf8(value: object) -> bool:

@@ -33,6 +33,7 @@ from cache.redis_client import REDIS_ERRORS, connect, stop_task
 from cache.settings import RedisSettings
 from cache.tiers.delete_journal import open_journal
 from cache.tiers.redis_deletes import WaitingDeletes
+from cache.tiers.redis_purges import WaitingPurges
 from cache.tiers.undeleted import UndeletedKeys
 
 log = logging.getLogger("latentgate.cache.redis")
@@ -88,6 +89,8 @@ class RedisTier(WaitingDeletes):
         self._retrying: asyncio.Task[None] | None = None
         self._retry_s = 0.25  # the breaker, not this, paces the retries while Redis is down
         self._metrics.undeleted.set(len(self.undeleted))  # a stopped process's, if any
+        # purges Redis did not take: kept from being read back, retried (cache.tiers.redis_purges)
+        self.purges = WaitingPurges(self.purge, self.breaker.allow, metrics, self._retry_s)
 
     def _breaker_changed(self, state: int) -> None:
         self._metrics.breaker_state.set(state)
@@ -156,8 +159,9 @@ class RedisTier(WaitingDeletes):
             return None
 
     async def get_checked(self, key: str) -> CacheEntry | None:
-        if key in self.undeleted:  # (before the breaker: no call, so no probe left open)
-            return None  # what Redis holds there is what this process deleted
+        if key in self.undeleted or (self.purges and self.purges.blocks(key)):
+            # (before the breaker: no call, so no probe left open)
+            return None  # what Redis holds there is what this process deleted or purged
         if not self.breaker.allow():
             raise TierError("redis is marked down (breaker open)")
         data = await self._batched_get(key)
@@ -336,6 +340,7 @@ class RedisTier(WaitingDeletes):
         # awaited: a cancel redis-py spent on an UNLINK in flight left the loop running on
         # after the tier closed (a reload's old tier kept deleting and announcing)
         await stop_task(self._retrying)
+        await stop_task(self.purges.task)
         self.undeleted.close()  # (its keys stay in the file for the next process)
         for t in list(self._tasks):
             t.cancel()

@@ -1,0 +1,106 @@
+"""Purges whose Redis part failed: remembered, kept from being read back, and retried.
+
+`POST /admin/cache/purge` drops this process's memory entries, then deletes the matching keys
+in Redis. When Redis failed that (down, slow, the breaker open), the answer said so and nothing
+else happened: once Redis answered again, this process read the purged entries straight back
+into memory and served them, and so did every other process, until their TTL. A purge is often
+the one thing that must happen (a tenant's data, an answer that was wrong), so now such a
+selector is remembered: this process reads no key it matches from Redis (a miss: the upstream
+answers, and a new answer is stored as usual), and the purge is run again once Redis takes
+commands, after which the other processes are told (their memory tiers may hold what was
+purged: `on_late_purge`, the purge fan-out). The purge's own announcement says its Redis part is
+pending, so every other process keeps it too (reads none of it from Redis, runs it once Redis
+answers; not announced again). The admin answer is then 202, not 200.
+
+Bounded (`MAX_WAITING`): past that, the oldest is forgotten, counted and logged. Not
+journaled: a process that stops first forgets its waiting purges (the 202 said the purge was
+not done; docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from cache.errors import TierError
+from cache.keys import Selector
+from cache.metrics import CacheMetrics
+
+log = logging.getLogger("latentgate.cache.redis")
+
+MAX_WAITING = 256
+
+
+class WaitingPurges:
+    def __init__(
+        self,
+        purge: Callable[[Selector], Awaitable[int]],
+        allowed: Callable[[], bool],
+        metrics: CacheMetrics,
+        retry_s: float = 0.25,
+        cap: int = MAX_WAITING,
+    ) -> None:
+        """`purge` runs one selector's purge in Redis (raises TierError), `allowed` says
+        whether the breaker lets a call through."""
+        self._purge = purge
+        self._allowed = allowed
+        self._metrics = metrics
+        self._retry_s = retry_s
+        self.cap = cap
+        self.waiting: list[Selector] = []
+        self._announce: set[Selector] = set()  # the ones the others are told of once landed
+        self.on_late_purge: Callable[[Selector], Awaitable[object]] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.waiting)
+
+    def blocks(self, key: str) -> bool:
+        """Whether `key` matches a purge that has not reached Redis: not to be read there."""
+        return any(s.matches(key) for s in self.waiting)
+
+    def add(self, selector: Selector, announce: bool = True) -> None:
+        """`announce`: have the other processes told once it lands (False: another process's
+        purge, announced with its Redis part pending, which every reader runs too)."""
+        if selector not in self.waiting:
+            self.waiting.append(selector)
+        if announce:
+            self._announce.add(selector)
+        if len(self.waiting) > self.cap:
+            self._announce.discard(self.waiting.pop(0))
+            self._metrics.purges_forgotten.inc()
+            log.warning(
+                "redis: more than %d purges waiting for Redis; the oldest is forgotten (its"
+                " entries live in Redis until their TTL)",
+                self.cap,
+            )
+        self._metrics.purges_waiting.set(len(self.waiting))
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._retry())
+
+    async def _retry(self) -> None:
+        while self.waiting:
+            await asyncio.sleep(self._retry_s)
+            if not self._allowed():
+                continue
+            selector = self.waiting[0]
+            try:
+                removed = await self._purge(selector)
+            except TierError:
+                continue
+            # (still waiting until its keys are gone: a read meanwhile is kept from Redis)
+            if selector in self.waiting:
+                self.waiting.remove(selector)
+            self._metrics.purges_waiting.set(len(self.waiting))
+            log.warning("redis: a purge that had failed reached Redis (%d keys)", removed)
+            if selector in self._announce and self.on_late_purge is not None:
+                self._announce.discard(selector)
+                try:
+                    await self.on_late_purge(selector)
+                except Exception:  # the cache boundary: the purge itself landed
+                    log.exception("announcing a late purge failed")
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        return self._task
