@@ -123,6 +123,13 @@ async def admin_cache_purge(request: web.Request) -> web.Response:
         raise BadRequest("route and model must be strings")
     if all(v is None for v in fields.values()) and doc.get("all") is not True:
         raise BadRequest("say what to purge: route, model, tenant, or all: true")
+    routes = [r.name for r in request.app[STATE].settings.routes]
+    if fields["route"] is not None and fields["route"] not in routes:
+        # a misspelt name purged nothing and answered 200, which read as done
+        raise BadRequest(
+            f"no route is named {fields['route']!r}; the routes are: {', '.join(routes)}",
+            param="route",
+        )
     # (with --workers N, the other workers' memory too, by this selector: Cache.siblings)
     purged = await cache.purge(**fields)
     # 202: Redis (or the announcement to the other processes) did not take it yet; this

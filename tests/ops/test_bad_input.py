@@ -341,3 +341,16 @@ def test_the_binary_header_length_is_ascii_digits_only(gw: ServerThread) -> None
         assert "must be an integer (ASCII digits)" in doc["error"], doc
     hlen = f"Inference-Header-Content-Length: {n}\r\n".encode()
     assert send(gw, b"/v2/models/m/infer", hlen, header + b"\x09")[0] == 200
+
+
+def test_a_purge_of_a_route_no_route_is_named_is_a_400(gw: ServerThread) -> None:
+    """Before: a misspelt route purged nothing and answered 200, which read as done."""
+    auth = b"Authorization: Bearer %s\r\n" % ADMIN_TOKEN.encode()
+    status, _, doc = send(gw, b"/admin/cache/purge", headers=auth, body=b'{"route": "caht"}')
+    assert_json_error(status, doc, 400)
+    assert "'caht'" in doc["error"]["message"] and doc["error"]["param"] == "route"
+    routes = doc["error"]["message"].split("the routes are: ")[1].split(", ")
+    assert routes and all(r for r in routes)
+    body = b'{"route": "%s"}' % routes[0].encode()
+    status, _, doc = send(gw, b"/admin/cache/purge", headers=auth, body=body)
+    assert status == 200 and isinstance(doc["purged"]["memory"], int), doc
