@@ -23,6 +23,7 @@ from gateway.config_refs import (
     BACKEND_REF,
     ConfigIssue,
     http_to_grpc,
+    listener_clashes,
     missing_backend,
     reference_issues,
 )
@@ -176,6 +177,13 @@ class Settings(_Frozen):
                         f"route {route.name!r}: judge backend {judge.backend!r} must be a remote "
                         f"HTTP backend under backends ({', '.join(sorted(self.backends))})",
                     )
+        listeners = [
+            (("listeners", str(i)), ls.model_dump()) for i, ls in enumerate(self.listeners)
+        ]
+        if self.admin.listener is not None:
+            listeners.append((("admin", "listener"), self.admin.listener.model_dump()))
+        if listener_clashes(listeners):  # said with its path and line by listener_issues
+            raise PydanticCustomError(BACKEND_REF, "listeners")
         for name in self.readiness.require:
             spec = self.backends.get(name)
             if spec is None or (

@@ -1,11 +1,11 @@
 """Cross-references in a config file, checked on the raw tree (gateway.config): a route naming a
 missing backend or an HTTP route naming a gRPC pool, a route name used twice, readiness naming
-a backend that is not there. Found before the models validate, so they are reported beside
-field errors with their own path and line."""
+a backend that is not there, two listeners on one address. Found before the models validate,
+so they are reported beside field errors with their own path and line."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,9 +39,10 @@ def reference_issues(data: Any, lines: dict[tuple[str, ...], int]) -> list[Confi
     validator only runs once every field is valid)."""
     backends = data.get("backends")
     routes = data.get("routes")
+    issues = listener_issues(data, lines)
     if not isinstance(backends, dict):
-        return []
-    issues = readiness_issues(data, backends, lines)
+        return issues
+    issues += readiness_issues(data, backends, lines)
     if not isinstance(routes, list):
         return issues
     named: dict[str, int] = {}
@@ -92,6 +93,66 @@ def readiness_issues(
             continue
         issues.append(ConfigIssue(".".join(path), lines.get(path), msg))
     return issues
+
+
+DEFAULT_LISTENER = {"host": "127.0.0.1", "port": 8080}
+_ANY_HOST = (None, "", "0.0.0.0", "::")
+
+
+Located = tuple[tuple[str, ...], Any]  # (path in the config tree, the raw mapping)
+
+
+def listener_clashes(listeners: Sequence[Located]) -> list[tuple[tuple[str, ...], str]]:
+    """Messages for listeners (path, raw mapping) that cannot both bind: one unix path twice, or
+    one TCP port twice on the same host or where either takes every host (port 0, any free
+    one, never clashes). Before, check-config said ok and serve exited 2 with "address already
+    in use" on its own second listener."""
+    seen: list[Located] = []
+    out = []
+    for path, spec in listeners:
+        if not isinstance(spec, Mapping):
+            continue
+        for first, other in seen:
+            if _clash(spec, other):
+                where = _where(spec)
+                out.append((path, f"{where} is also where {'.'.join(first)} listens"))
+                break
+        seen.append((path, spec))
+    return out
+
+
+def _where(spec: Mapping[str, Any]) -> str:
+    if spec.get("unix") is not None:
+        return f"unix socket {spec['unix']}"
+    return f"{spec.get('host') or '*'}:{spec.get('port')}"
+
+
+def _clash(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    if a.get("unix") is not None or b.get("unix") is not None:
+        return a.get("unix") is not None and a.get("unix") == b.get("unix")
+    port = a.get("port")
+    if not isinstance(port, int) or port == 0 or port != b.get("port"):
+        return False
+    ha, hb = a.get("host"), b.get("host")
+    return ha == hb or ha in _ANY_HOST or hb in _ANY_HOST
+
+
+def listeners_of(data: Mapping[str, Any]) -> list[Located]:
+    raw = data.get("listeners", [DEFAULT_LISTENER])
+    found: list[Located] = []
+    if isinstance(raw, list):
+        found = [(("listeners", str(i)), spec) for i, spec in enumerate(raw)]
+    admin = data.get("admin")
+    if isinstance(admin, Mapping) and admin.get("listener") is not None:
+        found.append((("admin", "listener"), admin["listener"]))
+    return found
+
+
+def listener_issues(data: Any, lines: dict[tuple[str, ...], int]) -> list[ConfigIssue]:
+    if not isinstance(data, Mapping):
+        return []
+    clashes = listener_clashes(listeners_of(data))
+    return [ConfigIssue(".".join(path), lines.get(path), msg) for path, msg in clashes]
 
 
 @dataclass(frozen=True)

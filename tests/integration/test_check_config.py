@@ -227,3 +227,45 @@ def test_a_key_given_twice_is_an_error_not_the_last_one_silently(tmp_path: Path)
     )
     settings = parse_settings(merged)
     assert "8001" in str(settings.backends["other"])
+
+
+CLASHING = """\
+listeners:
+  - {name: main, host: 0.0.0.0, port: 8080}
+  - {name: grpc, protocol: grpc, host: 127.0.0.1, port: 8080}
+  - {name: other-host, host: 127.0.0.2, port: 9000}
+  - {name: any-port, host: 127.0.0.1, port: 0}
+  - {name: sock, unix: /tmp/lg.sock}
+admin:
+  listener: {name: admin, unix: /tmp/lg.sock}
+backends:
+  upstream: {kind: remote, replicas: ["http://127.0.0.1:8000"]}
+routes:
+  - {name: all, match: {prefix: /}, backend: upstream}
+"""
+
+
+def test_two_listeners_on_one_address_fail_the_check(tmp_path: Path) -> None:
+    """Before: check-config said ok and serve exited 2 with "address already in use" on its own
+    second listener. A wildcard host takes the port on every address; port 0 never clashes."""
+    cfg = tmp_path / "clash.yaml"
+    cfg.write_text(CLASHING)
+    out = _check(cfg)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "2 error(s)" in out.stderr, out.stderr
+    assert "listeners.1 (line 3): 127.0.0.1:8080 is also where listeners.0 listens" in out.stderr
+    assert "admin.listener (line 8): unix socket /tmp/lg.sock is also where listeners.4" in (
+        out.stderr
+    )
+    # what is fixed passes; an admin listener without a host takes every address
+    fixed = CLASHING.replace("port: 8080}\n  - {name: grpc", "port: 8081}\n  - {name: grpc")
+    fixed = fixed.replace("listener: {name: admin, unix: /tmp/lg.sock}", "listener: {port: 8082}")
+    assert parse_settings(fixed, "fixed.yaml").admin.listener is not None
+    clash = fixed.replace("listener: {port: 8082}", "listener: {port: 8081}")  # (host: any)
+    assert _check_text(tmp_path, clash).returncode == 1
+
+
+def _check_text(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
+    cfg = tmp_path / "again.yaml"
+    cfg.write_text(text)
+    return _check(cfg)
