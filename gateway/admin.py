@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from cache import identity_from_purge
+from gateway import worker_stats
 from gateway.codings import read_body
 from gateway.errors import BadRequest, GatewayError, NotFound, Unauthorized, error_body
 from gateway.readiness import readiness
@@ -88,10 +89,13 @@ async def admin_config(request: web.Request) -> web.Response:
 
 
 async def admin_cache_stats(request: web.Request) -> web.Response:
-    cache = request.app[STATE].cache
-    if cache is None:
+    state = request.app[STATE]
+    if state.cache is None:
         raise NotFound("no cache is configured")
-    return _json(await cache.stats())
+    own = await state.cache.stats()
+    if state.worker_metrics is not None:  # --workers N: every worker's, summed
+        return _json(await worker_stats.gather(state.worker_metrics.workers, own))
+    return _json(own)
 
 
 async def admin_cache_purge(request: web.Request) -> web.Response:

@@ -17,7 +17,7 @@ import tempfile
 from aiohttp import web
 
 from cache import Cache, share_generated_secret
-from gateway import access_log, worker_drops
+from gateway import access_log, worker_drops, worker_stats
 from gateway.app import build_app
 from gateway.codings import SERVER_OPTIONS
 from gateway.config import Settings
@@ -63,6 +63,7 @@ async def serve(
         if cache is not None:  # (an invalidation goes by the fan-out when there is Redis)
             posts[worker_drops.PATH] = worker_drops.handler(cache.memory.purge)
             cache.siblings = worker_drops.SiblingDrops(workers).announce
+            posts[worker_stats.PATH] = worker_stats.handler(cache.stats)
         state.worker_metrics = WorkerMetrics(workers, state.metrics.render, posts)
         await state.worker_metrics.start()
     grpc_listeners = app.get(GRPC)
