@@ -58,7 +58,9 @@ class UnknownSpans:
         tail = ""
         if self._cut is not None and len(text) > self._cut:
             text, tail = text[: self._cut], text[self._cut :]
-        short = self._short is None or len(text) <= self._short
+        # (ASCII only: a byte-level vocab splits other characters into several tokens, so a
+        # short text of emoji or CJK can overflow the window; the shortcut once missed that tail)
+        short = self._short is None or (text.isascii() and len(text) <= self._short)
         if (
             not tail
             and short
