@@ -11,16 +11,21 @@ went on serving from memory what the rest of the fleet had deleted, until the TT
 while the oldest entry the stream still holds is at or before the last one it read. Once the
 stream's first entry is past it, the entry the tail read last is gone, and so may be unread ones
 after it: that counts as missed (it can be a false alarm only when the trim stopped exactly at
-the tail's position, i.e. when the tail was at the edge of losing events anyway). A stream that
-has never lost an entry (`entries-added == length`) has missed nothing, whatever the ids. A
-stream that is gone (Redis restarted empty, a flush, a failover to a replica without it) while
-the tail had read from it counts as missed: what was announced before it went is unknown.
+the tail's position, i.e. when the tail was at the edge of losing events anyway). That holds
+for a stream that never lost an entry of its own, too: one made anew after the tail read from
+the old one (Redis restarted empty or was flushed, and the fleet wrote again before the tail's
+next read) holds none of the old one's events, and those the tail never read are gone (before,
+`entries-added == length` answered "nothing missed" for any position). Only a tail at the start
+reads every entry a stream holds: it missed something if the stream ever lost one. A stream
+that is gone while the tail had read from it counts as missed (what was announced before it went
+is unknown); an empty one, when ids were made after the tail's (its entries were trimmed).
 
 The tails ask after their first read, after each read that follows a failure (a reconnect) and
 after a read that filled its batch (the tail is behind): a caught-up tail cannot fall a whole
 cap behind between two reads, and an idle one is never trimmed past (trimming happens on XADD,
 after the entry it read). The caller passes the id it read from *before* the XREAD whose result
-it is about to apply, so an entry trimmed after that read (and in its result) is not missed.
+it is about to apply, and asks after that XREAD: a trim between the two can only raise a false
+alarm (a tail at the edge of the cap), never hide a gap the XREAD's result has.
 """
 
 from __future__ import annotations
@@ -49,18 +54,19 @@ async def missed(redis: AnyRedis, key: str, read_from: str) -> bool:
         if "no such key" not in str(exc).lower():
             raise
         return read_from != START
-    added, length = info.get("entries-added"), info.get("length")
-    if added is not None and length is not None and int(added) == int(length):
-        return False
-    # Redis >= 7.0 records the first id even when the stream is empty; older ones show the
-    # first entry (none once everything was trimmed: then it is the last generated id)
+    length = int(info.get("length") or 0)
+    if length == 0:
+        # nothing left to read (Redis >= 7.0 then records 0-0 as the first id): missed if
+        # entries were made after the tail's position
+        return _id(info.get("last-generated-id") or START) > _id(read_from)
+    added = info.get("entries-added")  # Redis >= 7.0
+    if read_from == START and added is not None:
+        return int(added) != length
+    # Redis >= 7.0 records the first id; older ones show the first entry
     first = info.get("recorded-first-entry-id")
     if first is None:
         entry = info.get("first-entry")
-        if entry:
-            first = entry[0]
-        elif int(length or 0) == 0:
-            return _id(info.get("last-generated-id", START)) > _id(read_from)
-        else:
+        if not entry:
             return False
+        first = entry[0]
     return _id(first) > _id(read_from)

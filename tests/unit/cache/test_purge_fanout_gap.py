@@ -156,3 +156,34 @@ async def test_a_stream_gone_with_redis_drops_the_memory_tier_once(
     finally:
         await a.aclose()
         await b.aclose()
+
+
+async def test_a_stream_made_anew_before_the_tail_is_back_drops_the_memory_tier(
+    redis_server: RedisServer, user: tuple[str, str, Redis]
+) -> None:
+    """Redis restarted empty while A was cut off, and the fleet announced again before A's
+    next read: the new stream never lost an entry, but the old one's purges A never read are
+    gone. Before: A read on from the new stream and served the deleted answer until its TTL."""
+    url, name, admin = user
+    a, b = await _pair(redis_server, url)
+    try:
+        ra, rb = route(a), route(b)
+        key = rb.key("m", FIELDS, ALICE)
+        assert await rb.store(key, CacheEntry(200, [], body=b"old", ttl=60.0))
+        assert await ra.lookup(key, request_directives(None)) is not None  # in A's memory
+        await _announce(b, 2)  # A has read from the stream (its position is an entry of it)
+        await until("A never read", lambda: a.fanout is not None and a.fanout.applied == 2)
+        await _cut_off(a, name, admin)
+        await rb.invalidate(key)  # announced on the old stream only
+        assert b.fanout is not None
+        await admin.delete(b.fanout.stream_key)  # Redis restarted empty
+        await _announce(b, 1)  # the fleet goes on: a new stream
+        await admin.execute_command("ACL", "SETUSER", name, "+xread")
+        await until(
+            "A never read the new stream", lambda: a.fanout is not None and a.fanout.applied == 3
+        )
+        assert _gaps(a) == 1
+        assert a.memory.get_now(key.value) is None  # before: the deleted answer, until its TTL
+    finally:
+        await a.aclose()
+        await b.aclose()
