@@ -158,8 +158,13 @@ class RedisSync:
             await client.aclose()
 
     async def rebuild(self) -> int:
-        last = await self.redis.xrevrange(self.stream_key, count=1)
-        self.last_id = last[0][0].decode() if last else START  # type: ignore[union-attr]
+        """Load the hash's live records; the tail then reads from the id the stream ended at
+        before the scan (replays are idempotent). last_id moves only once the scan is done: a
+        rebuild that fails midway (the tail's, after a gap) leaves it where it was, so the
+        retry finds the gap again and rebuilds again (before, it read on from the stream's end
+        and the records the scan had not reached were missing until the next start)."""
+        newest: Any = await self.redis.xrevrange(self.stream_key, count=1)
+        end = newest[0][0].decode() if newest else START
         now, n = time.time(), 0
         bad = 0
         async for entry in self.shared.records():
@@ -171,6 +176,7 @@ class RedisSync:
         if bad:
             self._m.labels("rebuild", "skipped").inc(bad)
             log.warning("semantic sync: skipped %d unreadable records in %s", bad, self.entries_key)
+        self.last_id = end
         log.info("semantic sync: rebuilt %d entries from Redis", n)
         return n
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError
 
 import cache.semantic.sync as sync_module
 from cache.embedder import Embedder
@@ -78,6 +80,58 @@ async def test_a_tail_cut_off_past_the_cap_rebuilds_and_gets_the_bars_it_missed(
         assert a.entries[entry_id("reset")].bar == b.entries[entry_id("reset")].bar > 0.95
         assert entry_id("cache") in a.entries
         assert _gaps(sa) == (1 if trimmed else 0)
+    finally:
+        await sa.aclose()
+        await sb.aclose()
+
+
+async def test_a_rebuild_that_fails_midway_is_done_again(
+    redis_server: RedisServer,
+    embedder: Embedder,
+    user: tuple[str, str, Redis],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis fails while the tail rebuilds after a gap (likely: a gap follows an outage).
+    Before: the rebuild had moved last_id to the stream's end before it read the hash, so the
+    retry read on from there, found no gap, and the records the failed scan had not reached
+    stayed missing until the process restarted."""
+    monkeypatch.setattr(sync_module, "STREAM_MAXLEN", 100)
+    url, name, admin = user
+    prefix = f"g{time.monotonic_ns()}:"
+    a, b = new_stage(embedder), new_stage(embedder)
+    sa = RedisSync.from_settings(a, RedisSettings(url=url, key_prefix=prefix), block_ms=100)
+    sb = RedisSync.from_settings(b, RedisSettings(url=redis_server.url, key_prefix=prefix))
+    await sa.start()
+    await sb.start()
+    try:
+        vec = await b.embed("How do I reset my password?")
+        await b.add("ns", "How do I reset my password?", "reset", ttl=3600, vector=vec)
+        await wait_for(lambda: entry_id("reset") in a.entries, 5)
+        await wait_for(lambda: not sa._check_gap, 5)
+        await admin.execute_command("ACL", "SETUSER", name, "-xread")  # A is cut off
+        await wait_for(lambda: sa._check_gap, 10)
+        for i in range(400):  # trimmed past A's position
+            await b.add("ns", f"filler question {i}", f"filler-{i}", ttl=3600, vector=vec)
+        await sb.published()
+
+        real, failed = sa.shared.records, []
+
+        async def records_failing_once(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            n = 0
+            async for entry in real(*args, **kwargs):
+                if not failed and n == 5:
+                    failed.append(True)
+                    raise ConnectionError("Redis went away mid-rebuild")
+                n += 1
+                yield entry
+
+        monkeypatch.setattr(sa.shared, "records", records_failing_once)
+        await admin.execute_command("ACL", "SETUSER", name, "+xread")
+        await wait_for(lambda: bool(failed), 20)
+        await b.add("ns", "What is a cache?", "cache", ttl=3600)  # after the failed rebuild
+        await sb.published()
+        await wait_for(lambda: entry_id("cache") in a.entries, 20)  # the tail read on past it
+        assert set(a.entries) == set(b.entries)  # before: the fillers the scan had not reached
     finally:
         await sa.aclose()
         await sb.aclose()
