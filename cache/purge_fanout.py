@@ -34,8 +34,10 @@ from cache.stream_gap import START, missed
 
 log = logging.getLogger("latentgate.cache.purge")
 
-# Purges are rare admin calls: a short history covers any reader's reconnect.
-_STREAM_MAXLEN = 1000
+# Admin purges are rare, but every invalidating request (a POST, PUT or DELETE on a cached
+# passthrough route) adds one too: 10,000 (~1 MB) covers a reconnect under a burst of those. A
+# tail that falls further behind drops its memory tier (cache.stream_gap).
+_STREAM_MAXLEN = 10_000
 _READ_COUNT = 100
 _FIELDS = (b"r", b"m", b"t", b"k")
 
@@ -254,12 +256,10 @@ class PurgeFanout:
             dropped,
         )
         if not read_on:
-            # the stream is gone or holds nothing past `last`: a stream made anew (Redis
-            # restarted empty) is read from its start
-            self.last_id = START if not await self._exists() else self.last_id
-
-    async def _exists(self) -> bool:
-        return bool(await self.tail_redis.exists(self.stream_key))
+            # the stream is gone or holds nothing past `last`: the tail goes on from its newest
+            # entry (its start when it is gone; one before `last` when a failover's replica,
+            # or a stream made anew, is behind: XREAD from `last` would skip what comes next)
+            self.last_id = await self._newest()
 
     def _failed(self, exc: Exception) -> None:
         self._check_gap = True

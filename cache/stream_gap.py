@@ -54,11 +54,17 @@ async def missed(redis: AnyRedis, key: str, read_from: str) -> bool:
         if "no such key" not in str(exc).lower():
             raise
         return read_from != START
+    newest = _id(info.get("last-generated-id") or START)
+    if newest < _id(read_from):
+        # the stream never got as far as the tail read: a failover's replica that was behind,
+        # or a stream made anew by a host whose clock is behind (what comes next is older
+        # than the tail's position, and XREAD from there would skip it)
+        return True
     length = int(info.get("length") or 0)
     if length == 0:
         # nothing left to read (Redis >= 7.0 then records 0-0 as the first id): missed if
         # entries were made after the tail's position
-        return _id(info.get("last-generated-id") or START) > _id(read_from)
+        return newest > _id(read_from)
     added = info.get("entries-added")  # Redis >= 7.0
     if read_from == START and added is not None:
         return int(added) != length

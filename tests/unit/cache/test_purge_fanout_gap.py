@@ -1,5 +1,5 @@
-"""A process cut off from the purge stream for longer than the stream holds (1,000
-announcements; every invalidating request adds one) and then back.
+"""A process cut off from the purge stream for longer than the stream holds (10,000
+announcements, 1,000 here; every invalidating request adds one) and then back.
 
 Before: its tail resumed from the last purge it had read, XREAD returned what the length cap had
 left, and the invalidation of an entry it held in memory was gone without a sign: it served the
@@ -17,6 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
+import cache.purge_fanout as purge_fanout
 from cache import Cache, CacheEntry, request_directives
 from cache.keys import Selector
 from cache.settings import CacheSettings
@@ -28,6 +29,12 @@ from tests.unit.cache.test_purge_fanout_unprimed import _until as until
 def _settings(url: str, prefix: str) -> CacheSettings:
     redis = {"url": url, "key_prefix": prefix}
     return CacheSettings.model_validate({"tenant_secret": "t" * 32, "redis": redis})
+
+
+@pytest.fixture(autouse=True)
+def _short_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the cap trims the same way at 1,000 (XADD MAXLEN ~) with a tenth of the announcements
+    monkeypatch.setattr(purge_fanout, "_STREAM_MAXLEN", 1000)
 
 
 @pytest.fixture
@@ -187,3 +194,39 @@ async def test_a_stream_made_anew_before_the_tail_is_back_drops_the_memory_tier(
     finally:
         await a.aclose()
         await b.aclose()
+
+
+async def test_a_stream_behind_the_tail_is_read_on_from_its_newest_entry(
+    redis_server: RedisServer, user: tuple[str, str, Redis]
+) -> None:
+    """After a failover to a replica that was behind (here: the stream made anew with ids below
+    what A read), A drops its memory and reads on from the stream's newest entry; before, it
+    read from its old position and skipped every purge announced after (their ids are older)."""
+    url, name, admin = user
+    a, b = await _pair(redis_server, url)
+    try:
+        ra = route(a)
+        assert a.fanout is not None and b.fanout is not None
+        await _announce(b, 2)
+        await until("A never read", lambda: a.fanout is not None and a.fanout.applied == 2)
+        await _cut_off(a, name, admin)
+        key = b.fanout.stream_key
+        await admin.delete(key)
+        await admin.xadd(key, {"o": "elsewhere", "r": "", "m": "", "t": "", "k": "x"}, id="1-1")
+        await admin.execute_command("ACL", "SETUSER", name, "+xread")
+        await until("A never noticed", lambda: _gaps(a) == 1)
+        await until(
+            "A did not move back", lambda: a.fanout is not None and a.fanout.last_id == "1-1"
+        )
+        k = ra.key("m", FIELDS, ALICE)
+        assert await ra.store(k, CacheEntry(200, [], body=b"v", ttl=60.0))
+        await rb_invalidate(b, k.value)
+        await until("A skipped the purge", lambda: a.memory.get_now(k.value) is None)
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def rb_invalidate(b: Cache, key: str) -> None:
+    assert b.fanout is not None
+    await b.fanout.announce(Selector(key=key))

@@ -68,10 +68,13 @@ async def test_a_stream_made_anew_after_the_tail_read_from_the_old_one_is_a_gap(
     r: Redis,
 ) -> None:
     key = _key()
-    old = await _add(r, key, 3)
-    read = old[0]  # the tail read the first; the two after it it never read
+    # (ids given: added within one millisecond, the new stream's would equal the old one's)
+    for ident in ("1000-0", "1000-1", "1000-2"):
+        await r.xadd(key, {"i": 0}, id=ident)
+    read = "1000-0"  # the tail read the first; the two after it it never read
     await r.delete(key)  # Redis restarted empty (or was flushed)
-    await _add(r, key, 2)  # the fleet writes again before the tail's next read
+    for ident in ("2000-0", "2000-1"):  # the fleet writes again before the tail's next read
+        await r.xadd(key, {"i": 0}, id=ident)
     assert await missed(r, key, read)  # before: False (the new stream never lost an entry)
     assert not await missed(r, key, START)  # a tail that starts here reads it all
 
@@ -83,3 +86,14 @@ async def test_a_stream_trimmed_to_nothing_past_the_tail_is_a_gap(r: Redis) -> N
     assert await missed(r, key, ids[1])  # before: False (Redis 7 records 0-0 as its first id)
     assert await missed(r, key, START)
     assert not await missed(r, key, ids[-1])  # it had read all there was
+
+
+async def test_a_stream_behind_the_tail_is_a_gap(r: Redis) -> None:
+    """A failover to a replica that had not received the last events, or a stream made anew by a
+    host whose clock is behind: the stream never got as far as the tail read. Its next events
+    would be older than the tail's position, and XREAD from there would skip them."""
+    key = _key()
+    await r.xadd(key, {"i": 0}, id="1000-0")
+    await r.xadd(key, {"i": 1}, id="1000-1")
+    assert await missed(r, key, "2000-0")  # the tail had read up to 2000-0 on the old primary
+    assert not await missed(r, key, "1000-1")
