@@ -46,7 +46,9 @@ async def test_cluster_batches_across_slots_and_purges_every_primary(
         got = await asyncio.gather(*(tier.get(k) for k in keys), tier.get("r.m.t.absent"))
         assert [g is not None for g in got] == [True] * 40 + [False]
         holding = [n for n in cluster.primaries() if int(cli(n.port, "dbsize").strip()) > 0]
-        assert len(holding) == 3  # the entries are spread over every primary
+        # the entries are spread over every primary (at least 3: under load, with the 1 s node
+        # timeout, a replica promoted meanwhile and the primary it replaces may both say master)
+        assert len(holding) >= 3
         stats = await tier.stats()
         assert stats["entries"] == 40 and int(str(stats["bytes"])) > 0
         token = await tier.acquire_lease(keys[0], 5000)
