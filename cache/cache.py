@@ -127,11 +127,13 @@ class Cache:
         for listener in self.purge_listeners:
             out.setdefault("semantic", await listener(selector))
         if self.redis is not None:
+            where: dict[str, int] = {}
             try:
-                out["redis"] = await self.redis.purge(selector)
+                out["redis"] = await self.redis.purge(selector, where)
             except TierError as exc:
-                # kept from being read back, and run again once Redis answers (then announced)
-                self.redis.purges.add(selector)
+                # kept from being read back, and run again once Redis answers (then announced),
+                # from where this try stopped
+                self.redis.purges.add(selector, where=where)
                 out["redis"] = {"error": str(exc), "retrying": True}
         # A Redis read that answered while Redis was being purged may have put back what the
         # purge removes: a second pass drops it, and bumps the generation again, so a read or
@@ -145,8 +147,8 @@ class Cache:
             pending = isinstance(out.get("redis"), dict)
             told = await self.fanout.announce(selector, pending=pending)
             out["other_processes"] = told
-            if told.startswith("not announced") and self.redis is not None:
-                self.redis.purges.add(selector)  # the retry announces it
+            if told.startswith("not announced") and self.redis is not None and not pending:
+                self.redis.purges.add(selector)  # the retry announces it (pending: added above)
         return out
 
     async def _announce_late_purge(self, selector: Selector) -> None:

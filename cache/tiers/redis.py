@@ -279,21 +279,53 @@ class RedisTier(WaitingDeletes):
         await asyncio.sleep(max(self.settings.breaker.open_s, self._op * 10))
         await self.release_lease(key, token, retry=False)
 
-    async def purge(self, selector: Selector) -> int:
-        """SCAN the selector's pattern and UNLINK in batches; raises TierError if Redis fails."""
+    async def purge(self, selector: Selector, where: dict[str, int] | None = None) -> int:
+        """SCAN the selector's pattern and UNLINK what each page finds; raises TierError if Redis
+        fails. `where`: the SCAN cursor of each node not done yet, kept page by page (empty:
+        from the start): a waiting purge's next try goes on from where its last one ran out of
+        timeouts.admin (cache.tiers.redis_purges). Before, each try began at cursor 0 again, so
+        one too big to scan within the deadline (a tenant's purge on a Redis holding everyone's
+        entries) never landed, and its keys stayed unread in every process told of it."""
+        where = {} if where is None else where
+        match = self.prefix + selector.pattern()
         removed = 0
         async with self._guard("purge", self.settings.timeouts.admin):
-            batch: list[str | bytes] = []
-            async for k in self.client.scan_iter(
-                match=self.prefix + selector.pattern(), count=1000
-            ):
-                batch.append(k)
-                if len(batch) >= 500:
-                    removed += int(await self.client.unlink(*batch))
-                    batch = []
-            if batch:
-                removed += int(await self.client.unlink(*batch))
+            if not where:
+                where.update(self._scan_start())
+            while where:
+                name, cursor = next(iter(where.items()))
+                found = await self._scan_page(name, cursor, match)
+                if found is None:  # a node the cluster no longer has: from the start again
+                    where.clear()
+                    where.update(self._scan_start())
+                    continue
+                cursor, keys = found
+                if keys:
+                    removed += int(await self.client.unlink(*keys))
+                if cursor:  # (after the UNLINK: a try cut short there scans that page again)
+                    where[name] = cursor
+                else:
+                    del where[name]
         return removed
+
+    def _scan_start(self) -> dict[str, int]:
+        """Cursor 0 on every primary (standalone and sentinel: the one server, named '')."""
+        if not isinstance(self.client, RedisCluster):
+            return {"": 0}
+        return {n.name: 0 for n in self.client.get_primaries()}
+
+    async def _scan_page(self, name: str, cursor: int, match: str) -> tuple[int, list[Any]] | None:
+        """One SCAN page of one node: its next cursor (0: done) and keys; None: no such node."""
+        client: Any = self.client
+        if not isinstance(client, RedisCluster):
+            cursor, keys = await client.scan(cursor, match=match, count=1000)
+            return int(cursor), list(keys)
+        node = client.get_node(node_name=name)
+        if node is None:
+            return None
+        # ({node name: cursor}, keys) from a cluster client (redis.cluster.parse_scan_result)
+        page: Any = await client.scan(cursor, match=match, count=1000, target_nodes=node)
+        return int(page[0][name]), list(page[1])
 
     async def stats(self) -> dict[str, object]:
         out: dict[str, object] = {"breaker": ("closed", "open", "half-open")[self.breaker.state]}

@@ -35,14 +35,15 @@ MAX_WAITING = 256
 class WaitingPurges:
     def __init__(
         self,
-        purge: Callable[[Selector], Awaitable[int]],
+        purge: Callable[[Selector, dict[str, int]], Awaitable[int]],
         allowed: Callable[[], bool],
         metrics: CacheMetrics,
         retry_s: float = 0.25,
         cap: int = MAX_WAITING,
     ) -> None:
-        """`purge` runs one selector's purge in Redis (raises TierError), `allowed` says
-        whether the breaker lets a call through."""
+        """`purge` runs one selector's purge in Redis (raises TierError) from where its last
+        try stopped (RedisTier.purge's `where`), `allowed` says whether the breaker lets a
+        call through."""
         self._purge = purge
         self._allowed = allowed
         self._metrics = metrics
@@ -50,6 +51,7 @@ class WaitingPurges:
         self.cap = cap
         self.waiting: list[Selector] = []
         self._announce: set[Selector] = set()  # the ones the others are told of once landed
+        self._where: dict[Selector, dict[str, int]] = {}  # how far each one's SCAN got
         self.on_late_purge: Callable[[Selector], Awaitable[object]] | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -60,15 +62,22 @@ class WaitingPurges:
         """Whether `key` matches a purge that has not reached Redis: not to be read there."""
         return any(s.matches(key) for s in self.waiting)
 
-    def add(self, selector: Selector, announce: bool = True) -> None:
+    def add(
+        self, selector: Selector, announce: bool = True, where: dict[str, int] | None = None
+    ) -> None:
         """`announce`: have the other processes told once it lands (False: another process's
-        purge, announced with its Redis part pending, which every reader runs too)."""
+        purge, announced with its Redis part pending, which every reader runs too). `where`:
+        how far a try of this purge got (RedisTier.purge); none: from the start. A selector
+        already waiting starts again too (what was stored meanwhile behind its SCAN goes)."""
         if selector not in self.waiting:
             self.waiting.append(selector)
+        self._where[selector] = where if where is not None else {}
         if announce:
             self._announce.add(selector)
         if len(self.waiting) > self.cap:
-            self._announce.discard(self.waiting.pop(0))
+            oldest = self.waiting.pop(0)
+            self._announce.discard(oldest)
+            self._where.pop(oldest, None)
             self._metrics.purges_forgotten.inc()
             log.warning(
                 "redis: more than %d purges waiting for Redis; the oldest is forgotten (its"
@@ -85,13 +94,16 @@ class WaitingPurges:
             if not self._allowed():
                 continue
             selector = self.waiting[0]
+            where = self._where.setdefault(selector, {})
             try:
-                removed = await self._purge(selector)
+                removed = await self._purge(selector, where)
             except TierError:
-                continue
+                continue  # (the next try goes on from `where`)
+            if self._where.get(selector) is not where:
+                continue  # added again meanwhile (or forgotten): run again from the start
             # (still waiting until its keys are gone: a read meanwhile is kept from Redis)
-            if selector in self.waiting:
-                self.waiting.remove(selector)
+            del self._where[selector]
+            self.waiting.remove(selector)
             self._metrics.purges_waiting.set(len(self.waiting))
             log.warning("redis: a purge that had failed reached Redis (%d keys)", removed)
             if selector in self._announce and self.on_late_purge is not None:

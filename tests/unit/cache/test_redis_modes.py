@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,9 @@ from cache.metrics import CacheMetrics
 from cache.redis_client import parse_hosts
 from cache.tiers.redis import RedisTier
 from tests.support.redis_topologies import RedisClusterServers, cli
+from tests.unit.cache.cache_pair import until
 from tests.unit.cache.conftest import redis_settings
+from tests.unit.cache.test_purge_resume import one_page_a_try
 
 
 @pytest.fixture(scope="module")
@@ -84,5 +87,28 @@ async def test_on_a_cluster_deletes_redis_could_not_take_land_across_slots(
             await asyncio.sleep(0.05)
         assert all(int(cli(n.port, "dbsize").strip()) == 0 for n in cluster.primaries())
         assert tier.breaker.state == 0
+    finally:
+        await tier.aclose()
+
+
+async def test_on_a_cluster_a_waiting_purge_goes_on_where_its_last_try_stopped(
+    cluster: RedisClusterServers, metrics: CacheMetrics
+) -> None:
+    """Each primary's SCAN cursor is kept across tries (RedisTier.purge's `where`), so a purge
+    whose tries get one page done each lands on every primary (test_purge_resume.py)."""
+    settings = redis_settings(
+        cluster.url, mode="cluster", timeouts={"admin": 0.5}, breaker={"failures": 10_000}
+    )
+    tier = RedisTier(settings, metrics)
+    client: Any = tier.client
+    try:  # (several SCAN pages on each primary)
+        await client.mset_nonatomic({f"{tier.prefix}other.m.t.k{i}": b"x" for i in range(6000)})
+        await client.mset_nonatomic({f"{tier.prefix}r.m.t.k{i}": b"x" for i in range(600)})
+        tries = one_page_a_try(tier)
+        tier.purges.add(Selector(route_h="r"))
+        await until("the purge never landed", lambda: not tier.purges)
+        assert tries() > 6
+        sizes = [int(cli(n.port, "dbsize").strip()) for n in cluster.primaries()]
+        assert sum(sizes) == 6000 and all(sizes)
     finally:
         await tier.aclose()
