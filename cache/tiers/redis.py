@@ -90,7 +90,7 @@ class RedisTier(WaitingDeletes):
         self._retry_s = 0.25  # the breaker, not this, paces the retries while Redis is down
         self._metrics.undeleted.set(len(self.undeleted))  # a stopped process's, if any
         # purges Redis did not take: kept from being read back, retried (cache.tiers.redis_purges)
-        self.purges = WaitingPurges(self.purge, self.breaker.allow, metrics, self._retry_s)
+        self.purges = WaitingPurges(self.purge, self.purge_ready, metrics, self._retry_s)
 
     def _breaker_changed(self, state: int) -> None:
         self._metrics.breaker_state.set(state)
@@ -307,6 +307,22 @@ class RedisTier(WaitingDeletes):
                 else:
                     del where[name]
         return removed
+
+    async def purge_ready(self) -> bool:
+        """Whether a waiting purge may run now: the breaker is closed, or a PING let through as
+        its half-open probe closed it. Not the SCAN itself: the probe is the one call let
+        through, every other refused until it ends, so this process read nothing from Redis
+        for as long as the SCAN ran (up to timeouts.admin, in every process told of it)."""
+        if self.breaker.state == CLOSED:
+            return True
+        if not self.breaker.allow():
+            return False
+        try:
+            async with self._guard("ping"):
+                await self.client.ping()
+        except TierError:
+            return False
+        return self.breaker.state == CLOSED
 
     def _scan_start(self) -> dict[str, int]:
         """Cursor 0 on every primary (standalone and sentinel: the one server, named '')."""

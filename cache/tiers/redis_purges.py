@@ -36,16 +36,16 @@ class WaitingPurges:
     def __init__(
         self,
         purge: Callable[[Selector, dict[str, int]], Awaitable[int]],
-        allowed: Callable[[], bool],
+        ready: Callable[[], Awaitable[bool]],
         metrics: CacheMetrics,
         retry_s: float = 0.25,
         cap: int = MAX_WAITING,
     ) -> None:
         """`purge` runs one selector's purge in Redis (raises TierError) from where its last
-        try stopped (RedisTier.purge's `where`), `allowed` says whether the breaker lets a
-        call through."""
+        try stopped (RedisTier.purge's `where`), `ready` says whether Redis takes commands
+        (RedisTier.purge_ready: the breaker is closed, or a probe of its own closed it)."""
         self._purge = purge
-        self._allowed = allowed
+        self._ready = ready
         self._metrics = metrics
         self._retry_s = retry_s
         self.cap = cap
@@ -91,7 +91,7 @@ class WaitingPurges:
     async def _retry(self) -> None:
         while self.waiting:
             await asyncio.sleep(self._retry_s)
-            if not self._allowed():
+            if not await self._ready():
                 continue
             selector = self.waiting[0]
             where = self._where.setdefault(selector, {})

@@ -15,6 +15,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from cache.codec import CacheEntry
 from cache.keys import Selector
 from cache.metrics import CacheMetrics
 from cache.tiers.redis import RedisTier
@@ -62,3 +63,36 @@ async def test_a_waiting_purge_goes_on_where_its_last_try_stopped(
     finally:
         await tier.aclose()
         await admin.aclose()
+
+
+async def test_a_waiting_purge_does_not_hold_the_breakers_probe_while_it_scans(
+    redis_server: RedisServer, metrics: CacheMetrics
+) -> None:
+    """After an outage the half-open breaker lets one call through, and every other call is
+    refused until it ends. The waiting purge's SCAN was that call: for as long as it ran (up
+    to timeouts.admin, on every process told of it) this process read nothing from Redis,
+    keys the purge does not match included. Now a PING is the probe, and the SCAN runs once
+    the breaker has closed."""
+    settings = redis_settings(redis_server.url, breaker={"failures": 1, "open_s": 0.05})
+    tier = RedisTier(settings, metrics)
+    entry = CacheEntry(200, [], body=b"{}", ttl=60)
+    scanning, go_on = asyncio.Event(), asyncio.Event()
+    scan = tier.client.scan
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        scanning.set()
+        await go_on.wait()
+        return await scan(*args, **kwargs)
+
+    try:
+        await tier.put("other.m.t.k", entry)
+        tier.breaker.failure()  # Redis was marked down
+        tier.client.scan = held  # type: ignore[method-assign]
+        tier.purges.add(Selector(route_h="r"))
+        await asyncio.wait_for(scanning.wait(), 10)
+        assert await tier.get_checked("other.m.t.k") is not None  # before: breaker open
+        go_on.set()
+        await until("the purge never landed", lambda: not tier.purges)
+    finally:
+        go_on.set()
+        await tier.aclose()
