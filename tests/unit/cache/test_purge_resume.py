@@ -20,8 +20,8 @@ from cache.keys import Selector
 from cache.metrics import CacheMetrics
 from cache.tiers.redis import RedisTier
 from tests.support.servers import RedisServer
-from tests.unit.cache.cache_pair import until
 from tests.unit.cache.conftest import redis_settings
+from tests.unit.cache.test_purge_fanout_unprimed import _until as until
 
 N = 3000  # the entries it does not match: a few SCAN pages (COUNT 1000)
 
