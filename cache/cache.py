@@ -86,6 +86,7 @@ class Cache:
     async def aclose(self) -> None:
         if self.redis is not None:
             self.redis.on_late_delete = None  # the fan-out closes first
+            self.redis.purges.on_late_purge = None
         if self.fanout is not None:
             await self.fanout.aclose()
         await self.memory.aclose()
