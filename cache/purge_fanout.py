@@ -28,7 +28,7 @@ from typing import Any
 
 from cache.keys import Selector
 from cache.outage import OutageLog
-from cache.redis_client import REDIS_ERRORS, AnyRedis, connect, follow, stop_task
+from cache.redis_client import AnyRedis, connect, follow, stop_task
 from cache.settings import RedisSettings
 from cache.stream_gap import START, missed
 
@@ -199,7 +199,7 @@ class PurgeFanout:
                 await self.redis.xadd(
                     self.stream_key, fields, maxlen=_STREAM_MAXLEN, approximate=True
                 )
-        except REDIS_ERRORS as exc:  # (TimeoutError is an OSError)
+        except Exception as exc:  # Redis errors, and a client-library fault mid-failover too
             self.on_error(type(exc).__name__)
             detail = str(exc) or type(exc).__name__
             self._announce_log.failed(detail)

@@ -87,3 +87,25 @@ async def test_a_purge_redis_refused_is_not_read_back_and_lands_later(
     finally:
         await a.aclose()
         await b.aclose()
+
+
+async def test_a_client_library_fault_while_announcing_is_a_failed_announcement(
+    redis_server: RedisServer,
+) -> None:
+    """redis-py can raise other than a RedisError mid-failover (an AttributeError from a
+    connection torn down under it: see RedisTier._guard). Announcing let that through, so the
+    admin purge answered 500 and the purge was neither announced nor kept to be retried."""
+    a = Cache(_settings(redis_server.url, f"t{uuid.uuid4().hex[:8]}:"), CollectorRegistry())
+    await a.open()
+    try:
+        assert a.fanout is not None and a.redis is not None
+        client = a.fanout.redis
+        a.fanout.redis = object()  # type: ignore[assignment]  # (xadd: AttributeError)
+        try:
+            out = await a.purge(tenant=tenant_of(ALICE))
+        finally:
+            a.fanout.redis = client
+        assert str(out["other_processes"]).startswith("not announced")
+        assert a.redis.purges  # kept: the retry announces it once it lands
+    finally:
+        await a.aclose()
