@@ -11,10 +11,11 @@ records carry their bars.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
+import numpy as np
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError
@@ -22,38 +23,30 @@ from redis.exceptions import ConnectionError
 import cache.semantic.sync as sync_module
 from cache.embedder import Embedder
 from cache.semantic.records import entry_id
+from cache.semantic.stage import SemanticStage
 from cache.semantic.sync import RedisSync
 from cache.settings import RedisSettings
 from tests.semantic.test_sync import new_stage, wait_for
+from tests.support.redis_acl import acl_user
 from tests.support.servers import RedisServer
 
 
 @pytest.fixture
 async def user(redis_server: RedisServer) -> AsyncIterator[tuple[str, str, Redis]]:
-    admin = Redis.from_url(redis_server.url)
-    name = f"u{uuid.uuid4().hex[:8]}"
-    await admin.execute_command("ACL", "SETUSER", name, "on", ">pw", "~*", "&*", "+@all")
-    try:
-        yield f"redis://{name}:pw@127.0.0.1:{redis_server.port}/0", name, admin
-    finally:
-        await admin.execute_command("ACL", "DELUSER", name)
-        await admin.aclose()
+    async with acl_user(redis_server) as u:
+        yield u.url, u.name, u.admin
 
 
 def _gaps(sync: RedisSync) -> float:
     return sync._m.labels("tail", "gap")._value.get()
 
 
-@pytest.mark.parametrize("trimmed", [True, False], ids=["trimmed", "within-the-cap"])
-async def test_a_tail_cut_off_past_the_cap_rebuilds_and_gets_the_bars_it_missed(
-    redis_server: RedisServer,
-    embedder: Embedder,
-    user: tuple[str, str, Redis],
-    monkeypatch: pytest.MonkeyPatch,
-    trimmed: bool,
-) -> None:
-    # the real cap trims at 200,000 events; a small one trims the same way (XADD MAXLEN ~)
-    monkeypatch.setattr(sync_module, "STREAM_MAXLEN", 100 if trimmed else 10_000)
+@asynccontextmanager
+async def _pair_cut_off(
+    redis_server: RedisServer, embedder: Embedder, user: tuple[str, str, Redis]
+) -> AsyncIterator[tuple[SemanticStage, RedisSync, SemanticStage, RedisSync, np.ndarray]]:
+    """A (on the user's URL) and B share an index; A has read B's first add, then its XREADs
+    are refused (A is cut off) until the test allows them again."""
     url, name, admin = user
     prefix = f"g{time.monotonic_ns()}:"
     a, b = new_stage(embedder), new_stage(embedder)
@@ -68,7 +61,24 @@ async def test_a_tail_cut_off_past_the_cap_rebuilds_and_gets_the_bars_it_missed(
         await wait_for(lambda: not sa._check_gap, 5)
         await admin.execute_command("ACL", "SETUSER", name, "-xread")  # A is cut off
         await wait_for(lambda: sa._check_gap, 10)
+        yield a, sa, b, sb, vec
+    finally:
+        await sa.aclose()
+        await sb.aclose()
 
+
+@pytest.mark.parametrize("trimmed", [True, False], ids=["trimmed", "within-the-cap"])
+async def test_a_tail_cut_off_past_the_cap_rebuilds_and_gets_the_bars_it_missed(
+    redis_server: RedisServer,
+    embedder: Embedder,
+    user: tuple[str, str, Redis],
+    monkeypatch: pytest.MonkeyPatch,
+    trimmed: bool,
+) -> None:
+    # the real cap trims at 200,000 events; a small one trims the same way (XADD MAXLEN ~)
+    monkeypatch.setattr(sync_module, "STREAM_MAXLEN", 100 if trimmed else 10_000)
+    _, name, admin = user
+    async with _pair_cut_off(redis_server, embedder, user) as (a, sa, b, sb, vec):
         assert await b.report_wrong("reset", 0.95)  # B's client: that hit was wrong
         await b.add("ns", "What is a cache?", "cache", ttl=3600)
         for i in range(400):  # a busy fleet goes on adding
@@ -80,9 +90,6 @@ async def test_a_tail_cut_off_past_the_cap_rebuilds_and_gets_the_bars_it_missed(
         assert a.entries[entry_id("reset")].bar == b.entries[entry_id("reset")].bar > 0.95
         assert entry_id("cache") in a.entries
         assert _gaps(sa) == (1 if trimmed else 0)
-    finally:
-        await sa.aclose()
-        await sb.aclose()
 
 
 async def test_a_rebuild_that_fails_midway_is_done_again(
@@ -96,20 +103,8 @@ async def test_a_rebuild_that_fails_midway_is_done_again(
     retry read on from there, found no gap, and the records the failed scan had not reached
     stayed missing until the process restarted."""
     monkeypatch.setattr(sync_module, "STREAM_MAXLEN", 100)
-    url, name, admin = user
-    prefix = f"g{time.monotonic_ns()}:"
-    a, b = new_stage(embedder), new_stage(embedder)
-    sa = RedisSync.from_settings(a, RedisSettings(url=url, key_prefix=prefix), block_ms=100)
-    sb = RedisSync.from_settings(b, RedisSettings(url=redis_server.url, key_prefix=prefix))
-    await sa.start()
-    await sb.start()
-    try:
-        vec = await b.embed("How do I reset my password?")
-        await b.add("ns", "How do I reset my password?", "reset", ttl=3600, vector=vec)
-        await wait_for(lambda: entry_id("reset") in a.entries, 5)
-        await wait_for(lambda: not sa._check_gap, 5)
-        await admin.execute_command("ACL", "SETUSER", name, "-xread")  # A is cut off
-        await wait_for(lambda: sa._check_gap, 10)
+    _, name, admin = user
+    async with _pair_cut_off(redis_server, embedder, user) as (a, sa, b, sb, vec):
         for i in range(400):  # trimmed past A's position
             await b.add("ns", f"filler question {i}", f"filler-{i}", ttl=3600, vector=vec)
         await sb.published()
@@ -132,6 +127,3 @@ async def test_a_rebuild_that_fails_midway_is_done_again(
         await sb.published()
         await wait_for(lambda: entry_id("cache") in a.entries, 20)  # the tail read on past it
         assert set(a.entries) == set(b.entries)  # before: the fillers the scan had not reached
-    finally:
-        await sa.aclose()
-        await sb.aclose()

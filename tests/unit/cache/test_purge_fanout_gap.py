@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -21,6 +22,7 @@ import cache.purge_fanout as purge_fanout
 from cache import Cache, CacheEntry, request_directives
 from cache.keys import Selector
 from cache.settings import CacheSettings
+from tests.support.redis_acl import acl_user
 from tests.support.servers import RedisServer
 from tests.unit.cache.cache_pair import ALICE, FIELDS, route
 from tests.unit.cache.test_purge_fanout_unprimed import _until as until
@@ -40,29 +42,27 @@ def _short_stream(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 async def user(redis_server: RedisServer) -> AsyncIterator[tuple[str, str, Redis]]:
     """A Redis user (its URL and name) that the admin client can cut off from XREAD."""
-    admin = Redis.from_url(redis_server.url)
-    name = f"u{uuid.uuid4().hex[:8]}"
-    await admin.execute_command("ACL", "SETUSER", name, "on", ">pw", "~*", "&*", "+@all")
-    try:
-        yield f"redis://{name}:pw@127.0.0.1:{redis_server.port}/0", name, admin
-    finally:
-        await admin.execute_command("ACL", "DELUSER", name)
-        await admin.aclose()
+    async with acl_user(redis_server) as u:
+        yield u.url, u.name, u.admin
 
 
 def _gaps(cache: Cache) -> float:
     return cache.metrics.stream_gaps.labels("purge")._value.get()
 
 
-async def _pair(
-    redis_server: RedisServer, url: str
-) -> tuple[Cache, Cache]:  # (a: on the user's URL; b: the admin's)
+@asynccontextmanager
+async def _pair(redis_server: RedisServer, url: str) -> AsyncIterator[tuple[Cache, Cache]]:
+    """a: on the user's URL; b: the admin's; both closed after."""
     prefix = f"t{uuid.uuid4().hex[:8]}:"
     a = Cache(_settings(url, prefix), CollectorRegistry())
     b = Cache(_settings(redis_server.url, prefix), CollectorRegistry())
-    for c in (a, b):
-        await c.open()
-    return a, b
+    try:
+        for c in (a, b):
+            await c.open()
+        yield a, b
+    finally:
+        await a.aclose()
+        await b.aclose()
 
 
 async def _cut_off(a: Cache, name: str, admin: Redis) -> None:
@@ -83,8 +83,7 @@ async def test_a_tail_cut_off_past_the_streams_length_drops_its_memory_tier(
     redis_server: RedisServer, user: tuple[str, str, Redis]
 ) -> None:
     url, name, admin = user
-    a, b = await _pair(redis_server, url)
-    try:
+    async with _pair(redis_server, url) as (a, b):
         ra, rb = route(a), route(b)
         key = rb.key("m", FIELDS, ALICE)
         assert await rb.store(key, CacheEntry(200, [], body=b"old", ttl=60.0))
@@ -97,17 +96,13 @@ async def test_a_tail_cut_off_past_the_streams_length_drops_its_memory_tier(
         await until("A never noticed", lambda: _gaps(a) == 1)
         assert a.memory.get_now(key.value) is None  # before: the deleted answer, until its TTL
         assert await ra.lookup(key, request_directives(None)) is None
-    finally:
-        await a.aclose()
-        await b.aclose()
 
 
 async def test_a_tail_behind_within_the_streams_length_keeps_its_memory_tier(
     redis_server: RedisServer, user: tuple[str, str, Redis]
 ) -> None:
     url, name, admin = user
-    a, b = await _pair(redis_server, url)
-    try:
+    async with _pair(redis_server, url) as (a, b):
         ra, rb = route(a), route(b)
         kept = rb.key("m", {**FIELDS, "path": "/items/2"}, ALICE)
         gone = rb.key("m", FIELDS, ALICE)
@@ -125,9 +120,6 @@ async def test_a_tail_behind_within_the_streams_length_keeps_its_memory_tier(
         assert _gaps(a) == 0
         assert a.memory.get_now(gone.value) is None  # its own invalidation reached it
         assert a.memory.get_now(kept.value) is not None  # and the rest stayed
-    finally:
-        await a.aclose()
-        await b.aclose()
 
 
 async def test_a_stream_gone_with_redis_drops_the_memory_tier_once(
@@ -136,8 +128,7 @@ async def test_a_stream_gone_with_redis_drops_the_memory_tier_once(
     """Redis restarted empty (or was flushed) while A was cut off: what was announced before is
     unknown. A drops its memory once, then reads the new stream from its start."""
     url, name, admin = user
-    a, b = await _pair(redis_server, url)
-    try:
+    async with _pair(redis_server, url) as (a, b):
         ra, rb = route(a), route(b)
         key = rb.key("m", FIELDS, ALICE)
         await _announce(b, 3)  # A has read from the stream
@@ -160,9 +151,6 @@ async def test_a_stream_gone_with_redis_drops_the_memory_tier_once(
             "A never read the new stream", lambda: a.fanout is not None and a.fanout.applied == 4
         )
         assert _gaps(a) == 1 and a.memory.get_now(key.value) is not None
-    finally:
-        await a.aclose()
-        await b.aclose()
 
 
 async def test_a_stream_made_anew_before_the_tail_is_back_drops_the_memory_tier(
@@ -172,8 +160,7 @@ async def test_a_stream_made_anew_before_the_tail_is_back_drops_the_memory_tier(
     next read: the new stream never lost an entry, but the old one's purges A never read are
     gone. Before: A read on from the new stream and served the deleted answer until its TTL."""
     url, name, admin = user
-    a, b = await _pair(redis_server, url)
-    try:
+    async with _pair(redis_server, url) as (a, b):
         ra, rb = route(a), route(b)
         key = rb.key("m", FIELDS, ALICE)
         assert await rb.store(key, CacheEntry(200, [], body=b"old", ttl=60.0))
@@ -191,9 +178,6 @@ async def test_a_stream_made_anew_before_the_tail_is_back_drops_the_memory_tier(
         )
         assert _gaps(a) == 1
         assert a.memory.get_now(key.value) is None  # before: the deleted answer, until its TTL
-    finally:
-        await a.aclose()
-        await b.aclose()
 
 
 async def test_a_stream_behind_the_tail_is_read_on_from_its_newest_entry(
@@ -203,8 +187,7 @@ async def test_a_stream_behind_the_tail_is_read_on_from_its_newest_entry(
     what A read), A drops its memory and reads on from the stream's newest entry; before, it
     read from its old position and skipped every purge announced after (their ids are older)."""
     url, name, admin = user
-    a, b = await _pair(redis_server, url)
-    try:
+    async with _pair(redis_server, url) as (a, b):
         ra = route(a)
         assert a.fanout is not None and b.fanout is not None
         await _announce(b, 2)
@@ -222,9 +205,6 @@ async def test_a_stream_behind_the_tail_is_read_on_from_its_newest_entry(
         assert await ra.store(k, CacheEntry(200, [], body=b"v", ttl=60.0))
         await rb_invalidate(b, k.value)
         await until("A skipped the purge", lambda: a.memory.get_now(k.value) is None)
-    finally:
-        await a.aclose()
-        await b.aclose()
 
 
 async def rb_invalidate(b: Cache, key: str) -> None:

@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from cache import Cache, CacheEntry, request_directives
 from cache.settings import CacheSettings
 from cache.tenant import tenant_of
+from tests.support.redis_acl import acl_user
 from tests.support.servers import RedisServer
 from tests.unit.cache.cache_pair import ALICE, FIELDS, route
 from tests.unit.cache.test_purge_fanout_unprimed import _until as until
@@ -34,15 +35,8 @@ def _settings(url: str, prefix: str) -> CacheSettings:
 @pytest.fixture
 async def user(redis_server: RedisServer) -> AsyncIterator[tuple[str, str, Redis]]:
     """A Redis user that may not SCAN or UNLINK (a purge fails) until the admin allows it."""
-    admin = Redis.from_url(redis_server.url)
-    name = f"u{uuid.uuid4().hex[:8]}"
-    rules = ("on", ">pw", "~*", "&*", "+@all", "-scan", "-unlink")
-    await admin.execute_command("ACL", "SETUSER", name, *rules)
-    try:
-        yield f"redis://{name}:pw@127.0.0.1:{redis_server.port}/0", name, admin
-    finally:
-        await admin.execute_command("ACL", "DELUSER", name)
-        await admin.aclose()
+    async with acl_user(redis_server, "scan", "unlink") as u:
+        yield u.url, u.name, u.admin
 
 
 async def test_a_purge_redis_refused_is_not_read_back_and_lands_later(
