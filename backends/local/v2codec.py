@@ -82,7 +82,7 @@ def decode_infer(
                 dt = NUMERIC[datatype]
                 if len(raw) != count * dt.itemsize:
                     raise BadInput(f"input '{name}': {len(raw)} bytes do not fit shape {shape}")
-                value = np.frombuffer(raw, dt).reshape(shape)
+                value = _shaped(np.frombuffer(raw, dt), shape, name)
         else:
             if "data" not in inp:
                 raise BadInput(f"input '{name}': 'data' is required without binary_data_size")
@@ -106,7 +106,7 @@ def decode_infer(
                         f"input '{name}': data does not fit datatype {datatype}"
                     ) from None
                 if value.size == count:
-                    value = value.reshape(shape)
+                    value = _shaped(value, shape, name)
         n_elems = len(value) if isinstance(value, list) else int(value.size)
         if n_elems != count:
             raise BadInput(f"input '{name}': shape {shape} needs {count} elements, got {n_elems}")
@@ -133,6 +133,16 @@ def decode_infer(
     rid = doc.get("id")
     return InferRequest(rid if isinstance(rid, str) else None, inputs, bin_outs, requested,
                         binary_default)  # fmt: skip
+
+
+def _shaped(flat: np.ndarray, shape: list[int], name: str) -> np.ndarray:
+    """The elements in their shape. numpy refuses a shape whose other dimensions overflow its
+    index type even when one of them is 0 ([0, 2**62] holds no element, but is "too big"): a
+    ValueError that was a 500 over HTTP and UNKNOWN over gRPC."""
+    try:
+        return flat.reshape(shape)
+    except ValueError:
+        raise BadInput(f"input '{name}': shape {shape} is too large for a tensor") from None
 
 
 def _check_output_parameters(name: str, params: dict[Any, Any]) -> None:
