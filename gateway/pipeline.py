@@ -210,9 +210,10 @@ class Pipeline:
             parse = functools.partial(
                 route.adapter.parse,
                 request.method,
-                # a passthrough key covers the path as it goes upstream: /a%2Fb is not /a/b
+                # a passthrough key covers the path as it goes upstream: /a%2Fb is not /a/b;
+                # so does a v2 key, whose model and version are segments of that path
                 request.raw_path.partition("?")[0]
-                if route.protocol == "passthrough"
+                if route.protocol in ("passthrough", "v2")
                 else request.path,
                 request.query_string,
                 # as the upstream gets them: a header the client's Connection nominates is not

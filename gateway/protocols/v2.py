@@ -13,6 +13,7 @@ import re
 import struct
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 
@@ -101,9 +102,14 @@ class V2Adapter:
         body: bytes,
         headers: Mapping[str, str] | None = None,
     ) -> Call | None:
+        # `path` is the raw path, as the backend gets it: the model and version are its
+        # segments as sent, so /v2/models/m%2Fversions%2F3/infer is not model m's version 3
+        # (the backend reads a model "m%2Fversions%2F3", or "m/versions/3"), nor is
+        # .../versions/%31/infer version 1 to a backend that reads the segment as it is
         m = INFER_PATH.match(path)
         if m is None or method != "POST":
             return None
+        model = unquote(m.group("name"))  # a client's quoted name, for routes' `model:`
         binary: bytes = b""
         hlen = (headers or {}).get(BINARY_HEADER) or (headers or {}).get(
             "Inference-Header-Content-Length"
@@ -191,7 +197,7 @@ class V2Adapter:
                 "no input's binary_data_size accounts for"
             )
         key_fields = {
-            "model": m.group("name"),
+            "model": m.group("name"),  # the segments as sent (the call's model is decoded)
             "version": m.group("version") or "",
             "inputs": key_inputs,
             "outputs": doc.get("outputs"),
@@ -199,10 +205,11 @@ class V2Adapter:
         }
         top = doc.get("parameters")
         seq = in_sequence(top if isinstance(top, dict) else {})
-        call = Call("v2", m.group("name"), key_fields, deterministic=not seq, kind="infer")
+        call = Call("v2", model, key_fields, deterministic=not seq, kind="infer")
         if seq:
             call.extra["bypass_reason"] = "stateful"
-        call.extra["version"] = m.group("version")
+        version = m.group("version")
+        call.extra["version"] = unquote(version) if version is not None else None
         rid = doc.get("id")
         call.extra["request_id"] = rid if isinstance(rid, str) else None
         call.extra["texts"] = texts

@@ -2,6 +2,10 @@
 
 Through a real gateway (HTTP and gRPC listeners, the exact cache on), with urllib and the real
 tritonclient package's gRPC stubs:
+- the model and version are segments of the path as sent: the engine reads
+  `/v2/models/m%2Fversions%2F1/infer` as a model `m%2Fversions%2F1` it does not serve (404), and
+  `.../versions/%31/infer` as a version `%31`, but the key read the decoded path, model m's
+  version 1: a 404 cold became m's 200 once m's answer was cached;
 - a numeric tensor of a shape with a 0 beside a huge dimension holds no element, but numpy
   refuses to shape it ("array is too big"): a 500 over HTTP (in OpenAI's error envelope) and
   UNKNOWN over gRPC, instead of a 400 / INVALID_ARGUMENT naming the input.
@@ -12,6 +16,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -62,6 +67,30 @@ def _post(gw: ServerThread, path: str, doc: dict[str, Any]) -> tuple[int, str | 
         return status, xcache, json.loads(raw)
     except ValueError:
         return status, xcache, raw
+
+
+def _text_doc() -> dict[str, Any]:
+    text = f"encoded path {uuid.uuid4().hex}"
+    return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [f"/v2/models/{MODEL}%2Fversions%2F1/infer", f"/v2/models/{MODEL}/versions/%31/infer"],
+    ids=["slash-in-name", "encoded-version"],
+)
+def test_an_encoded_model_path_gets_the_engines_answer_cold_and_warm(
+    gw: ServerThread, path: str
+) -> None:
+    doc = _text_doc()
+    cold = _post(gw, path, doc)
+    assert cold[0] == 404 and isinstance(cold[2], dict) and "error" in cold[2], cold
+    plain = _post(gw, f"/v2/models/{MODEL}/versions/1/infer", doc)
+    assert (plain[0], plain[1]) == (200, "miss"), plain
+    warm = _post(gw, path, doc)
+    assert (warm[0], warm[2]) == (cold[0], cold[2]), warm  # not model 1's cached 200
+    again = _post(gw, f"/v2/models/{MODEL}/versions/1/infer", doc)
+    assert (again[0], again[1], again[2]) == (200, "hit", plain[2])
 
 
 HUGE = [0, 1 << 62]
