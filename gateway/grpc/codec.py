@@ -14,6 +14,7 @@ import math
 import struct
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 from google.protobuf import json_format
@@ -176,10 +177,17 @@ def to_http_v2(req: Any, tensors: list[Tensor]) -> tuple[str, bytes, list[tuple[
     if req.id:
         doc["id"] = req.id
     header = json.dumps(doc).encode()
-    version = f"/versions/{req.model_version}" if req.model_version else ""
-    path = f"/v2/models/{req.model_name}{version}/infer"
+    path = model_path(req.model_name, req.model_version) + "/infer"
     headers = [("Content-Type", "application/octet-stream"), (BINARY_HEADER, str(len(header)))]
     return path, header + b"".join(t.raw for t in tensors), headers
+
+
+def model_path(name: str, version: str) -> str:
+    """The HTTP v2 path of a model (and version) named in a gRPC message, each one segment:
+    a name is any string, and put in the path as it was, `m/versions/3` asked model m's
+    version 3 (and `m/infer?` model m) under the key of another model."""
+    path = f"/v2/models/{quote(name, safe='')}"
+    return path + f"/versions/{quote(version, safe='')}" if version else path
 
 
 def _raw_output(out: dict[str, Any]) -> bytes:

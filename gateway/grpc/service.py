@@ -211,5 +211,4 @@ class InferenceService:
 
 
 def _model_path(msg: Any) -> str:
-    version = f"/versions/{msg.version}" if msg.version else ""
-    return f"/v2/models/{msg.name}{version}"
+    return codec.model_path(msg.name, msg.version)
