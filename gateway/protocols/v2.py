@@ -127,6 +127,10 @@ class V2Adapter:
             doc = decode_body(content_type, body, allow_nan=True)
         if not isinstance(doc, dict):
             raise BadRequest("request body must be a JSON object")
+        if "id" in doc and not isinstance(doc["id"], str):
+            # Triton refuses it ("Unable to parse 'id'"); the id is not in the key, so the
+            # answer cached for the same tensors under a string id was served to it instead
+            raise BadRequest("'id' must be a string")
         inputs = doc.get("inputs")
         if not isinstance(inputs, list) or not inputs:
             raise BadRequest("'inputs' is required and must be a non-empty array")
@@ -210,8 +214,7 @@ class V2Adapter:
             call.extra["bypass_reason"] = "stateful"
         version = m.group("version")
         call.extra["version"] = unquote(version) if version is not None else None
-        rid = doc.get("id")
-        call.extra["request_id"] = rid if isinstance(rid, str) else None
+        call.extra["request_id"] = doc.get("id")
         call.extra["texts"] = texts
         if self._semantic_field is not None:
             field = self._semantic_field

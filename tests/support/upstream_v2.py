@@ -84,6 +84,8 @@ async def _v2_answer(request: web.Request) -> web.Response:
     hlen = request.headers.get("Inference-Header-Content-Length")
     header, binary = (raw[: int(hlen)], raw[int(hlen) :]) if hlen else (raw, b"")
     doc = json.loads(header)
+    if "id" in doc and not isinstance(doc["id"], str):  # as Triton: "Unable to parse 'id'"
+        return web.json_response({"error": "Unable to parse 'id'"}, status=400)
     if request.match_info["name"] == "accumulate":
         return _accumulate(request, doc, binary)
     arrays: list[tuple[dict[str, Any], Any]] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 
@@ -169,3 +170,34 @@ def test_an_entry_refilled_under_another_id_still_echoes_each_callers_id(
     assert [infer("b"), infer("b")] == ["b", "b"]  # refilled under id "b"
     assert [infer("a"), infer("a")] == ["a", "a"]
     assert upstream.call(_stats(upstream.url))["requests"]["/v2/models/double/infer"] == 2
+
+
+def test_a_non_string_id_is_refused_cold_and_warm(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """Triton refuses an `id` that is not a string (400 "Unable to parse 'id'"), and so does the
+    test upstream. The id is not part of the key: once the same tensors were cached under a
+    string id, `"id": 5` (or null) was a 200 hit, without an id, where the upstream says 400."""
+    gw = start_gateway(cache_config(upstream.url))
+    inputs = [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [3.0, 5.0]}]
+
+    def post(rid: object) -> tuple[int, str | None, dict[str, object]]:
+        req = urllib.request.Request(
+            gw.url + "/v2/models/double/infer",
+            data=json.dumps({"id": rid, "inputs": inputs}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, r.headers["X-Cache"], json.loads(r.read())
+        except urllib.error.HTTPError as err:
+            return err.code, err.headers["X-Cache"], json.loads(err.read())
+
+    for rid in (5, None, ["a"]):
+        status, _, answer = post(rid)
+        assert status == 400 and isinstance(answer["error"], str), answer  # cold
+    assert post("a")[:2] == (200, "miss")
+    assert post("b")[0:2] == (200, "hit") and post("b")[2]["id"] == "b"
+    for rid in (5, None, ["a"]):
+        status, xcache, answer = post(rid)
+        assert (status, xcache) == (400, None) and "'id'" in str(answer["error"]), answer
