@@ -207,6 +207,11 @@ class V2Adapter:
             "outputs": doc.get("outputs"),
             "parameters": doc.get("parameters"),
         }
+        if query:
+            # the query goes upstream with the request, and may carry what changes the answer
+            # or whose it is (a key some servers and their auth proxies take there), as on the
+            # OpenAI and Messages routes; absent, the key is as it always was
+            key_fields["query"] = query
         top = doc.get("parameters")
         seq = in_sequence(top if isinstance(top, dict) else {})
         call = Call("v2", model, key_fields, deterministic=not seq, kind="infer")

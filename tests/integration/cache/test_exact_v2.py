@@ -201,3 +201,28 @@ def test_a_non_string_id_is_refused_cold_and_warm(
     for rid in (5, None, ["a"]):
         status, xcache, answer = post(rid)
         assert (status, xcache) == (400, None) and "'id'" in str(answer["error"]), answer
+
+
+def test_the_query_is_part_of_the_key(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """The query goes upstream with the request and may say whose it is (`?api_key=`, which
+    some servers and auth proxies take) or what to answer: one tenant's answer was served to
+    another query, as it is not on the OpenAI and Messages routes, which key it."""
+    gw = start_gateway(cache_config(upstream.url))
+    body = json.dumps(
+        {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [7.0]}]}
+    ).encode()
+
+    def post(query: str) -> str:
+        req = urllib.request.Request(
+            gw.url + "/v2/models/double/infer" + query,
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return str(r.headers["X-Cache"])
+
+    assert [post("?api_key=alice"), post("?api_key=alice")] == ["miss", "hit"]
+    assert [post("?api_key=bob"), post(""), post("")] == ["miss", "miss", "hit"]
+    assert upstream.call(_stats(upstream.url))["requests"]["/v2/models/double/infer"] == 3
