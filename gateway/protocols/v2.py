@@ -40,6 +40,14 @@ def _check_binary_size(name: str, datatype: str, shape: list[int], raw: bytes) -
         )
 
 
+# JSON data of these datatypes is keyed by its numbers as sent, apart from the binary form:
+# Triton refuses it ("receiving FP16 data via JSON is not supported"), so the binary twin's
+# cached answer was served to a request the upstream answers 400; and a server that takes it
+# converts the numbers its own way (BF16 truncated or rounded, FP16 once or through FP32), so
+# their bytes here are not always the tensor it reads: [1.0] and [1.005859375] were one key
+# (truncated to BF16 1.0) though rounding makes them two tensors.
+AS_SENT = frozenset({"FP16", "BF16"})
+
 # the JSON value types each datatype family takes (by its first letter: INT*, UINT*, FP*, BOOL)
 _JSON_TYPES: dict[str, set[type]] = {"I": {int}, "U": {int}, "F": {int, float}, "B": {bool}}
 
@@ -76,9 +84,8 @@ def tensor_from_json(
     if allowed is not None and not set(map(type, flat)) <= allowed:
         raise BadRequest(f"input '{name}': data does not fit datatype {datatype}")
     try:
-        if datatype == "BF16":
-            as32 = np.asarray(flat, dtype=np.float32)
-            return (as32.view(np.uint32) >> 16).astype("<u2").tobytes(), None
+        if datatype in AS_SENT:
+            return json.dumps([float(v) for v in flat]).encode(), None
         dtype = DTYPES[datatype]
         assert dtype is not None
         return np.asarray(flat, dtype=dtype).tobytes(), None
@@ -180,6 +187,9 @@ class V2Adapter:
                 if "data" not in inp:
                     raise BadRequest(f"input '{name}': 'data' is required without binary_data_size")
                 raw, elems = tensor_from_json(name, datatype, shape, inp["data"])
+            digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
+            if datatype in AS_SENT and size is None:
+                digest = "json:" + digest  # the numbers as sent, never a binary twin's bytes
             if elems:
                 with contextlib.suppress(UnicodeDecodeError):
                     texts[name] = elems[0].decode()
@@ -190,7 +200,7 @@ class V2Adapter:
                     "shape": shape,
                     "datatype": datatype,
                     "parameters": params,
-                    "data": hashlib.blake2b(raw, digest_size=16).hexdigest(),
+                    "data": digest,
                 }
             )
         if offset != len(binary):

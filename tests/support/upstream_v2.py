@@ -107,6 +107,8 @@ async def _v2_answer(request: web.Request) -> web.Response:
         if inp["datatype"] not in _DT:
             raise ValueError(f"unsupported datatype {inp['datatype']}")
         dt = np.dtype(_DT[inp["datatype"]])
+        if size is None and inp["datatype"] == "FP16":  # as Triton
+            raise ValueError("receiving FP16 data via JSON is not supported")
         if size is not None:
             arr = np.frombuffer(binary[off : off + size], dtype=dt)
             off += size

@@ -8,7 +8,9 @@ import urllib.request
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.integration.cache.conftest import cache_config
 from tests.support.servers import ServerThread
@@ -225,4 +227,33 @@ def test_the_query_is_part_of_the_key(
 
     assert [post("?api_key=alice"), post("?api_key=alice")] == ["miss", "hit"]
     assert [post("?api_key=bob"), post(""), post("")] == ["miss", "miss", "hit"]
+    assert upstream.call(_stats(upstream.url))["requests"]["/v2/models/double/infer"] == 3
+
+
+def test_fp16_as_json_is_not_its_binary_twin(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """Triton (and the test upstream) refuse FP16 data sent as JSON; tritonclient sends it so
+    with binary_data=False. It was keyed as the binary tensor's bytes, so once the binary form
+    was cached the JSON form was a 200 hit where the upstream answers 400."""
+    gw = start_gateway(cache_config(upstream.url))
+    arr = np.array([1.5, -2.0, 1000.0], dtype=np.float16)
+    client = _client(gw.url)
+
+    def infer(binary: bool) -> np.ndarray:
+        inp = httpclient.InferInput("INPUT0", [3], "FP16")
+        inp.set_data_from_numpy(arr, binary_data=binary)
+        got = client.infer("double", [inp]).as_numpy("OUTPUT0")
+        assert got is not None
+        return got
+
+    try:
+        with pytest.raises(InferenceServerException, match="FP16 data via JSON"):
+            infer(binary=False)  # cold
+        np.testing.assert_array_equal(infer(binary=True), arr * 2)
+        np.testing.assert_array_equal(infer(binary=True), arr * 2)  # a hit
+        with pytest.raises(InferenceServerException, match="FP16 data via JSON"):
+            infer(binary=False)  # warm: still the upstream's answer
+    finally:
+        client.close()
     assert upstream.call(_stats(upstream.url))["requests"]["/v2/models/double/infer"] == 3
