@@ -32,7 +32,7 @@ def get_of(
     call = route.adapter.parse(
         "GET",
         request.raw_path.partition("?")[0],
-        request.query_string,
+        request.raw_path.partition("?")[2],  # as the GET keys it: the query as sent
         "",
         b"",
         request.headers,

@@ -215,7 +215,9 @@ class Pipeline:
                 request.raw_path.partition("?")[0]
                 if route.protocol in ("passthrough", "v2")
                 else request.path,
-                request.query_string,
+                # the query as sent, as it goes upstream: decoded, `?a=%2526` (a is "%26") was
+                # keyed as `?a=%26` (a is "&"), and `?q=x+y` as `?q=x%20y`
+                request.raw_path.partition("?")[2],
                 # as the upstream gets them: a header the client's Connection nominates is not
                 # sent, so the key must not read the body by it either
                 (seen := end_to_end(request.headers)).get("Content-Type", ""),

@@ -1,0 +1,71 @@
+"""Two requests share a stored answer only when the upstream would read them as one request.
+
+The query is keyed as it is sent upstream (raw): decoding it first made `?a=%2526` (a is the
+text `%26`) and `?a=%26` (a is `&`) one key, and `?a+b` one with `?a%20b`, which an upstream that
+does not read `+` as a space tells apart. Memory and Redis tiers alike (the key is built before
+either is asked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import aiohttp
+import pytest
+
+from tests.integration.cache.conftest import cache_config
+from tests.support.servers import RedisServer, ServerThread
+
+PAIRS = [
+    ("a=%26", "a=%2526"),  # a="&" and a="%26"
+    ("a=%3D", "a=%253D"),  # a="=" and a="%3D"
+    ("q=x+y", "q=x%20y"),  # a '+' is a space only to a form decoder
+]
+
+
+def _config(upstream: str, redis: RedisServer | None) -> dict[str, object]:
+    if redis is None:
+        return cache_config(upstream, tiers=["memory"])
+    return cache_config(upstream, redis.url, tiers=["redis"])
+
+
+@pytest.fixture(params=["memory", "redis"])
+def gw(
+    request: pytest.FixtureRequest,
+    upstream: ServerThread,
+    start_gateway: Callable[..., ServerThread],
+) -> ServerThread:
+    redis = request.getfixturevalue("redis_server") if request.param == "redis" else None
+    return start_gateway(_config(upstream.url, redis))
+
+
+async def _get(url: str) -> tuple[str, str]:
+    """(X-Cache, the raw path the upstream answered for)."""
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
+        return r.headers.get("X-Cache", ""), (await r.json())["raw_path"]
+
+
+async def _chat(url: str) -> tuple[str, str]:
+    body = {"model": "m", "temperature": 0, "messages": [{"role": "user", "content": "q"}]}
+    async with aiohttp.ClientSession() as s, s.post(url, json=body) as r:
+        assert r.status == 200
+        return r.headers.get("X-Cache", ""), (await r.read()).decode()
+
+
+@pytest.mark.parametrize(("first", "second"), PAIRS)
+async def test_a_passthrough_query_is_keyed_as_sent(
+    gw: ServerThread, first: str, second: str
+) -> None:
+    path = f"/keys/{first.replace('%', '')}"
+    assert await _get(f"{gw.url}{path}?{first}") == ("miss", f"{path}?{first}")
+    # another query to the upstream: its own answer, never the first one's
+    assert await _get(f"{gw.url}{path}?{second}") == ("miss", f"{path}?{second}")
+    assert await _get(f"{gw.url}{path}?{first}") == ("hit", f"{path}?{first}")
+    assert await _get(f"{gw.url}{path}?{second}") == ("hit", f"{path}?{second}")
+
+
+async def test_an_openai_query_is_keyed_as_sent(gw: ServerThread) -> None:
+    url = gw.url + "/v1/chat/completions?api-version="
+    assert (await _chat(url + "%3D"))[0] == "miss"
+    assert (await _chat(url + "%253D"))[0] == "miss"  # before: a hit for api-version "="
+    assert (await _chat(url + "%253D"))[0] == "hit"
