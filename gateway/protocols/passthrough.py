@@ -1,4 +1,5 @@
-"""Passthrough adapter: the body is opaque; a key covers method, path, query and body bytes."""
+"""Passthrough adapter: the body is opaque; a key covers method, path, query, body bytes and
+(with a body) its Content-Type."""
 
 from __future__ import annotations
 
@@ -21,10 +22,16 @@ class PassthroughAdapter:
         headers: Mapping[str, str] | None = None,
     ) -> Call | None:
         digest = hashlib.blake2b(body, digest_size=16).hexdigest()
+        fields = {"method": method, "path": path, "query": query, "body": digest}
+        if body:
+            # a replica reads a body by its type: the same bytes as text/plain and as JSON (or
+            # form data) are two requests. A bodiless one (a GET) is keyed as before, as the
+            # HEAD lookup and unsafe-method invalidation key the GET of a target.
+            fields["type"] = content_type
         return Call(
             "passthrough",
             None,
-            {"method": method, "path": path, "query": query, "body": digest},
+            fields,
             # The gateway cannot tell sampling in an unknown body: caching a passthrough route
             # is the operator's explicit choice (exact.enabled), so its calls count as
             # determined by the request.

@@ -2,12 +2,14 @@
 
 The query is keyed as it is sent upstream (raw): decoding it first made `?a=%2526` (a is the
 text `%26`) and `?a=%26` (a is `&`) one key, and `?a+b` one with `?a%20b`, which an upstream that
-does not read `+` as a space tells apart. Memory and Redis tiers alike (the key is built before
-either is asked).
+does not read `+` as a space tells apart. A passthrough body is keyed with its Content-Type: the
+same bytes as `text/plain` and as JSON are two requests to a replica that reads its body by it.
+Memory and Redis tiers alike (the key is built before either is asked).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import aiohttp
@@ -69,3 +71,18 @@ async def test_an_openai_query_is_keyed_as_sent(gw: ServerThread) -> None:
     assert (await _chat(url + "%3D"))[0] == "miss"
     assert (await _chat(url + "%253D"))[0] == "miss"  # before: a hit for api-version "="
     assert (await _chat(url + "%253D"))[0] == "hit"
+
+
+async def test_a_passthrough_body_is_keyed_with_its_content_type(gw: ServerThread) -> None:
+    async def post(ctype: str) -> tuple[str, str | None]:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(gw.url + "/keys/typed", data=b'{"x": 1}', headers={"Content-Type": ctype}) as r,
+        ):
+            sent = dict(json.loads(await r.read())["headers"])
+            return r.headers.get("X-Cache", ""), sent.get("Content-Type")
+
+    assert await post("text/plain") == ("miss", "text/plain")
+    assert await post("application/json") == ("miss", "application/json")
+    assert await post("text/plain") == ("hit", "text/plain")
+    assert await post("application/json") == ("hit", "application/json")
