@@ -148,5 +148,10 @@ Result = Hit | Fresh
 
 
 def kept_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The response headers an entry keeps (the hop-by-hop ones never arrive here)."""
-    return [(k, v) for k, v in headers if k.lower() not in NOT_KEPT]
+    """The response headers an entry keeps: not NOT_KEPT, nor one the answer's Connection
+    field names (RFC 9110 7.6.1: hop-by-hop, for this hop alone). The miss's writer drops those
+    too; before, the entry kept them and every hit replayed them."""
+    named = {
+        t.strip().lower() for k, v in headers if k.lower() == "connection" for t in v.split(",")
+    }
+    return [(k, v) for k, v in headers if k.lower() not in NOT_KEPT and k.lower() not in named]
