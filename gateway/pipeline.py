@@ -210,11 +210,11 @@ class Pipeline:
             parse = functools.partial(
                 route.adapter.parse,
                 request.method,
-                # a passthrough key covers the path as it goes upstream: /a%2Fb is not /a/b;
-                # so does a v2 key, whose model and version are segments of that path
-                request.raw_path.partition("?")[0]
-                if route.protocol in ("passthrough", "v2")
-                else request.path,
+                # every key covers the path as it goes upstream: /a%2Fb is not /a/b (a v2 key's
+                # model and version are segments of it; an OpenAI or Messages adapter reads its
+                # endpoint from the decoded path, and keys the raw one: /v1/chat%2Fcompletions
+                # is another resource to an upstream that routes on the raw path, as aiohttp does)
+                request.raw_path.partition("?")[0],
                 # the query as sent, as it goes upstream: decoded, `?a=%2526` (a is "%26") was
                 # keyed as `?a=%26` (a is "&"), and `?q=x+y` as `?q=x%20y`
                 request.raw_path.partition("?")[2],

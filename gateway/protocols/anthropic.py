@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -92,7 +93,8 @@ class AnthropicAdapter:
         body: bytes,
         headers: Mapping[str, str] | None = None,
     ) -> Call | None:
-        if path.rstrip("/") != PATH or method != "POST":
+        # `path` is the raw path (the key holds it as sent); the endpoint is its decoded form
+        if (unquote(path) if "%" in path else path).rstrip("/") != PATH or method != "POST":
             return None
         doc = decode_body(content_type, body)
         require(isinstance(doc, dict), "request body must be a JSON object", "body")

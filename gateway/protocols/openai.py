@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote
 
 from gateway.errors import PayloadTooLarge
 from gateway.protocols.base import Call, decode_body, require, text_of, zero_temperature
@@ -44,7 +45,9 @@ class OpenAIAdapter:
         body: bytes,
         headers: Mapping[str, str] | None = None,
     ) -> Call | None:
-        kind = kind_of(path)
+        # `path` is the raw path, as the upstream gets it: the endpoint is read from its decoded
+        # form (as the route matched it), the key and namespace hold it as sent
+        kind = kind_of(unquote(path) if "%" in path else path)
         if kind is None or method != "POST":
             return None
         doc = decode_body(content_type, body)

@@ -2,7 +2,9 @@
 
 The query is keyed as it is sent upstream (raw): decoding it first made `?a=%2526` (a is the
 text `%26`) and `?a=%26` (a is `&`) one key, and `?a+b` one with `?a%20b`, which an upstream that
-does not read `+` as a space tells apart. A passthrough body is keyed with its Content-Type: the
+does not read `+` as a space tells apart. So is the path, on every route: an OpenAI or Messages
+route matches `/v1/chat%2Fcompletions` by its decoded form, which an upstream routing on the raw
+path (aiohttp) does not. A passthrough body is keyed with its Content-Type: the
 same bytes as `text/plain` and as JSON are two requests to a replica that reads its body by it.
 Memory and Redis tiers alike (the key is built before either is asked).
 """
@@ -11,11 +13,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.integration.cache.conftest import cache_config
+from tests.integration.cache.conftest import anthropic_route, cache_config
 from tests.support.servers import RedisServer, ServerThread
 
 PAIRS = [
@@ -25,10 +28,13 @@ PAIRS = [
 ]
 
 
-def _config(upstream: str, redis: RedisServer | None) -> dict[str, object]:
-    if redis is None:
-        return cache_config(upstream, tiers=["memory"])
-    return cache_config(upstream, redis.url, tiers=["redis"])
+def _config(upstream: str, redis: RedisServer | None) -> dict[str, Any]:
+    tier = "memory" if redis is None else "redis"
+    cfg = cache_config(upstream, None if redis is None else redis.url, tiers=[tier])
+    messages = anthropic_route()
+    messages["cache"]["exact"]["tiers"] = [tier]
+    cfg["routes"].insert(0, messages)
+    return cfg
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -86,3 +92,23 @@ async def test_a_passthrough_body_is_keyed_with_its_content_type(gw: ServerThrea
     assert await post("application/json") == ("miss", "application/json")
     assert await post("text/plain") == ("hit", "text/plain")
     assert await post("application/json") == ("hit", "application/json")
+
+
+@pytest.mark.parametrize("path", ["/v1/chat%2Fcompletions", "/v1%2Fmessages"])
+async def test_an_encoded_slash_in_an_api_path_is_another_key(gw: ServerThread, path: str) -> None:
+    """The route matches the decoded path, but the upstream gets it as sent: to an aiohttp
+    replica (as the test one) `/v1/chat%2Fcompletions` is not its chat endpoint, and its answer
+    there (the echo) was stored under the chat key, then served to every plain chat client."""
+    plain = path.replace("%2F", "/")
+    body = {"model": "m", "max_tokens": 8, "temperature": 0}
+    body["messages"] = [{"role": "user", "content": "encoded slash"}]
+
+    async def post(p: str) -> tuple[str, str | None]:
+        async with aiohttp.ClientSession() as s, s.post(gw.url + p, json=body) as r:
+            doc = await r.json()
+            return r.headers.get("X-Cache", ""), doc.get("raw_path")  # the echo's, or None
+
+    assert await post(path) == ("miss", path)
+    assert await post(plain) == ("miss", None)  # the API's own answer, not the echo
+    assert await post(path) == ("hit", path)
+    assert await post(plain) == ("hit", None)
