@@ -178,12 +178,15 @@ def varies_unkeyed(headers: Iterable[tuple[str, str]], keyed: Collection[str]) -
 def _freshness(headers: Iterable[tuple[str, str]], now: float) -> float | None:
     """Seconds the upstream lets a shared cache keep its answer (RFC 9111 4.2.1), or None when
     it does not say: s-maxage over max-age over Expires, less the Age it already has."""
-    cc: dict[str, str | None] = {}
+    bounds: dict[str, list[str | None]] = {}
     expires = date = age = None
     for k, v in headers:
         lk = k.lower()
         if lk == "cache-control":
-            cc.update(_directives(v))
+            for part in v.split(","):
+                for name, arg in _directives(part).items():
+                    if name in ("s-maxage", "max-age"):
+                        bounds.setdefault(name, []).append(arg)
         elif lk == "expires":
             expires = v
         elif lk == "date":
@@ -192,11 +195,13 @@ def _freshness(headers: Iterable[tuple[str, str]], now: float) -> float | None:
             age = v
     lifetime: float | None = None
     for name in ("s-maxage", "max-age"):
-        if name in cc:
-            try:
-                lifetime = max(0.0, float(cc[name] or ""))
-            except ValueError:
-                lifetime = 0.0  # an unreadable bound is the strictest one
+        if name in bounds:
+            # delta-seconds (RFC 9111 1.2.2): digits. An unreadable bound ("1e9", "inf", "",
+            # "-5", bare) is the strictest one, and so is the least of a directive given twice
+            # (4.2.1: the first, or stale); before, float() took "inf", and the last one won.
+            lifetime = min(
+                float(a) if a is not None and _DELTA.fullmatch(a) else 0.0 for a in bounds[name]
+            )
             break
     if lifetime is None and expires is not None:
         at = _http_date(expires)
