@@ -18,7 +18,8 @@ class KeySettings(_Frozen):
     """What goes into an exact key beyond the protocol's canonical fields."""
 
     # Extra credential headers (e.g. X-Tenant) on top of the built-in set that always partitions
-    # the cache: Authorization, api-key, x-api-key, OpenAI-Organization, OpenAI-Project.
+    # the cache: Authorization, api-key, x-api-key, OpenAI-Organization, OpenAI-Project,
+    # anthropic-workspace-id, anthropic-user-profile-id.
     tenant_headers: list[str] = []
     ignore_fields: list[str] = []
 

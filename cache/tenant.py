@@ -1,8 +1,9 @@
 """Tenant identity: which client a cached answer belongs to, hashed with a deployment secret.
 
 A tenant is the set of credential headers a request carries: the ones every client of these
-APIs sends (Authorization, api-key, x-api-key, OpenAI-Organization, OpenAI-Project) plus a
-route's configured extras (e.g. X-Tenant). Two requests share cached answers only when all of
+APIs sends (Authorization, api-key, x-api-key, OpenAI-Organization, OpenAI-Project, and the
+Anthropic SDK's anthropic-workspace-id and anthropic-user-profile-id) plus a route's configured
+extras (e.g. X-Tenant). Two requests share cached answers only when all of
 them are equal; a request with none of them is the anonymous tenant. The identity is only ever
 fed to a keyed blake2b, so neither keys nor Redis contents reveal a credential, and a guessed
 credential cannot be checked against them without the secret.
@@ -20,12 +21,18 @@ from typing import Any
 log = logging.getLogger("latentgate.cache.tenant")
 
 # Sent by OpenAI, Azure OpenAI and Anthropic-style clients; always part of the identity.
+# anthropic-workspace-id (`messages.create(workspace_id=...)`, `AnthropicAWS(workspace_id=...)`)
+# selects which Workspace one credential acts in, as OpenAI-Project does for a key: its files,
+# skills and containers are that Workspace's. anthropic-user-profile-id names the party a
+# request is made for. Either way one API key is several tenants.
 BUILTIN_HEADERS = (
     "authorization",
     "api-key",
     "x-api-key",
     "openai-organization",
     "openai-project",
+    "anthropic-workspace-id",
+    "anthropic-user-profile-id",
 )
 SECRET_ENV = "LATENTGATE_TENANT_SECRET"
 _MIN_SECRET_BYTES = 16
