@@ -58,8 +58,10 @@ class OpenAIAdapter:
             "'model' is required and must be a string",
             "model",
         )
-        stream = doc.get("stream", False)
-        require(isinstance(stream, bool), "'stream' must be a boolean", "stream")
+        # nullable in the API (null: not streamed), and the SDK sends `stream=None` as null
+        stream = doc.get("stream")
+        stream = False if stream is None else stream
+        require(isinstance(stream, bool), "'stream' must be a boolean or null", "stream")
         fields = {k: v for k, v in doc.items() if k not in self._ignored}
         # The path names an Azure deployment and the query an api-version (or a key some
         # servers take there): answers from another deployment or version are another answer.

@@ -229,3 +229,19 @@ async def test_the_byte_alias_shortcut_applies_the_usage_rule_too(
     status, headers, body = await _post(gw.url, wants_usage)
     assert (status, headers["X-Cache"]) == (200, "miss")
     assert b'"choices": [], "usage"' in body or b'"choices":[],"usage"' in body
+
+
+def test_stream_null_is_a_plain_call(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """The API's `stream` is nullable (null: not streamed), and the SDK sends `stream=None` as
+    null: an answer, never a 400 the upstream would not give; it shares `stream: false`'s entry."""
+    c = _client(start_gateway(cache_config(upstream.url, tiers=["memory"])).url)
+    kw = {"model": "m", "messages": MESSAGES, "temperature": 0}
+    first = c.chat.completions.with_raw_response.create(**kw, stream=None)  # type: ignore[call-overload]
+    again = c.chat.completions.with_raw_response.create(**kw, stream=False)
+    assert (first.headers["X-Cache"], again.headers["X-Cache"]) == ("miss", "hit")
+    assert first.parse().choices[0].message.content == "echo(up): replay rules"
+    assert again.parse().model_dump() == first.parse().model_dump()
+    text = c.completions.create(model="m", prompt="p", temperature=0, stream=None)  # type: ignore[call-overload]
+    assert text.choices[0].text == "echo(up): p"
