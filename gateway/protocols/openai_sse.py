@@ -114,6 +114,12 @@ def _merge_tool_calls(acc: list[dict[str, Any]], deltas: list[dict[str, Any]]) -
         tc["function"]["arguments"] += fn.get("arguments") or ""
 
 
+# What the whole answer says beside its choices, repeated on every chunk of its stream
+# (`service_tier`: the tier that served it, "flex", "priority" or "default", where the request
+# may have said "auto").
+_ANSWER_FIELDS = ("system_fingerprint", "service_tier")
+
+
 class _Unconvertible(Exception):
     """A stored answer in a shape the conversion cannot carry over whole."""
 
@@ -186,8 +192,10 @@ def _events_to_body(events: list[bytes], kind: str) -> bytes | None:
         "model": first.get("model"),
         "choices": [choices[i] for i in sorted(choices)],
     }
-    if first.get("system_fingerprint") is not None:
-        out["system_fingerprint"] = first["system_fingerprint"]
+    for name in _ANSWER_FIELDS:  # on every chunk; the first that says it
+        value = next((c[name] for c in chunks if c.get(name) is not None), None)
+        if value is not None:
+            out[name] = value
     if usage is not None:
         out["usage"] = usage
     return json.dumps(out).encode()
@@ -253,14 +261,18 @@ def _body_to_events(body: bytes, kind: str, include_usage: bool) -> list[bytes] 
         "model": doc.get("model"),
     }
     base["object"] = "chat.completion.chunk" if kind == "chat" else "text_completion"
-    if doc.get("system_fingerprint") is not None:
-        base["system_fingerprint"] = doc["system_fingerprint"]
+    for name in _ANSWER_FIELDS:
+        if doc.get(name) is not None:
+            base[name] = doc[name]
     events: list[bytes] = []
     for ch in doc["choices"]:
         i = ch.get("index", 0)
         if kind == "chat":
             msg = ch.get("message") or {}
-            first: dict[str, Any] = {"role": msg.get("role", "assistant"), "content": ""}
+            # the API opens a text answer with content "" and a tool call's or a refusal's
+            # with null: the SDK's accumulated message then has the stored one's content
+            opening = "" if isinstance(msg.get("content"), str) else None
+            first: dict[str, Any] = {"role": msg.get("role", "assistant"), "content": opening}
             events.append(
                 _event(
                     {
