@@ -34,6 +34,9 @@ class OpenAIAdapter:
 
     def __init__(self, extra_ignored: frozenset[str] = frozenset(), max_items: int = 2048) -> None:
         self._ignored = IGNORED_FIELDS | extra_ignored
+        # stream_options is framing only for a streamed call: on one that does not stream,
+        # OpenAI and vLLM refuse it (400), so it is keyed (never the plain call's entry)
+        self._plain_ignored = (IGNORED_FIELDS - {"stream_options"}) | extra_ignored
         self._max_items = max_items
 
     def parse(
@@ -62,7 +65,8 @@ class OpenAIAdapter:
         stream = doc.get("stream")
         stream = False if stream is None else stream
         require(isinstance(stream, bool), "'stream' must be a boolean or null", "stream")
-        fields = {k: v for k, v in doc.items() if k not in self._ignored}
+        ignored = self._ignored if stream else self._plain_ignored
+        fields = {k: v for k, v in doc.items() if k not in ignored}
         # The path names an Azure deployment and the query an api-version (or a key some
         # servers take there): answers from another deployment or version are another answer.
         # The path as sent: `/v1/chat/completions/` is another URI (RFC 9110 4.2.3), which an

@@ -34,6 +34,7 @@ from aiohttp import web
 
 from tests.support.upstream_anthropic import message_for, stream_events, write_stream
 from tests.support.upstream_base import FAULTS, NAME, STATS, common, extra_headers, stats
+from tests.support.upstream_base import stream_options_refused as refused_options
 from tests.support.upstream_v2 import SEQUENCES, v2_infer, v2_model, v2_server
 
 
@@ -85,6 +86,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
         if (early := await common(request)) is not None:
             return early
         body = await request.json()
+        if (refused := refused_options(body)) is not None:
+            return refused
         last = body["messages"][-1].get("content", "")
         text = _answer(last if isinstance(last, str) else json.dumps(last), request.app[NAME])
         rid = "chatcmpl-" + hashlib.sha1(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]

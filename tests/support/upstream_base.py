@@ -56,3 +56,13 @@ def extra_headers(request: web.Request) -> dict[str, str]:
         h["Vary"] = v
         h["X-Varied-Value"] = request.headers.get(v, "")
     return h
+
+
+def stream_options_refused(body: dict[str, Any]) -> web.Response | None:
+    """OpenAI and vLLM refuse stream_options on a call that does not stream (400, "The
+    'stream_options' parameter is only allowed when 'stream' is enabled")."""
+    if body.get("stream_options") and not body.get("stream"):
+        message = "The 'stream_options' parameter is only allowed when 'stream' is enabled."
+        error = {"message": message, "type": "invalid_request_error", "param": "stream_options"}
+        return web.json_response({"error": {**error, "code": None}}, status=400)
+    return None

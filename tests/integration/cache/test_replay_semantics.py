@@ -245,3 +245,23 @@ def test_stream_null_is_a_plain_call(
     assert again.parse().model_dump() == first.parse().model_dump()
     text = c.completions.create(model="m", prompt="p", temperature=0, stream=None)  # type: ignore[call-overload]
     assert text.choices[0].text == "echo(up): p"
+
+
+def test_stream_options_without_a_stream_is_the_upstreams_400_cold_and_warm(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """OpenAI and vLLM refuse stream_options on a call that does not stream. The key leaves
+    stream_options out only for a streamed call (where it is framing): before, such a call
+    shared the plain call's entry and was a 200 hit once that was stored, a 400 cold."""
+    c = _client(start_gateway(cache_config(upstream.url, tiers=["memory"])).url)
+    kw = {"model": "m", "messages": MESSAGES, "temperature": 0}
+    usage = {"include_usage": True}
+    with pytest.raises(openai.BadRequestError, match="only allowed when 'stream'"):
+        c.chat.completions.create(**kw, stream_options=usage)  # type: ignore[call-overload]
+    assert c.chat.completions.with_raw_response.create(**kw).headers["X-Cache"] == "miss"
+    with pytest.raises(openai.BadRequestError, match="only allowed when 'stream'"):
+        c.chat.completions.create(**kw, stream=False, stream_options=usage)  # type: ignore[call-overload]
+    # streamed, it is framing: the stored answer serves it, with its usage chunk
+    raw = c.chat.completions.with_raw_response.create(**kw, stream=True, stream_options=usage)
+    assert raw.headers["X-Cache"] == "hit"
+    assert [chunk for chunk in raw.parse()][-1].usage is not None

@@ -132,7 +132,7 @@ def test_framing_and_bookkeeping_fields_do_not_change_the_key() -> None:
     variants = [
         base,
         {**base, "stream": True},
-        {**base, "user": "u1", "stream_options": {"include_usage": True}},
+        {**base, "stream": True, "user": "u1", "stream_options": {"include_usage": True}},
     ]
     keys = set()
     for doc in variants:
@@ -142,6 +142,12 @@ def test_framing_and_bookkeeping_fields_do_not_change_the_key() -> None:
         assert call is not None
         keys.add(kb.build(call.model, call.key_fields, {}).value)
     assert len(keys) == 1
+    # without a stream, stream_options is a request the API refuses: never the plain one's key
+    plain = {**base, "stream_options": {"include_usage": True}}
+    call = adapter.parse(
+        "POST", "/v1/chat/completions", "", "application/json", json.dumps(plain).encode()
+    )
+    assert call is not None and kb.build(call.model, call.key_fields, {}).value not in keys
 
 
 def test_tenant_route_and_model_separate_keys_and_tenant_is_never_in_clear() -> None:
