@@ -7,6 +7,7 @@ whether an entry can serve this request, and how a recorded stream becomes an en
 
 from __future__ import annotations
 
+import json
 from typing import NamedTuple, cast
 
 from cache import CacheEntry
@@ -16,6 +17,7 @@ from gateway.protocols.stream_codecs import completion_check, convertible
 
 SSE = "text/event-stream"
 _OPENAI_KINDS = frozenset({"chat", "completions"})
+_JSON_KINDS = frozenset({"chat", "completions", "embeddings", "messages"})
 
 Rendered = tuple[bytes, list[tuple[str, str]]]
 
@@ -53,9 +55,22 @@ class Framing(NamedTuple):
 
     def seal(self, content_type: str, data: bytes) -> bytes | list[bytes] | None:
         if SSE not in content_type:
+            # a JSON API's answer read to the close (no length, not chunked) is whole only if
+            # it parses: a connection cut mid-body looks like its end, and the cut answer,
+            # once stored, failed every later client's SDK until the TTL
+            if self.kind in _JSON_KINDS and "json" in content_type and not _parses(data):
+                return None
             return data
         events = openai_sse.split_events(data)
         return events if completion_check(self.kind).completed(events) else None
+
+
+def _parses(data: bytes) -> bool:
+    try:
+        json.loads(data)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError both
+        return False
+    return True
 
 
 def framing_of(call: Call) -> Framing:
