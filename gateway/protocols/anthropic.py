@@ -52,6 +52,16 @@ def _check_blocks(content: Any, where: str) -> None:
             )
 
 
+def _plain_metadata(metadata: Any) -> bool:
+    """`metadata` as the API takes it (an object with at most a string or null `user_id`),
+    which tags the caller and changes no answer. Anything else the API refuses with a 400:
+    keyed, so it is never answered from a well-formed request's entry."""
+    if not isinstance(metadata, dict) or not set(metadata) <= {"user_id"}:
+        return False
+    user = metadata.get("user_id")
+    return user is None or isinstance(user, str)
+
+
 def _beta_set(value: str) -> list[str]:
     """`anthropic-beta` is a comma-separated set: order and repeats do not change it."""
     return sorted({v.strip() for v in value.split(",") if v.strip()})
@@ -136,7 +146,10 @@ class AnthropicAdapter:
             "system",
         )
         _check_blocks(system, "system")
-        fields = {k: v for k, v in doc.items() if k not in self._ignored}
+        ignored = self._ignored
+        if "metadata" in doc and not _plain_metadata(doc["metadata"]):
+            ignored = ignored - {"metadata"}  # a request the API refuses: never a valid one's key
+        fields = {k: v for k, v in doc.items() if k not in ignored}
         fields["messages"] = [{**m, "content": _blocks(m["content"])} for m in messages]
         if system is not None:
             fields["system"] = _blocks(system)

@@ -66,6 +66,8 @@ class OpenAIAdapter:
         stream = False if stream is None else stream
         require(isinstance(stream, bool), "'stream' must be a boolean or null", "stream")
         ignored = self._ignored if stream else self._plain_ignored
+        if "user" in doc and not isinstance(doc["user"], str):
+            ignored = ignored - {"user"}  # a request the API refuses: never a valid one's key
         fields = {k: v for k, v in doc.items() if k not in ignored}
         # The path names an Azure deployment and the query an api-version (or a key some
         # servers take there): answers from another deployment or version are another answer.
