@@ -149,7 +149,9 @@ def _events_to_body(events: list[bytes], kind: str) -> bytes | None:
         return None
     if not chunks:
         return None
-    first = chunks[0]
+    # the answer's id, created and model: Azure OpenAI opens its stream with a chunk of no
+    # choices for its prompt filter, whose id and model are "" and created 0
+    first = next((c for c in chunks if c.get("choices")), chunks[0])
     choices: dict[int, dict[str, Any]] = {}
     usage = None
     for chunk in chunks:
@@ -192,7 +194,7 @@ def _events_to_body(events: list[bytes], kind: str) -> bytes | None:
         "model": first.get("model"),
         "choices": [choices[i] for i in sorted(choices)],
     }
-    for name in _ANSWER_FIELDS:  # on every chunk; the first that says it
+    for name in (*_ANSWER_FIELDS, "prompt_filter_results"):  # the first chunk that says it
         value = next((c[name] for c in chunks if c.get(name) is not None), None)
         if value is not None:
             out[name] = value
