@@ -120,6 +120,10 @@ def _merge_tool_calls(acc: list[dict[str, Any]], deltas: list[dict[str, Any]]) -
 _ANSWER_FIELDS = ("system_fingerprint", "service_tier")
 
 
+# A chunk's choice fields the conversion reads itself; any other is the server's own.
+_CHOICE_FIELDS = frozenset({"index", "delta", "text", "logprobs", "finish_reason"})
+
+
 class _Unconvertible(Exception):
     """A stored answer in a shape the conversion cannot carry over whole."""
 
@@ -180,6 +184,10 @@ def _events_to_body(events: list[bytes], kind: str) -> bytes | None:
                 c["logprobs"] = _merge_logprobs(c["logprobs"], ch.get("logprobs"))
             if ch.get("finish_reason") is not None:
                 c["finish_reason"] = ch["finish_reason"]
+            for k, v in ch.items():  # a server's own per-choice fields (vLLM's stop_reason,
+                # Azure's content_filter_results): as the last chunk that has one says it
+                if k not in _CHOICE_FIELDS and v not in (None, {}, []):
+                    c[k] = v
     for c in choices.values():
         tools = c.pop("_tools", None)
         if tools:
@@ -244,6 +252,12 @@ def _merge_logprobs(acc: dict[str, Any] | None, new: Any) -> dict[str, Any] | No
         else:
             out.setdefault(k, v)
     return out
+
+
+def _own_fields(choice: dict[str, Any]) -> dict[str, Any]:
+    """A stored choice's fields beside the API's (vLLM's stop_reason, Azure's
+    content_filter_results): the stream says them on the choice's last chunk."""
+    return {k: v for k, v in choice.items() if k not in _CHOICE_FIELDS and k != "message"}
 
 
 def _event(doc: dict[str, Any]) -> bytes:
@@ -320,6 +334,7 @@ def _body_to_events(body: bytes, kind: str, include_usage: bool) -> list[bytes] 
                                 "delta": {},
                                 "logprobs": None if delta else logprobs,
                                 "finish_reason": ch.get("finish_reason"),
+                                **_own_fields(ch),
                             }
                         ],
                     }
@@ -336,6 +351,7 @@ def _body_to_events(body: bytes, kind: str, include_usage: bool) -> list[bytes] 
                                 "text": ch.get("text", ""),
                                 "logprobs": ch.get("logprobs"),
                                 "finish_reason": ch.get("finish_reason"),
+                                **_own_fields(ch),
                             }
                         ],
                     }
