@@ -96,9 +96,7 @@ async def test_on_a_cluster_a_waiting_purge_goes_on_where_its_last_try_stopped(
 ) -> None:
     """Each primary's SCAN cursor is kept across tries (RedisTier.purge's `where`), so a purge
     whose tries get one page done each lands on every primary (test_purge_resume.py)."""
-    settings = redis_settings(
-        cluster.url, mode="cluster", timeouts={"admin": 0.5}, breaker={"failures": 10_000}
-    )
+    settings = redis_settings(cluster.url, mode="cluster", breaker={"failures": 10_000})
     tier = RedisTier(settings, metrics)
     client: Any = tier.client
     try:  # (several SCAN pages on each primary)
