@@ -65,7 +65,14 @@ class OpenAIAdapter:
         stream = doc.get("stream")
         stream = False if stream is None else stream
         require(isinstance(stream, bool), "'stream' must be a boolean or null", "stream")
-        ignored = self._ignored if stream else self._plain_ignored
+        options = doc.get("stream_options")
+        # framing only on a streamed call, and only as the API takes it (booleans): other
+        # values the API refuses, so they are keyed
+        framing = options is None or (
+            isinstance(options, dict)
+            and all(v is None or type(v) is bool for v in options.values())
+        )
+        ignored = self._ignored if stream and framing else self._plain_ignored
         if "user" in doc and not isinstance(doc["user"], str):
             ignored = ignored - {"user"}  # a request the API refuses: never a valid one's key
         fields = {k: v for k, v in doc.items() if k not in ignored}
@@ -75,7 +82,6 @@ class OpenAIAdapter:
         # upstream may refuse or redirect, so it never shares the entry of the path without.
         target = path + ("?" + query if query else "")
         call = Call("openai", model, {"body": fields, "target": target}, stream=stream, kind=kind)
-        options = doc.get("stream_options")
         call.extra["include_usage"] = isinstance(options, dict) and bool(
             options.get("include_usage")
         )

@@ -60,9 +60,17 @@ def extra_headers(request: web.Request) -> dict[str, str]:
 
 def stream_options_refused(body: dict[str, Any]) -> web.Response | None:
     """OpenAI and vLLM refuse stream_options on a call that does not stream (400, "The
-    'stream_options' parameter is only allowed when 'stream' is enabled")."""
-    if body.get("stream_options") and not body.get("stream"):
+    'stream_options' parameter is only allowed when 'stream' is enabled"), and options that
+    are not booleans ("Invalid type for 'stream_options.include_usage'")."""
+    options = body.get("stream_options")
+    message = None
+    if options and not body.get("stream"):
         message = "The 'stream_options' parameter is only allowed when 'stream' is enabled."
-        error = {"message": message, "type": "invalid_request_error", "param": "stream_options"}
-        return web.json_response({"error": {**error, "code": None}}, status=400)
-    return None
+    elif options is not None and not (
+        isinstance(options, dict) and all(isinstance(v, bool) for v in options.values())
+    ):
+        message = "Invalid type for 'stream_options': expected booleans."
+    if message is None:
+        return None
+    error = {"message": message, "type": "invalid_request_error", "param": "stream_options"}
+    return web.json_response({"error": {**error, "code": None}}, status=400)

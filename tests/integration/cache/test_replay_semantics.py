@@ -265,3 +265,20 @@ def test_stream_options_without_a_stream_is_the_upstreams_400_cold_and_warm(
     raw = c.chat.completions.with_raw_response.create(**kw, stream=True, stream_options=usage)
     assert raw.headers["X-Cache"] == "hit"
     assert [chunk for chunk in raw.parse()][-1].usage is not None
+
+
+def test_stream_options_the_api_refuses_are_its_400_on_a_streamed_call_too(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    """On a streamed call stream_options is framing only when it is the API's (booleans):
+    {"include_usage": "yes"} is a 400 cold, and was a 200 hit once a streamed call was stored."""
+    c = _client(start_gateway(cache_config(upstream.url, tiers=["memory"])).url)
+    kw = {"model": "m", "messages": MESSAGES, "temperature": 0, "stream": True}
+    bad = {"include_usage": "yes"}
+    with pytest.raises(openai.BadRequestError, match="stream_options"):
+        c.chat.completions.create(**kw, stream_options=bad)  # type: ignore[call-overload]
+    good = {"include_usage": True}
+    raw = c.chat.completions.with_raw_response.create(**kw, stream_options=good)  # type: ignore[call-overload]
+    assert raw.headers["X-Cache"] == "miss"
+    with pytest.raises(openai.BadRequestError, match="stream_options"):
+        c.chat.completions.create(**kw, stream_options=bad)  # type: ignore[call-overload]
