@@ -93,10 +93,16 @@ class ClientClosed(GatewayError, CallerGone):
 
 
 class NotInCache(GatewayError):
-    """Cache-Control: only-if-cached, and nothing stored to answer with (RFC 9111 5.2.1.7)."""
+    """Cache-Control: only-if-cached, and nothing stored to answer with (RFC 9111 5.2.1.7).
+
+    The openai and anthropic SDKs retry a 504 (twice by default, with backoff) unless told
+    not to: asking again finds the same nothing, so the answer says `x-should-retry: false`."""
 
     status = 504
     error_type = "not_cached"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"x-should-retry": "false"})
 
 
 # The Messages API's error types by status (https://docs.anthropic.com/en/api/errors).
