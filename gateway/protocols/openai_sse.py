@@ -186,7 +186,7 @@ def _events_to_body(events: list[bytes], kind: str) -> bytes | None:
                 c["finish_reason"] = ch["finish_reason"]
             for k, v in ch.items():  # a server's own per-choice fields (vLLM's stop_reason,
                 # Azure's content_filter_results): as the last chunk that has one says it
-                if k not in _CHOICE_FIELDS and v not in (None, {}, []):
+                if k not in _CHOICE_FIELDS and k != "message" and v not in (None, {}, []):
                     c[k] = v
     for c in choices.values():
         tools = c.pop("_tools", None)
