@@ -28,11 +28,13 @@ def prefer(request: web.BaseRequest) -> bool:
     return request.version == (1, 1) and request.keep_alive and request.method != "HEAD"
 
 
-def header_block(headers: list[tuple[str, str]], body: bytes) -> str:
+def header_block(headers: list[tuple[str, str]], body: bytes, status: int = 200) -> str:
     """The entry's own header lines with the framing this writer owns (computed once per entry
-    and framing, memoised by the caller)."""
+    and framing, memoised by the caller). A 204 has no framing at all (RFC 9110 8.6: no
+    Content-Length), and no body."""
     lines = [f"{k}: {v}\r\n" for k, v in headers if k.lower() not in _DROP]
-    lines.append(f"Content-Length: {len(body)}\r\n")
+    if status != 204:
+        lines.append(f"Content-Length: {len(body)}\r\n")
     return "".join(lines)
 
 
@@ -84,7 +86,7 @@ class HitResponse(web.StreamResponse):
         )
         # UTF-8, as aiohttp's writer encodes every other response's headers: a miss and its
         # hits send a non-ASCII value as the same bytes (backends' response_head.field_text)
-        data = head.encode() + self._hit_body
+        data = head.encode() + (self._hit_body if self.status != 204 else b"")
         self._sent = len(data)
         transport.write(data)
 

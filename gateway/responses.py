@@ -74,7 +74,7 @@ def cached(
         memo = hit.entry.memo
         block = memo.get((_BLOCK, framing))
         if block is None:
-            block = memo[(_BLOCK, framing)] = header_block(base, body)
+            block = memo[(_BLOCK, framing)] = header_block(base, body, status)
         assert isinstance(block, str)
         return HitResponse(status, _REASONS[status], block, extra, body)
     # a plain list: web.Response builds its own CIMultiDict from it (building one here doubles it)
