@@ -16,7 +16,14 @@ from urllib.parse import unquote
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.headers import field
-from gateway.protocols.base import Call, decode_body, require, text_of, zero_temperature
+from gateway.protocols.base import (
+    Call,
+    decode_body,
+    odd_body_type,
+    require,
+    text_of,
+    zero_temperature,
+)
 
 PATH = "/v1/messages"
 KIND = "messages"
@@ -178,4 +185,8 @@ class AnthropicAdapter:
         call.context = {"body": context, "headers": hdrs, "query": query}
         if path != PATH:
             call.context["path"] = path
+        if (odd := odd_body_type(content_type)) is not None:
+            call.key_fields["type"] = odd
+            if isinstance(call.context, dict):  # (embeddings have no namespace)
+                call.context["type"] = odd
         return call

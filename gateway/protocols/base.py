@@ -120,6 +120,18 @@ def decode_body(content_type: str, body: bytes, *, allow_nan: bool = False) -> A
         raise BadRequest(f"request body has a value out of range: {str(exc)[:120]}") from None
 
 
+def odd_body_type(content_type: str) -> str | None:
+    """The media type a JSON API's key holds beside the body it read: None for JSON (none sent,
+    application/json, any +json) and msgpack, which the key reads alike; any other (text/plain,
+    curl -d's form type) as sent, lower case. A JSON body labelled so is read by the key, but
+    refused by a replica that reads bodies by their type (FastAPI, vLLM: a 422), so it must
+    never be a hit on the entry of the JSON request."""
+    ctype = content_type.split(";", 1)[0].strip().lower()
+    if not ctype or ctype in MSGPACK_TYPES or ctype == "application/json":
+        return None
+    return None if ctype.endswith("+json") else ctype
+
+
 def zero_temperature(doc: Mapping[str, Any]) -> bool:
     """temperature is the number 0: not false, not "0" (a lenient upstream may read those as
     0, but a call whose determinism rests on a coercion is treated as sampled: not replayed)."""

@@ -8,7 +8,14 @@ from typing import Any
 from urllib.parse import unquote
 
 from gateway.errors import PayloadTooLarge
-from gateway.protocols.base import Call, decode_body, require, text_of, zero_temperature
+from gateway.protocols.base import (
+    Call,
+    decode_body,
+    odd_body_type,
+    require,
+    text_of,
+    zero_temperature,
+)
 
 # Fields that change only the framing or the bookkeeping, never the answer.
 IGNORED_FIELDS = frozenset({"stream", "stream_options", "user"})
@@ -106,6 +113,10 @@ class OpenAIAdapter:
                 )
             call.deterministic = call.greedy = True
             call.extra["input"] = doc["input"]
+        if (odd := odd_body_type(content_type)) is not None:
+            call.key_fields["type"] = odd
+            if isinstance(call.context, dict):  # (embeddings have no namespace)
+                call.context["type"] = odd
         return call
 
     def _chat(self, doc: dict[str, Any], fields: dict[str, Any], target: str, call: Call) -> None:

@@ -6,7 +6,9 @@ does not read `+` as a space tells apart. So is the path, on every route: an Ope
 route matches `/v1/chat%2Fcompletions` by its decoded form, which an upstream routing on the raw
 path (aiohttp) does not. A passthrough body is keyed with its Content-Type: the
 same bytes as `text/plain` and as JSON are two requests to a replica that reads its body by it.
-Memory and Redis tiers alike (the key is built before either is asked).
+An OpenAI or Messages key reads
+a JSON body whatever its label, so it holds a label other than JSON or msgpack. Memory and Redis
+tiers alike (the key is built before either is asked).
 """
 
 from __future__ import annotations
@@ -112,3 +114,29 @@ async def test_an_encoded_slash_in_an_api_path_is_another_key(gw: ServerThread, 
     assert await post(plain) == ("miss", None)  # the API's own answer, not the echo
     assert await post(path) == ("hit", path)
     assert await post(plain) == ("hit", None)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings", "/v1/messages"])
+async def test_a_json_body_sent_as_another_type_is_another_key(gw: ServerThread, path: str) -> None:
+    """curl -d labels a JSON body application/x-www-form-urlencoded: the key read it as JSON,
+    so it hit the JSON request's entry, where a replica that reads bodies by type (FastAPI,
+    vLLM) answers 422. JSON (with or without a label, or +json) and msgpack share one key."""
+    doc = {"model": "m", "max_tokens": 8, "temperature": 0, "input": "typed"}
+    doc["messages"] = [{"role": "user", "content": "typed body"}]
+    body = json.dumps(doc).encode()
+
+    async def post(ctype: str) -> str:
+        headers = {"Content-Type": ctype}
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(gw.url + path, data=body, headers=headers) as r,
+        ):
+            assert r.status == 200
+            return r.headers.get("X-Cache", "")
+
+    assert await post("application/json") == "miss"
+    assert await post("application/json; charset=utf-8") == "hit"
+    assert await post("application/vnd.api+json") == "hit"
+    assert await post("application/x-www-form-urlencoded") == "miss"
+    assert await post("text/plain") == "miss"
+    assert await post("Text/Plain; charset=utf-8") == "hit"
