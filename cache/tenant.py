@@ -2,7 +2,8 @@
 
 A tenant is the set of credential headers a request carries: the ones every client of these
 APIs sends (Authorization, api-key, x-api-key, OpenAI-Organization, OpenAI-Project, and the
-Anthropic SDK's anthropic-workspace-id and anthropic-user-profile-id) plus a route's configured
+Anthropic SDK's anthropic-workspace-id and anthropic-user-profile-id), Cookie (a session cookie
+is a browser's or an auth proxy's credential) plus a route's configured
 extras (e.g. X-Tenant). Two requests share cached answers only when all of
 them are equal; a request with none of them is the anonymous tenant. The identity is only ever
 fed to a keyed blake2b, so neither keys nor Redis contents reveal a credential, and a guessed
@@ -33,6 +34,10 @@ BUILTIN_HEADERS = (
     "openai-project",
     "anthropic-workspace-id",
     "anthropic-user-profile-id",
+    # A session cookie authenticates as a bearer token does (browsers, auth proxies in front
+    # of passthrough routes): an answer to sid=alice without Vary or private was served to
+    # sid=bob. RFC 9111 allows it; a gateway that promises tenants never share must not.
+    "cookie",
 )
 SECRET_ENV = "LATENTGATE_TENANT_SECRET"
 _MIN_SECRET_BYTES = 16
