@@ -290,3 +290,15 @@ class GatewayProcess:
                 self.proc.wait(5)
         self._log.close()
         return self.proc.returncode
+
+
+def one_route_upstream(path: str, handler: Any) -> ServerThread:
+    """A started stand-in upstream answering POST `path` with `handler` (tests that need an
+    upstream speaking exactly as one real server does)."""
+
+    def app() -> web.Application:
+        a = web.Application()
+        a.router.add_post(path, handler)
+        return a
+
+    return ServerThread(app).start()

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from tests.integration.cache.conftest import cache_config
 from tests.support.sdk_clients import close_tracked_clients, track  # noqa: F401 (autouse)
-from tests.support.servers import ServerThread
+from tests.support.servers import ServerThread, one_route_upstream
 
 HEAD = {"id": "chatcmpl-az1", "created": 1700000000, "model": "gpt-4o-2024-11-20"}
 FILTERS = [{"prompt_index": 0, "content_filter_results": {"hate": {"filtered": False}}}]
@@ -55,12 +55,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
 
 @pytest.fixture
 def upstream() -> Iterator[ServerThread]:
-    def app() -> web.Application:
-        a = web.Application()
-        a.router.add_post("/openai/deployments/{name}/chat/completions", _chat)
-        return a
-
-    server = ServerThread(app).start()
+    server = one_route_upstream("/openai/deployments/{name}/chat/completions", _chat)
     yield server
     server.stop()
 

@@ -21,7 +21,7 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from tests.integration.cache.conftest import cache_config
 from tests.support.sdk_clients import close_tracked_clients, track  # noqa: F401 (autouse)
-from tests.support.servers import ServerThread
+from tests.support.servers import ServerThread, one_route_upstream
 
 TOOLS: list[Any] = [
     {
@@ -82,12 +82,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
 
 @pytest.fixture
 def upstream() -> Iterator[ServerThread]:
-    def app() -> web.Application:
-        a = web.Application()
-        a.router.add_post("/v1/chat/completions", _chat)
-        return a
-
-    server = ServerThread(app).start()
+    server = one_route_upstream("/v1/chat/completions", _chat)
     yield server
     server.stop()
 
@@ -113,14 +108,21 @@ def _plain(c: openai.OpenAI, **kw: Any) -> tuple[dict[str, Any], str]:
     return raw.parse().model_dump(), raw.headers.get("X-Cache", "")
 
 
-@pytest.mark.parametrize("tools", [TOOLS, None], ids=["tool-call", "text"])
-def test_a_stored_body_streams_as_the_upstream_streams(
+def _gateway_and_call(
     upstream: ServerThread, start_gateway: Callable[..., ServerThread], tools: Any
-) -> None:
+) -> tuple[ServerThread, dict[str, Any]]:
     gw = start_gateway(cache_config(upstream.url, tiers=["memory"]))
     kw: dict[str, Any] = {"messages": [{"role": "user", "content": "Weather?"}]}
     if tools:
         kw["tools"] = tools
+    return gw, kw
+
+
+@pytest.mark.parametrize("tools", [TOOLS, None], ids=["tool-call", "text"])
+def test_a_stored_body_streams_as_the_upstream_streams(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread], tools: Any
+) -> None:
+    gw, kw = _gateway_and_call(upstream, start_gateway, tools)
     direct = _streamed(_client(upstream.url), **kw)
     assert _plain(_client(gw.url), **kw)[1] == "miss"
     final, kinds, x_cache = _streamed(_client(gw.url), **kw)
@@ -138,10 +140,7 @@ def test_a_stored_body_streams_as_the_upstream_streams(
 def test_a_stored_stream_is_the_upstreams_body(
     upstream: ServerThread, start_gateway: Callable[..., ServerThread], tools: Any
 ) -> None:
-    gw = start_gateway(cache_config(upstream.url, tiers=["memory"]))
-    kw: dict[str, Any] = {"messages": [{"role": "user", "content": "Weather?"}]}
-    if tools:
-        kw["tools"] = tools
+    gw, kw = _gateway_and_call(upstream, start_gateway, tools)
     assert _streamed(_client(gw.url), **kw)[2] == "miss"
     body, x_cache = _plain(_client(gw.url), **kw)
     direct, _ = _plain(_client(upstream.url), **kw)
