@@ -105,6 +105,8 @@ class Batcher(Generic[T, R]):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lg-batch-{name}")
         self._rates = _Rates()
         self._closed = False
+        # An engine run started by submit itself (the idle path), which queued work waits out
+        self._inflight: asyncio.Future[Sequence[R]] | None = None
 
     async def submit(self, items: Sequence[T]) -> list[R]:
         if self._closed:
@@ -112,10 +114,12 @@ class Batcher(Generic[T, R]):
         loop = asyncio.get_running_loop()
         if not self.settings.enabled:
             return await self._run_direct(loop, list(items))
+        now = time.perf_counter()
+        if self._idle(loop, len(items)):
+            return await self._run_now(loop, list(items), now)
         if self._task is None or self._task.get_loop() is not loop or self._task.done():
             self._bind(loop)
         pending = []
-        now = time.perf_counter()
         per_bucket = [0] * len(self._queues)
         size = self.settings.max_batch
         for item in items:
@@ -144,8 +148,48 @@ class Batcher(Generic[T, R]):
         for q in self._queues:  # items of a finished loop can never be answered
             q.clear()
         self._queued = 0
+        self._inflight = None  # a finished loop's run: nothing here can wait for it
         self._wakeup = asyncio.Event()
         self._task = loop.create_task(self._loop(), name=f"batcher-{self.name}")
+
+    def _idle(self, loop: asyncio.AbstractEventLoop, n: int) -> bool:
+        """Nothing queued or running, and the adaptive wait says no company is coming: the
+        items run at once from the caller's own task. Through the gathering task the same run
+        takes three more event-loop turns (its wake-up, its resumption, the callers' futures),
+        0.8 ms of a 6 ms embed on a quiet 2-core machine and more on a busy one."""
+        return (
+            self._queued == 0
+            and self._inflight is None
+            and n <= self.settings.max_batch
+            and (self._task is None or self._task.get_loop() is loop)
+            and self._wait_s() == 0.0
+        )
+
+    async def _run_now(
+        self, loop: asyncio.AbstractEventLoop, items: list[T], now: float
+    ) -> list[R]:
+        for _ in items:
+            self._rates.arrival(now)
+            self._m_delay.observe(0.0)
+        # a turn like any batch's: what arrives meanwhile is due after it, and waits it out
+        self._turn += 1
+        fut = loop.run_in_executor(self._pool, self._run, items)
+        self._inflight = fut
+        # cleared when the run ends, even if this caller is cancelled before
+        fut.add_done_callback(self._run_now_done)
+        results = await fut
+        if len(results) != len(items):
+            raise EngineError(f"engine {self.name} returned {len(results)} for {len(items)}")
+        elapsed = time.perf_counter() - now
+        self._rates.ran(len(items), elapsed)
+        self._observe(len(items), [self._length(i) for i in items], elapsed)
+        return list(results)
+
+    def _run_now_done(self, fut: asyncio.Future[Sequence[R]]) -> None:
+        if self._inflight is fut:
+            self._inflight = None
+        if self._queued:
+            self._wakeup.set()
 
     async def _run_direct(self, loop: asyncio.AbstractEventLoop, items: list[T]) -> list[R]:
         t0 = time.perf_counter()
@@ -181,6 +225,10 @@ class Batcher(Generic[T, R]):
             if first is None:
                 self._wakeup.clear()
                 await self._wakeup.wait()
+                continue
+            if self._inflight is not None:
+                # an idle-path run holds the engine: gather behind it, as behind a batch
+                await asyncio.wait([self._inflight])
                 continue
             wait = self._wait_s()
             self._m_wait.set(wait)

@@ -145,12 +145,20 @@ def test_one_batcher_serves_successive_event_loops() -> None:
 
 
 async def test_close_during_a_batch_fails_its_callers_instead_of_hanging() -> None:
-    b = _batcher(Recorder(delay_s=0.2), max_delay_ms=0)
+    b = _batcher(Recorder(delay_s=0.2), max_delay_ms=1)  # a wait: through the gathering task
     job = asyncio.ensure_future(b.submit([("slow", 1)]))
     await asyncio.sleep(0.05)  # the batch is running in the worker thread
     await b.aclose()
     with pytest.raises(EngineError, match="shutting down"):
         await asyncio.wait_for(job, 2)
+
+
+async def test_close_during_a_lone_run_answers_its_caller_instead_of_hanging() -> None:
+    b = _batcher(Recorder(delay_s=0.2), max_delay_ms=0)  # no wait: run from the caller's task
+    job = asyncio.ensure_future(b.submit([("slow", 1)]))
+    await asyncio.sleep(0.05)  # the run is in the worker thread
+    await b.aclose()  # waits for the run: its answer is whole
+    assert await asyncio.wait_for(job, 2) == ["slow:1"]
 
 
 class Gate(Recorder):
@@ -248,4 +256,84 @@ async def test_one_request_after_another_keeps_its_place_beside_a_huge_one(
     assert max(waits) <= most, f"runs each short request waited: {waits}"
     assert not huge.done(), "the huge request ended before the short ones: nothing was tested"
     await huge
+    await b.aclose()
+
+
+class Overlap(Recorder):
+    """Counts engine runs in flight at once (the engine is one thread's: never more than one)."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(delay_s)
+        self.now = 0
+        self.most = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, items: list[tuple[str, int]]) -> list[str]:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            return super().__call__(items)
+        finally:
+            with self.lock:
+                self.now -= 1
+
+
+async def test_a_lone_request_runs_at_once_and_what_comes_meanwhile_is_batched_after_it() -> None:
+    """With nothing queued and no company expected, a request runs from its caller's task
+    (no turn through the gathering task). Requests sent while it holds the engine gather into
+    one batch behind it, as behind any batch, and runs never overlap."""
+    gate = Gate()
+    b = _batcher(gate, max_batch=8, max_delay_ms=50, target_p95_ms=100)
+    lone = asyncio.ensure_future(b.submit([("lone", 3)]))
+    assert await asyncio.to_thread(gate.running.wait, 10)
+    assert b._task is None, "the lone request went through the gathering task"
+    later = [asyncio.ensure_future(b.submit([(f"m{i}", 3)])) for i in range(5)]
+    await asyncio.sleep(0.01)
+    gate.release.set()
+    assert await lone == ["lone:3"]
+    assert [await f for f in later] == [[f"m{i}:3"] for i in range(5)]
+    assert [len(x) for x in gate.batches] == [1, 5]
+    await b.aclose()
+
+
+async def test_runs_never_overlap_when_lone_and_queued_requests_mix() -> None:
+    rec = Overlap(delay_s=0.002)
+    b = _batcher(rec, max_batch=4, max_delay_ms=5, target_p95_ms=20)
+
+    async def client(c: int) -> None:
+        for r in range(15):
+            assert await b.submit([(f"c{c}.{r}", 2)]) == [f"c{c}.{r}:2"]
+            await asyncio.sleep(0.001 * (c % 3))
+
+    await asyncio.gather(*(client(c) for c in range(6)))
+    assert rec.most == 1
+    assert sum(len(x) for x in rec.batches) == 90
+    await b.aclose()
+
+
+async def test_a_lone_caller_cancelled_mid_run_leaves_the_engine_serving() -> None:
+    gate = Gate()
+    b = _batcher(gate, max_batch=8, max_delay_ms=50, target_p95_ms=100)
+    doomed = asyncio.ensure_future(b.submit([("doomed", 3)]))
+    assert await asyncio.to_thread(gate.running.wait, 10)
+    doomed.cancel()
+    after = asyncio.ensure_future(b.submit([("after", 3)]))
+    await asyncio.sleep(0.01)
+    gate.release.set()
+    assert await asyncio.wait_for(after, 5) == ["after:3"]
+    assert await asyncio.wait_for(b.submit([("again", 3)]), 5) == ["again:3"]
+    await b.aclose()
+
+
+async def test_an_engine_error_on_a_lone_run_reaches_its_caller() -> None:
+    def boom(items: list[tuple[str, int]]) -> list[str]:
+        raise EngineError("engine exploded")
+
+    settings = BatcherSettings(max_delay_ms=5, target_p95_ms=20)
+    b = Batcher("m", boom, settings, length=lambda it: it[1])
+    with pytest.raises(EngineError, match="exploded"):
+        await b.submit([("x", 1)])
+    with pytest.raises(EngineError, match="exploded"):
+        await b.submit([("y", 1)])
     await b.aclose()
