@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.servers import GatewayProcess
+from tests.support.servers import GatewayProcess, ServerThread
+from tests.support.upstream import build_upstream
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
 
@@ -60,3 +61,11 @@ def gateway_process() -> Iterator[Callable[..., GatewayProcess]]:
     yield start
     for p in started:
         p.stop()
+
+
+@pytest.fixture
+def second_upstream() -> Iterator[ServerThread]:
+    """Another stand-in upstream (it answers X-Upstream: second): where a reload moves a route."""
+    server = ServerThread(lambda: build_upstream("second")).start()
+    yield server
+    server.stop()

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -23,47 +21,8 @@ from gateway.config import load_settings
 from gateway.state import STATE
 from tests.conftest import base_config
 from tests.ops.conftest import ADMIN_TOKEN, http, http_json
-from tests.support.servers import ROOT, GatewayProcess, ServerThread, wait_port
-from tests.support.upstream import build_upstream
-
-AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-CHAT = {
-    "model": "m",
-    "messages": [{"role": "user", "content": "which upstream?"}],
-    "temperature": 0,
-}
-
-
-@pytest.fixture
-def second_upstream() -> Iterator[ServerThread]:
-    server = ServerThread(lambda: build_upstream("second")).start()
-    yield server
-    server.stop()
-
-
-def _two_backend_config(first: str, second: str, chat_backend: str) -> dict[str, Any]:
-    cfg = base_config(first, admin={"token": ADMIN_TOKEN})
-    cfg["backends"]["second"] = {
-        "kind": "remote",
-        "replicas": [second],
-        "timeouts": {"connect": 1, "read": 10, "total": 20},
-    }
-    for route in cfg["routes"]:
-        if route["name"] == "chat":
-            route["backend"] = chat_backend
-    return cfg
-
-
-def _chat_upstream(url: str, headers: dict[str, str] | None = None) -> str:
-    status, hdrs, _ = http(
-        "POST",
-        url + "/v1/chat/completions",
-        json.dumps(CHAT).encode(),
-        {"Content-Type": "application/json", **(headers or {})},
-        timeout=20,
-    )
-    assert status == 200
-    return hdrs["X-Upstream"]
+from tests.ops.reload_support import CHAT, chat_cache, chat_upstream, two_backend_config
+from tests.support.servers import GatewayProcess, ServerThread
 
 
 class InProcess:
@@ -105,21 +64,21 @@ def test_admin_reload_swaps_the_routes_backend(
     second_upstream: ServerThread,
     in_process: Callable[..., InProcess],
 ) -> None:
-    gw = in_process(_two_backend_config(upstream.url, second_upstream.url, "upstream"))
-    assert _chat_upstream(gw.server.url) == "up"
-    gw.write(_two_backend_config(upstream.url, second_upstream.url, "second"))
+    gw = in_process(two_backend_config(upstream.url, second_upstream.url, "upstream"))
+    assert chat_upstream(gw.server.url) == "up"
+    gw.write(two_backend_config(upstream.url, second_upstream.url, "second"))
     status, body = gw.reload()
     assert status == 200, body
     assert body["ok"] and body["generation"] == 1
     assert body["backends_kept"] == ["second", "upstream"]  # unchanged pools stay warm
-    assert _chat_upstream(gw.server.url) == "second"
+    assert chat_upstream(gw.server.url) == "second"
     # A changed backend is rebuilt, and its requests go to the new replica.
-    cfg = _two_backend_config(upstream.url, second_upstream.url, "second")
+    cfg = two_backend_config(upstream.url, second_upstream.url, "second")
     cfg["backends"]["second"]["replicas"] = [upstream.url]
     gw.write(cfg)
     status, body = gw.reload()
     assert status == 200 and body["backends_replaced"] == ["second"]
-    assert _chat_upstream(gw.server.url) == "up"
+    assert chat_upstream(gw.server.url) == "up"
     # once the old pool retires, the replica it dropped no longer shows as a healthy replica
     gone = (
         f'latentgate_upstream_replica_healthy{{backend="second",replica="{second_upstream.url}"}}'
@@ -146,8 +105,8 @@ def test_invalid_config_is_rejected_and_the_old_one_keeps_serving(
     second_upstream: ServerThread,
     in_process: Callable[..., InProcess],
 ) -> None:
-    gw = in_process(_two_backend_config(upstream.url, second_upstream.url, "upstream"))
-    bad = _two_backend_config(upstream.url, second_upstream.url, "missing-backend")
+    gw = in_process(two_backend_config(upstream.url, second_upstream.url, "upstream"))
+    bad = two_backend_config(upstream.url, second_upstream.url, "missing-backend")
     bad["limits"] = {"max_body_bytes": -1}
     gw.write(bad)
     status, body = gw.reload()
@@ -159,7 +118,7 @@ def test_invalid_config_is_rejected_and_the_old_one_keeps_serving(
     gw.write("routes: [unclosed\n")
     status, body = gw.reload()
     assert status == 422 and "YAML" in body["errors"][0]["message"]
-    assert _chat_upstream(gw.server.url) == "up"
+    assert chat_upstream(gw.server.url) == "up"
     metrics = http("GET", gw.server.url + "/metrics")[2].decode()
     assert 'latentgate_config_reloads_total{result="invalid"} 2.0' in metrics
 
@@ -169,11 +128,11 @@ def test_in_flight_request_completes_across_a_reload(
     second_upstream: ServerThread,
     in_process: Callable[..., InProcess],
 ) -> None:
-    gw = in_process(_two_backend_config(upstream.url, second_upstream.url, "upstream"))
+    gw = in_process(two_backend_config(upstream.url, second_upstream.url, "upstream"))
     seen: dict[str, str] = {}
 
     def slow() -> None:
-        seen["upstream"] = _chat_upstream(gw.server.url, {"X-Test-Delay": "1.5"})
+        seen["upstream"] = chat_upstream(gw.server.url, {"X-Test-Delay": "1.5"})
 
     assert gw.server.app is not None
     old_pool = gw.server.app[STATE].backends["upstream"]
@@ -184,12 +143,12 @@ def test_in_flight_request_completes_across_a_reload(
     t = threading.Thread(target=slow)
     t.start()
     time.sleep(0.5)  # the slow request is now waiting on the old generation's upstream
-    cfg = _two_backend_config(upstream.url, second_upstream.url, "second")
+    cfg = two_backend_config(upstream.url, second_upstream.url, "second")
     cfg["backends"]["upstream"]["replicas"] = [second_upstream.url]  # old pool gets replaced
     gw.write(cfg)
     status, body = gw.reload()
     assert status == 200 and "upstream" in body["backends_replaced"]
-    assert _chat_upstream(gw.server.url) == "second"  # new requests: new generation at once
+    assert chat_upstream(gw.server.url) == "second"  # new requests: new generation at once
     assert not old_pool_closed()  # still serving the request that started on it
     t.join(20)
     assert seen.get("upstream") == "up"  # the old request finished on the old backend
@@ -204,8 +163,8 @@ def test_sighup_reloads_a_running_process(
     second_upstream: ServerThread,
     gateway_process: Callable[..., GatewayProcess],
 ) -> None:
-    gw = gateway_process(_two_backend_config(upstream.url, second_upstream.url, "upstream"))
-    assert _chat_upstream(gw.url) == "up"
+    gw = gateway_process(two_backend_config(upstream.url, second_upstream.url, "upstream"))
+    assert chat_upstream(gw.url) == "up"
     cfg = yaml.safe_load(Path(gw.config_path).read_text())
     for route in cfg["routes"]:
         if route["name"] == "chat":
@@ -214,15 +173,15 @@ def test_sighup_reloads_a_running_process(
     assert gw.proc is not None
     gw.proc.send_signal(signal.SIGHUP)
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and _chat_upstream(gw.url) != "second":
+    while time.monotonic() < deadline and chat_upstream(gw.url) != "second":
         time.sleep(0.1)
-    assert _chat_upstream(gw.url) == "second"
+    assert chat_upstream(gw.url) == "second"
     # A broken file on SIGHUP: logged, old config still serving, process still up.
     Path(gw.config_path).write_text("backends: {}\nroutes: []\n")
     gw.proc.send_signal(signal.SIGHUP)
     time.sleep(1.0)
     assert gw.proc.poll() is None
-    assert _chat_upstream(gw.url) == "second"
+    assert chat_upstream(gw.url) == "second"
     assert "reload rejected" in gw.log()
 
 
@@ -247,82 +206,6 @@ def test_start_only_sections_are_reported_not_applied(
     assert status == 200 and cfg_now["limits"]["max_body_bytes"] == 16 << 20
 
 
-def _two_workers_with_chat_moved_to_second(
-    upstream: ServerThread,
-    second_upstream: ServerThread,
-    gateway_process: Callable[..., GatewayProcess],
-) -> GatewayProcess:
-    """Two workers serving chat from `upstream`, their config file already pointing it at
-    `second` (what a reload will pick up)."""
-    gw = gateway_process(
-        _two_backend_config(upstream.url, second_upstream.url, "upstream"), workers=2
-    )
-    cfg = yaml.safe_load(Path(gw.config_path).read_text())
-    for route in cfg["routes"]:
-        if route["name"] == "chat":
-            route["backend"] = "second"
-    Path(gw.config_path).write_text(yaml.safe_dump(cfg))
-    return gw
-
-
-def _wait_until_every_worker_answers_from_second(gw: GatewayProcess) -> None:
-    """Workers reload in the background (a busy machine is slow): wait for it, then new
-    connections, spread over both workers (SO_REUSEPORT), all get the new route's answer."""
-
-    def answers() -> set[str]:
-        return {_chat_upstream(gw.url, {"Connection": "close"}) for _ in range(30)}
-
-    deadline = time.monotonic() + 20
-    while answers() != {"second"} and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert answers() == {"second"}
-
-
-def test_sighup_reaches_every_worker(
-    upstream: ServerThread,
-    second_upstream: ServerThread,
-    gateway_process: Callable[..., GatewayProcess],
-) -> None:
-    gw = _two_workers_with_chat_moved_to_second(upstream, second_upstream, gateway_process)
-    assert gw.proc is not None
-    gw.proc.send_signal(signal.SIGHUP)  # to the parent, which forwards it
-    _wait_until_every_worker_answers_from_second(gw)
-    assert gw.stop() == 0
-
-
-def test_a_sighup_while_the_workers_start_is_a_reload_not_their_end(
-    upstream: ServerThread, second_upstream: ServerThread
-) -> None:
-    """`systemctl reload` right after a start: a SIGHUP that reaches the workers before their
-    handlers are in used to end them (its default action); it is remembered and becomes the
-    reload it asked for once they are."""
-    cfg = _two_backend_config(upstream.url, second_upstream.url, "upstream")
-    gw = GatewayProcess(cfg, workers=2)
-    moved = yaml.safe_load(Path(gw.config_path).read_text())
-    for route in moved["routes"]:
-        if route["name"] == "chat":
-            route["backend"] = "second"
-    Path(gw.config_path).write_text(yaml.safe_dump(moved))
-    gw._log = open(gw.log_path, "wb")  # noqa: SIM115 - closed by stop()
-    gw.proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--config", gw.config_path, "--workers", "2"],
-        cwd=ROOT,
-        env=gw.env,
-        stdout=gw._log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while "started 2 workers" not in gw.log() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        gw.proc.send_signal(signal.SIGHUP)  # the workers are still building their apps
-        wait_port("127.0.0.1", gw.port, 60)
-        _wait_until_every_worker_answers_from_second(gw)
-        assert "killed by signal" not in gw.log(), gw.log()
-    finally:
-        assert gw.stop() == 0, gw.log()
-
-
 def test_reload_swaps_a_routes_cache_policy(
     upstream: ServerThread, in_process: Callable[..., InProcess]
 ) -> None:
@@ -341,11 +224,11 @@ def test_reload_swaps_a_routes_cache_policy(
         return hdrs.get("X-Cache", "none")
 
     assert {x_cache(), x_cache()} == {"none"}  # no cache policy on the route yet
-    _chat_cache(cfg, {"exact": {"enabled": True, "tiers": ["memory"]}})
+    chat_cache(cfg, {"exact": {"enabled": True, "tiers": ["memory"]}})
     gw.write(cfg)
     assert gw.reload()[0] == 200
     assert [x_cache(), x_cache()] == ["miss", "hit"]
-    _chat_cache(cfg, {})
+    chat_cache(cfg, {})
     gw.write(cfg)
     assert gw.reload()[0] == 200
     assert x_cache() == "none"  # off again: the stored entry is no longer served
@@ -363,89 +246,6 @@ def test_a_reload_of_a_file_that_is_not_utf8_is_a_422_and_the_old_config_serves(
     assert http("GET", gw.server.url + "/v1/models")[0] == 200
 
 
-def test_an_admin_reload_reaches_every_worker(
-    upstream: ServerThread,
-    second_upstream: ServerThread,
-    gateway_process: Callable[..., GatewayProcess],
-) -> None:
-    """POST /admin/reload lands in one worker; the others reload too (through the parent)."""
-    gw = _two_workers_with_chat_moved_to_second(upstream, second_upstream, gateway_process)
-    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    assert http("POST", gw.url + "/admin/reload", headers=auth)[0] == 200
-    _wait_until_every_worker_answers_from_second(gw)
-    # the SIGHUP the parent sends every worker comes back to the one that took the call: that
-    # worker skips it (the file is the one it loaded), so each worker reloaded once
-    for _ in range(200):
-        if "already serves this file" in gw.log():
-            break
-        time.sleep(0.05)
-    assert "already serves this file" in gw.log()
-    metrics = http("GET", gw.url + "/metrics")[2].decode()
-    generations = [
-        float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith("latentgate_config_generation{")
-    ]
-    assert generations == [1.0, 1.0], generations
-    assert gw.stop() == 0
-
-
-def test_a_purge_reaches_every_workers_memory(
-    upstream: ServerThread, gateway_process: Callable[..., GatewayProcess]
-) -> None:
-    """`--workers 2`, memory only: a purge of one tenant, taken by one worker, has dropped that
-    tenant's entry from the other worker's memory too by the time it answers, and no other
-    tenant's. Before, the other worker dropped its whole memory tier (by SIGUSR1 through the
-    parent) some time after the purge had answered."""
-    cfg = base_config(upstream.url, admin={"token": ADMIN_TOKEN})
-    _chat_cache(cfg, {"exact": {"enabled": True, "tiers": ["memory"]}})
-    gw = gateway_process(cfg, workers=2)
-
-    def upstream_calls() -> int:
-        status, doc = http_json("GET", upstream.url + "/_test/stats")
-        assert status == 200
-        return int(doc["requests"].get("/v1/chat/completions", 0))
-
-    def ask_many(who: str) -> set[str]:
-        # a new connection each: SO_REUSEPORT spreads them over both workers
-        return {
-            http(
-                "POST",
-                gw.url + "/v1/chat/completions",
-                json.dumps(CHAT).encode(),
-                {
-                    "Content-Type": "application/json",
-                    "Connection": "close",
-                    "Authorization": f"Bearer sk-{who}",
-                },
-            )[1].get("X-Cache", "")
-            for _ in range(24)
-        }
-
-    ask_many("alice")
-    ask_many("bob")
-    assert upstream_calls() == 4  # one miss per tenant in each worker's memory
-    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    status, doc = http_json(
-        "POST", gw.url + "/admin/cache/purge", {"tenant": "Bearer sk-alice"}, auth
-    )
-    assert status == 200, doc
-    assert doc["purged"]["memory"] == 1
-    assert list(doc["purged"]["other_workers"].values()) == [1], doc  # alice's copy, not bob's
-    assert ask_many("bob") == {"hit"}  # bob's entries stayed in both workers
-    assert upstream_calls() == 4
-    ask_many("alice")
-    assert upstream_calls() == 6  # both workers missed alice again: nothing stale survived
-    assert gw.stop() == 0
-
-
-def _chat_cache(cfg: dict[str, Any], policy: dict[str, Any]) -> None:
-    """Give the config's `chat` route this cache policy."""
-    for route in cfg["routes"]:
-        if route["name"] == "chat":
-            route["cache"] = policy
-
-
 def test_a_route_that_cannot_have_a_semantic_stage_is_no_restart_to_report() -> None:
     """semantic on but the exact cache off: the stage skips the route at start-up (it needs
     the exact cache), so an unchanged reload has nothing to restart and shows the file as is."""
@@ -453,7 +253,7 @@ def test_a_route_that_cannot_have_a_semantic_stage_is_no_restart_to_report() -> 
     from gateway.reload import semantic_kept
 
     cfg = base_config("http://127.0.0.1:9")
-    _chat_cache(cfg, {"exact": {"enabled": False}, "semantic": {"enabled": True}})
+    chat_cache(cfg, {"exact": {"enabled": False}, "semantic": {"enabled": True}})
     settings = Settings.model_validate(cfg)
     kept, restart = semantic_kept(settings, None)
     assert restart == [] and kept is settings
