@@ -337,3 +337,14 @@ async def test_an_engine_error_on_a_lone_run_reaches_its_caller() -> None:
     with pytest.raises(EngineError, match="exploded"):
         await b.submit([("y", 1)])
     await b.aclose()
+
+
+async def test_a_lone_request_of_mixed_lengths_still_runs_each_bucket_apart() -> None:
+    """The idle path takes only items of one length bucket: one long text beside short ones
+    would pad every short one to its length in a single run."""
+    rec = Recorder()
+    b = _batcher(rec, max_batch=32, max_delay_ms=50, target_p95_ms=100, buckets=[16, 64])
+    items = [(f"s{i}", 5) for i in range(6)] + [("long", 60)]
+    assert await b.submit(items) == [f"{t}:{n}" for t, n in items]
+    assert sorted(len(x) for x in rec.batches) == [1, 6]
+    await b.aclose()
