@@ -47,8 +47,9 @@ class SemanticRoute:
 
     def skip_reason(self, call: CallLike) -> str | None:
         """Why the stage does not look this call up (None: it does). Reasons: "disabled",
-        "no_text" (no final user text), "too_short" (< min_chars), "too_long" (> max_chars,
-        decided on the length alone: nothing is tokenised), "sampled" (not deterministic),
+        "no_text" (no final user text, or an answer quoting its prompt), "too_short"
+        (< min_chars), "too_long" (> max_chars, decided on the length alone: nothing is
+        tokenised), "sampled" (not deterministic),
         "loading" (the embedder is not loaded yet), "not_unicode" (a lone surrogate, which JSON
         lets through and no tokeniser takes)."""
         text = call.semantic_text

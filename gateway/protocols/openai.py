@@ -97,7 +97,8 @@ class OpenAIAdapter:
         elif kind == "completions":
             require("prompt" in doc, "'prompt' is required", "prompt")
             prompt = doc["prompt"]
-            call.semantic_text = prompt if isinstance(prompt, str) else None
+            quoted = quotes_prompt(doc)
+            call.semantic_text = prompt if isinstance(prompt, str) and not quoted else None
             call.context = {
                 "body": {k: v for k, v in fields.items() if k != "prompt"},
                 "target": target,
@@ -135,7 +136,7 @@ class OpenAIAdapter:
             )
         last = messages[-1]
         # Only a final user turn is a question a semantic cache may answer.
-        if last.get("role") == "user":
+        if last.get("role") == "user" and not quotes_prompt(doc, chat=True):
             call.semantic_text = text_of(last.get("content"))
         context = {k: v for k, v in fields.items() if k != "messages"}
         context["messages"] = messages[:-1]
@@ -143,6 +144,22 @@ class OpenAIAdapter:
         context["last"] = {k: v for k, v in last.items() if k != "content"}
         call.context = {"body": context, "target": target}
         call.deterministic, call.greedy = _deterministic(doc), zero_temperature(doc)
+
+
+def quotes_prompt(doc: dict[str, Any], chat: bool = False) -> bool:
+    """The answer holds the prompt's own text or tokens, not only an answer to what it means:
+    `echo` (completions; vLLM's chat too) writes the prompt before the completion, vLLM's
+    `prompt_logprobs` and `return_token_ids` list the prompt's tokens, and its chat's
+    `continue_final_message` or `add_generation_prompt: false` continue the last turn's text
+    rather than answer it. A paraphrase's stored answer would quote the other question, so
+    such a call has no semantic text (the exact cache still serves its repeats)."""
+    if doc.get("echo") not in (None, False) or doc.get("prompt_logprobs") is not None:
+        return True
+    if doc.get("return_token_ids") not in (None, False):
+        return True
+    if chat and doc.get("continue_final_message") not in (None, False):
+        return True
+    return chat and doc.get("add_generation_prompt") is False
 
 
 def _deterministic(doc: dict[str, Any]) -> bool:
