@@ -7,28 +7,18 @@ Model, route, tenant, system prompt, earlier turns, tools and sampling parameter
 from __future__ import annotations
 
 import hashlib
-import json
-import math
 from typing import Any
 
-
-def _canonical(value: Any) -> Any:
-    """JSON-stable form: sorted keys, integral floats as ints (0.0 and 0 mean one thing)."""
-    if isinstance(value, dict):
-        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(value, list | tuple):
-        return [_canonical(v) for v in value]
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
-    if isinstance(value, bytes):
-        return value.hex()
-    return value
+from cache.keys import canonical
 
 
 def namespace_of(route: str, model: str | None, context: Any, tenant: str = "") -> str:
-    """blake2b-128 hex of (route, model, tenant, canonical context)."""
-    doc = [route, model or "", tenant, _canonical(context)]
-    raw = json.dumps(doc, separators=(",", ":"), ensure_ascii=False, default=str)
-    # surrogatepass: a lone surrogate in a system prompt or an earlier turn (JSON allows
-    # "\ud800") must not fail the lookup; the exact key encodes the same way (cache.keys)
-    return hashlib.blake2b(raw.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    """blake2b-128 hex of (route, model, tenant, context), the context in the exact key's
+    canonical form (cache.keys.canonical: sorted keys, 0.0 as 0, JSON and msgpack alike), so
+    two calls share a namespace only where their keys would read the rest of the request as
+    one. (The namespace once spelled a msgpack bin value as its hex, the same as a string of
+    those hex digits: a JSON system prompt "416e73..." shared the namespace of a msgpack one
+    holding the bytes "Ans...", which the key keeps apart.) A lone surrogate in a system prompt
+    or an earlier turn (JSON allows "\\ud800") is encoded as the key encodes it."""
+    doc = [route, model or "", tenant, context]
+    return hashlib.blake2b(canonical(doc), digest_size=16).hexdigest()
