@@ -11,7 +11,7 @@ no process of this version writes, are pruned the same way, and their stream tri
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgpack
 import numpy as np
@@ -58,14 +58,31 @@ def unpack(raw: bytes, dim: int) -> Entry:
 
 
 def _entry(d: Any, dim: int) -> Entry:
+    """Every field checked for its type: a record of the right shape but another layout (a
+    string expiry, a null text: junk written into the hash, or another version's) went into
+    the index and failed there (`len(None)`, `str > float`), which stopped the rebuild and
+    with it the process's sharing for its whole life."""
     if not isinstance(d, dict):
         raise ValueError("a record is a map")
-    vector = np.frombuffer(d["v"], dtype=np.float32).copy()
+    ns, key, text, raw, expires, bar = (d.get(f) for f in ("ns", "k", "t", "v", "x", "b"))
+    if not (isinstance(ns, str) and isinstance(key, str) and isinstance(text, str)):
+        raise ValueError("a record's namespace, key and text are strings")
+    if not (isinstance(raw, bytes) and _number(expires)):
+        raise ValueError("a record's vector is bytes and its expiry a number")
+    if not (bar is None or _number(bar)):
+        raise ValueError("a record's bar is a number")
+    vector = np.frombuffer(raw, dtype=np.float32).copy()
     if vector.shape != (dim,):
         raise ValueError(f"a vector of {vector.size} values, not {dim}")
-    entry = Entry(d["ns"], d["k"], d["t"], vector, d["x"])
-    entry.bar = float(d.get("b", 0.0))
+    if not np.isfinite(vector).all():
+        raise ValueError("a vector with a NaN or an infinity")
+    entry = Entry(ns, key, text, vector, float(expires))
+    entry.bar = float(bar or 0.0)
     return entry
+
+
+def _number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class SharedRecords:

@@ -291,10 +291,17 @@ class RedisSync:
                 self._m.labels("apply", "skipped").inc()
                 return
             self.stage.apply_add(entry)
-        elif op == b"del":
-            self.stage.apply_remove(fields[b"k"].decode())
-        elif op == b"bar":
-            self.stage.apply_bar(fields[b"k"].decode(), float(fields[b"b"]))
+        elif op in (b"del", b"bar"):
+            try:  # an event without its key or bar is skipped: the tail reads on past it
+                key = fields[b"k"].decode()
+                bar = float(fields[b"b"]) if op == b"bar" else 0.0
+            except (KeyError, ValueError):
+                self._m.labels("apply", "skipped").inc()
+                return
+            if op == b"del":
+                self.stage.apply_remove(key)
+            else:
+                self.stage.apply_bar(key, bar)
         self._m.labels("apply", "ok").inc()
 
     async def _tail(self) -> None:
