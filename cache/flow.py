@@ -196,7 +196,7 @@ class CacheFlow:
             # issue 14: search = lookup + the unserved candidate (labelled after the miss)
             assert isinstance(sr, SemanticRoute)
             # a miss is counted by flow_hooks.flight_hit: a paraphrase in flight may serve it
-            tenant, own = ask.key.tenant_h, ask.key.value
+            tenant, own = ask.key.tenant_scope, ask.key.value
             res = await sr.search(ask.call, tenant, payload, vector, own, defer_miss=True)
             hit, ask.semantic_candidate = res.hit, res.candidate
             ask.semantic_rivals, ask.semantic_missed = res.rivals, res.missed
@@ -334,12 +334,12 @@ class CacheFlow:
             left = entry.expires_at - time.time()
             if stored:
                 await self.semantic.remember(
-                    ask.call, ask.key.tenant_h, ask.key.value, left, vector
+                    ask.call, ask.key.tenant_scope, ask.key.value, left, vector
                 )
             cand, sr = ask.semantic_candidate, self.semantic  # issue 14: label the candidate
             if cand is not None and isinstance(sr, SemanticRoute):
                 load = flow_hooks.stored_loader(self.rc, cand.exact_key)
-                sr.label_after_miss(ask.call, ask.key.tenant_h, cand, load, entry)
+                sr.label_after_miss(ask.call, ask.key.tenant_scope, cand, load, entry)
         except Exception:  # the cache boundary: the response still goes out
             log.exception("semantic store failed on route %s", self.route)
 

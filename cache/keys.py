@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cache.tenant import TenantHasher, credential_headers, tenant_of
+from cache.tenant import BUILTIN_HEADERS, TenantHasher, credential_headers, tenant_of
 
 __all__ = [
     "CacheKey",
     "KeyBuilder",
     "Selector",
     "canonical",
+    "key_scope",
     "normalise",
     "short_hash",
     "tenant_of",
@@ -82,20 +83,60 @@ class CacheKey:
     model_h: str
     tenant_h: str
     generation: int | None = field(default=None, compare=False)
+    scope_h: str = ""  # the route's key policy, when it is not the default (key_scope)
+
+    @property
+    def tenant_scope(self) -> str:
+        """The tenant as the semantic stage partitions by it (its namespaces, its labels):
+        the tenant hash, and the key policy it was told apart under (see key_scope)."""
+        return f"{self.tenant_h}.{self.scope_h}" if self.scope_h else self.tenant_h
+
+
+def key_scope(tenant_headers: Iterable[str], ignore_fields: Iterable[str]) -> str:
+    """What a route's key policy adds to its keys: "" for the default policy (no
+    extra credential header, no ignored field), so those keys never changed.
+
+    Two gateways on one Redis (a rollout, a config drift) or one reloaded with a new policy
+    build one key for two requests when their policies differ: with `tenant_headers:
+    [X-Tenant]` a request without X-Tenant is the anonymous tenant, and it was a hit on the
+    entry another sidecar, which does not count X-Tenant, had stored for `X-Tenant: t1`;
+    likewise a field one ignores and the other keys. Keyed, the two policies share nothing."""
+    extra = sorted(set(credential_headers(tenant_headers)) - set(BUILTIN_HEADERS))
+    ignored = sorted(set(ignore_fields))
+    if not extra and not ignored:
+        return ""
+    return json.dumps({"tenant_headers": extra, "ignore_fields": ignored}, sort_keys=True)
 
 
 class KeyBuilder:
     """Builds keys for one route; the route's hash is computed once."""
 
-    __slots__ = ("_hasher", "_identity_names", "_route", "_route_h", "_tenant_headers")
+    __slots__ = (
+        "_hasher",
+        "_identity_names",
+        "_route",
+        "_route_h",
+        "_scope",
+        "_scope_h",
+        "_tenant_headers",
+    )
 
-    def __init__(self, route: str, tenant_headers: Sequence[str], hasher: TenantHasher) -> None:
-        """tenant_headers: the route's extra credential headers (the built-in ones always count)."""
+    def __init__(
+        self,
+        route: str,
+        tenant_headers: Sequence[str],
+        hasher: TenantHasher,
+        ignore_fields: Iterable[str] = (),
+    ) -> None:
+        """tenant_headers: the route's extra credential headers (the built-in ones always count);
+        ignore_fields: the body fields its adapter leaves out of the key."""
         self._route = route
         self._route_h = short_hash(route)
         self._tenant_headers = tuple(tenant_headers)
         self._identity_names = credential_headers(self._tenant_headers)
         self._hasher = hasher
+        self._scope = key_scope(self._tenant_headers, ignore_fields).encode()
+        self._scope_h = short_hash(self._scope.decode()) if self._scope else ""
 
     def build(
         self,
@@ -108,14 +149,17 @@ class KeyBuilder:
         model_s = model or ""
         h = hashlib.blake2b(digest_size=_DIGEST)
         # Length-prefixed parts: no value can shift bytes into its neighbour.
-        for part in (self._route.encode(), model_s.encode("utf-8", "surrogatepass"), tenant):
+        parts = [self._route.encode(), model_s.encode("utf-8", "surrogatepass"), tenant]
+        if self._scope:  # (a fourth length-prefixed part: canonical JSON holds no NUL byte)
+            parts.append(self._scope)
+        for part in parts:
             h.update(len(part).to_bytes(4, "little"))
             h.update(part)
         h.update(canonical(key_fields))
         model_h = short_hash(model_s)
         tenant_h = tenant[:8].hex()
         value = f"{self._route_h}.{model_h}.{tenant_h}.{h.hexdigest()}"
-        return CacheKey(value, self._route_h, model_h, tenant_h, generation)
+        return CacheKey(value, self._route_h, model_h, tenant_h, generation, self._scope_h)
 
 
 @dataclass(frozen=True, slots=True)

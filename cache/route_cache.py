@@ -60,7 +60,9 @@ class RouteCache:
         self.route = route
         self.policy = policy
         self.tiers = tiers
-        self.keys = KeyBuilder(route, policy.key.tenant_headers, cache.tenants)
+        self.keys = KeyBuilder(
+            route, policy.key.tenant_headers, cache.tenants, policy.key.ignore_fields
+        )
         self.tenant_headers = tuple(policy.key.tenant_headers)
         # a response may Vary on these and still be stored: the key holds them
         self.vary_ok = frozenset(h.lower() for h in credential_headers(self.tenant_headers))

@@ -67,7 +67,7 @@ def count_hit(
     An only-if-cached client asked that nothing go upstream for it: counted, never audited."""
     if sr.should_audit(ask.call, hit, may_audit=not ask.directives.only_if_cached):
         sr.audit(
-            ask.call, ask.key.tenant_h, hit, served, audit_fetch(compute, ask.answers, ask.kind)
+            ask.call, ask.key.tenant_scope, hit, served, audit_fetch(compute, ask.answers, ask.kind)
         )
 
 
@@ -92,7 +92,7 @@ async def flight_hit(
     try:
         if vector is None or not d.store or d.only_if_cached or rivals is None:
             return None
-        tenant, own = ask.key.tenant_h, ask.key.value
+        tenant, own = ask.key.tenant_scope, ask.key.value
         with ask.waiting():
             joined = await join_flight(
                 sr,
@@ -162,7 +162,7 @@ def announced(
     flight = None
     if vector is not None and isinstance(sr, SemanticRoute):
         try:
-            flight = sr.begin(call, key.tenant_h, vector, key.value)
+            flight = sr.begin(call, key.tenant_scope, vector, key.value)
         except Exception:  # the cache boundary: no announcement, and the exact lead goes on
             log.exception("semantic flight announcement failed")
             flight = None
