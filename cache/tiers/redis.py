@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -33,18 +32,16 @@ from cache.redis_client import REDIS_ERRORS, connect, stop_task
 from cache.settings import RedisSettings
 from cache.tiers.delete_journal import open_journal
 from cache.tiers.redis_deletes import WaitingDeletes
+from cache.tiers.redis_leases import RELEASE, Leases
 from cache.tiers.redis_purges import WaitingPurges
 from cache.tiers.undeleted import UndeletedKeys
 
 log = logging.getLogger("latentgate.cache.redis")
 
 Raw = bytes | str | None  # what redis-py hands back for a GET
-_RELEASE = (
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
-)
 
 
-class RedisTier(WaitingDeletes):
+class RedisTier(WaitingDeletes, Leases):
     name = "redis"
 
     def __init__(self, settings: RedisSettings, metrics: CacheMetrics) -> None:
@@ -79,7 +76,7 @@ class RedisTier(WaitingDeletes):
             f"redis ({settings.mode}) writes",
             'latentgate_cache_redis_errors_total{kind="OutOfMemoryError"}',
         )
-        self._release = self.client.register_script(_RELEASE)
+        self._release = self.client.register_script(RELEASE)
         self._tasks: set[asyncio.Task[None]] = set()
         # GETs issued in the same loop iteration go out as one MGET (see _batched_get).
         self._pending: dict[str, list[asyncio.Future[Raw]]] = {}
@@ -230,54 +227,6 @@ class RedisTier(WaitingDeletes):
             self._overwritten(key)
         except TierError:
             self._metrics.stores.labels("redis", "error").inc()
-
-    async def acquire_lease(self, key: str, ttl_ms: int) -> str | None:
-        """None only when Redis said another process holds the lease; otherwise a token, and
-        this process computes ('' when nothing was sent, the breaker being open: nothing to
-        release).
-
-        A SET NX that failed or timed out may still land once Redis catches up (the command
-        went out), under this token: taking that for "another holds it" left the process
-        waiting the lease's ttl for a peer that did not exist. The caller's release deletes the
-        lease only if it carries this token, so one that never landed costs nothing.
-        """
-        if not self.breaker.allow():
-            return ""
-        token = secrets.token_hex(8)
-        try:
-            async with self._guard("lease"):
-                got = await self.client.set(self.lock_prefix + key, token, nx=True, px=ttl_ms)
-        except TierError:
-            return token
-        return token if got else None
-
-    async def lease_held(self, key: str) -> bool:
-        if not self.breaker.allow():
-            return False
-        try:
-            async with self._guard("lease"):
-                return bool(await self.client.exists(self.lock_prefix + key))
-        except TierError:
-            return False
-
-    async def release_lease(self, key: str, token: str, retry: bool = True) -> None:
-        """Compare-and-delete: only a lease that carries this token goes. One that could not be
-        released now (Redis slow or down) is tried once more in the background, so that other
-        sidecars are not left to wait out its ttl."""
-        if not token:
-            return
-        try:
-            if not self.breaker.allow():
-                raise TierError("redis is marked down (breaker open)")
-            async with self._guard("lease"):
-                await self._release(keys=[self.lock_prefix + key], args=[token])
-        except TierError:
-            if retry:
-                self._spawn(self._release_later(key, token))
-
-    async def _release_later(self, key: str, token: str) -> None:
-        await asyncio.sleep(max(self.settings.breaker.open_s, self._op * 10))
-        await self.release_lease(key, token, retry=False)
 
     async def purge(self, selector: Selector, where: dict[str, int] | None = None) -> int:
         """SCAN the selector's pattern and UNLINK what each page finds; raises TierError if Redis

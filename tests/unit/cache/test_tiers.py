@@ -239,9 +239,9 @@ async def test_a_client_library_fault_is_an_outage_not_an_exception(
     async def torn_down(*args: object, **kwargs: object) -> None:
         raise AttributeError("'NoneType' object has no attribute 'writelines'")
 
-    real_set, real_exists = tier.client.set, tier.client.exists
+    real_set, real_pttl = tier.client.set, tier.client.pttl
     tier.client.set = torn_down  # type: ignore[method-assign]
-    tier.client.exists = torn_down  # type: ignore[method-assign]
+    tier.client.pttl = torn_down  # type: ignore[method-assign]
     try:
         assert await tier.acquire_lease("k.other", 1000) is not None  # unknown: it computes
         assert await tier.lease_held("k.other") is False
@@ -249,7 +249,7 @@ async def test_a_client_library_fault_is_an_outage_not_an_exception(
         assert metrics.redis_errors.labels("lease", "AttributeError")._value.get() == 2
         assert metrics.redis_errors.labels("set", "AttributeError")._value.get() == 1
     finally:
-        tier.client.set, tier.client.exists = real_set, real_exists  # type: ignore[method-assign]
+        tier.client.set, tier.client.pttl = real_set, real_pttl  # type: ignore[method-assign]
     assert await tier.acquire_lease("k.after", 1000) is not None  # and it recovers
     await tier.aclose()
 
@@ -352,3 +352,28 @@ def test_the_memory_tier_remembers_what_each_purge_dropped() -> None:
     assert not mem.dropped_since(mem.generation - 1, "b")
     mem.clear()
     assert mem.dropped_since(mem.generation - 1, "b")
+
+
+async def test_a_lease_key_without_an_expiry_is_no_peer_to_wait_for(
+    redis_server: RedisServer, metrics: CacheMetrics
+) -> None:
+    """Every lease is taken with PX. A key there without an expiry (junk someone SET, a list, a
+    PERSIST) was taken for a peer computing the answer: each miss of that key waited the
+    lease's whole ttl (10 s by default), at each expiry of its entry, while the key stayed."""
+    tier = RedisTier(redis_settings(redis_server.url), metrics)
+    admin = Redis.from_url(redis_server.url)
+    lock = tier.lock_prefix + "k.junk"
+    try:
+        await admin.set(lock, b"junk")
+        assert await tier.acquire_lease("k.junk", 10_000) is None  # the SET NX finds it there
+        assert await tier.lease_held("k.junk") is False
+        await admin.delete(lock)
+        await admin.rpush(lock, b"x")  # another type
+        assert await tier.lease_held("k.junk") is False
+        # a lease a process took is still one
+        assert await tier.acquire_lease("k.taken", 10_000)
+        assert await tier.lease_held("k.taken") is True
+        assert await tier.lease_held("k.absent") is False
+    finally:
+        await tier.aclose()
+        await admin.aclose()
