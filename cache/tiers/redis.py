@@ -310,7 +310,9 @@ class RedisTier(WaitingDeletes, Leases):
         breaker = ("closed", "open", "half-open")[self.breaker.state]
         out: dict[str, object] = {"breaker": breaker, "reachable": False}
         if not self.breaker.allow():
-            out["error"] = "breaker open: recent operations failed"
+            # with the failure that opened it: a wrong password or an ACL that denies a command
+            # said only "recent operations failed" here, its cause in one log line long gone
+            out["error"] = f"breaker open: recent operations failed (last: {self._last_error})"
             return out
         try:
             async with self._guard("ping"):

@@ -377,3 +377,20 @@ async def test_a_lease_key_without_an_expiry_is_no_peer_to_wait_for(
     finally:
         await tier.aclose()
         await admin.aclose()
+
+
+async def test_readiness_says_why_the_breaker_opened(metrics: CacheMetrics) -> None:
+    """A wrong password (or an ACL that denies a command the tier sends) opens the breaker; /readyz
+    said only "recent operations failed", its cause in one log line. It names the last failure."""
+    server = RedisServer(["--requirepass", "right"]).start()
+    url = f"redis://:wrong@127.0.0.1:{server.port}/0"
+    tier = RedisTier(redis_settings(url, breaker={"failures": 2, "open_s": 600}), metrics)
+    try:
+        for i in range(2):
+            assert await tier.get(f"k{i}") is None  # a miss, not an error
+        health = await tier.health()
+        assert health["breaker"] == "open" and health["reachable"] is False
+        assert "AuthenticationError" in str(health["error"]), health
+    finally:
+        await tier.aclose()
+        server.stop()
