@@ -27,8 +27,8 @@ to its slot) that makes it safe to send again:
   its read (`idle_read`) to do the same, so the fleet's bar survives as long as one process
   that counted it does.
 A route with nothing new here is read only every `idle_read` seconds: an idle fleet of sidecars
-does not pull every hash twice a second. A Redis failure is logged and counted once per flush;
-the counts stay local and go with the next flush.
+does not pull every hash twice a second. A Redis failure is counted once per flush and logged once
+per outage (and when it ends); the counts stay local and go with the next flush.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cache.outage import OutageLog
 from cache.redis_client import REDIS_ERRORS, AnyRedis, Command, round_trip, stop_task
 from cache.semantic.budget import BudgetGrid
 from cache.semantic.learn import RouteBudget
@@ -187,6 +188,10 @@ class BudgetStore:
         self.idle_read = idle_read
         self._routes = {r: _Route() for r in budgets}
         self._task: asyncio.Task[None] | None = None
+        # once an outage, not once a flush: a flush is due every `interval` while a batch waits,
+        # so a Redis outage wrote two warnings a second for as long as it lasted
+        hint = 'latentgate_semantic_sync_events_total{direction="budget",outcome="error"}'
+        self._log = OutageLog(log, "semantic budget: Redis flush", hint)
         for route, b in self.budgets.items():
             b.on_count = self._counter(self._routes[route].new, b.grid)
 
@@ -229,10 +234,11 @@ class BudgetStore:
             try:
                 replies = await self._exchange(due)
             except REDIS_ERRORS as exc:
-                log.warning("semantic budget: Redis flush failed (%s); counting locally", exc)
+                self._log.failed(f"{exc}; counting locally")
                 # one metrics object serves every route: one failed flush counts once
                 next(iter(self.budgets.values())).metrics.sync.labels("budget", "error").inc()
                 return False
+            self._log.ok()
             due = await self._take(replies, now)
         return True
 

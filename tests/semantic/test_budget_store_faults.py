@@ -4,6 +4,7 @@ cluster failover and a rolling change of label_half_life (real Redis servers thr
 from __future__ import annotations
 
 import asyncio
+import logging
 import time as real_time
 import uuid
 from collections.abc import Iterator
@@ -210,3 +211,34 @@ async def test_the_store_recovers_after_a_cluster_primary_fails_over(
             assert in_redis(await r.hgetall(store.key(name)), b"l") == 2, name
     finally:
         await r.aclose()
+
+
+async def test_an_outage_is_logged_once_not_once_a_flush(
+    redis_server: RedisServer,
+    stage: SemanticStage,
+    verifier: MlpVerifier,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A flush is due every interval (0.5 s) while a batch waits: a Redis outage wrote a warning
+    each time, two a second per process for as long as it lasted. One says it began, one that
+    it ended; the failures are counted."""
+    b = budget(stage, verifier)
+    r = aioredis.from_url(redis_server.url, socket_timeout=0.5)
+    down = aioredis.from_url(f"redis://127.0.0.1:{free_port()}", socket_timeout=0.5)
+    store = BudgetStore(down, {"chat": b}, f"ol{uuid.uuid4().hex[:8]}:")
+    caplog.set_level(logging.WARNING, logger="latentgate.semantic.budget")
+    try:
+        assert b.on_count is not None
+        for _ in range(20):
+            b.on_count(0.97, 0.6, 0, 1, 1)
+            assert not await store.flush()
+        lines = [r.getMessage() for r in caplog.records if r.name == "latentgate.semantic.budget"]
+        assert len(lines) == 1 and "failing" in lines[0], lines
+        assert b.metrics.sync.labels("budget", "error")._value.get() == 20
+        store.redis = r
+        assert await store.flush()
+        lines = [r.getMessage() for r in caplog.records if r.name == "latentgate.semantic.budget"]
+        assert len(lines) == 2 and "recovered after 20 failures" in lines[1], lines
+    finally:
+        await r.aclose()
+        await down.aclose()
