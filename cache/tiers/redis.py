@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from redis.asyncio import RedisCluster
-from redis.exceptions import OutOfMemoryError
+from redis.exceptions import OutOfMemoryError, ReadOnlyError
 
 from cache.breaker import CLOSED, OPEN, Breaker
 from cache.codec import CacheEntry, decode, encode
@@ -39,6 +39,13 @@ from cache.tiers.undeleted import UndeletedKeys
 log = logging.getLogger("latentgate.cache.redis")
 
 Raw = bytes | str | None  # what redis-py hands back for a GET
+_REFUSED = {  # why a Redis that answers refuses writes, and what to do about it
+    OutOfMemoryError: "Redis is full and its maxmemory-policy evicts nothing: answers are not"
+    " stored there, reads go on; raise maxmemory or set an allkeys-* policy",
+    ReadOnlyError: "This Redis is a read-only replica (a failover demoted it?): answers are not"
+    " stored there, reads go on; point cache.redis.url at the primary, or use sentinel mode,"
+    " which follows failovers",
+}
 
 
 class RedisTier(WaitingDeletes, Leases):
@@ -69,12 +76,13 @@ class RedisTier(WaitingDeletes, Leases):
             f"redis ({settings.mode}), breaker open,",
             "latentgate_cache_redis_errors_total",
         )
-        # A full Redis (maxmemory reached, maxmemory-policy noeviction) refuses writes and
-        # still answers reads: logged once a spell, apart from outages, and no breaker failure.
+        # A full Redis (maxmemory reached, maxmemory-policy noeviction) or a read-only replica
+        # refuses writes and still answers reads: logged once a spell, apart from outages, and
+        # no breaker failure.
         self._full = OutageLog(
             log,
             f"redis ({settings.mode}) writes",
-            'latentgate_cache_redis_errors_total{kind="OutOfMemoryError"}',
+            'latentgate_cache_redis_errors_total{kind="OutOfMemoryError"|"ReadOnlyError"}',
         )
         self._release = self.client.register_script(RELEASE)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -119,18 +127,17 @@ class RedisTier(WaitingDeletes, Leases):
             raise TierTimeout(f"redis {op} timed out") from exc
         except TierError:
             raise
-        except OutOfMemoryError as exc:
-            # Redis answered: it is full and evicts nothing, so it refuses writes (SET, the
-            # lease's SET NX) but serves reads. Opening the breaker for that stopped the reads
-            # too: every entry other processes stored there went unread while Redis was full.
+        except (OutOfMemoryError, ReadOnlyError) as exc:
+            # Redis answered: it refuses writes (SET, the lease's SET NX) but serves reads. A
+            # full one (noeviction): opening the breaker for that stopped the reads too, and
+            # every entry other processes stored there went unread while Redis was full. A
+            # read-only replica (a primary a failover demoted, which a standalone client keeps
+            # talking to): each miss's get answered and its lease and store failed, so the
+            # breaker never opened, nothing was logged, and no answer was stored there again.
             verdict = True
             self.breaker.success()
             self._metrics.redis_errors.labels(op, type(exc).__name__).inc()
-            self._full.failed(
-                f"{op}: {exc} Redis is full and its maxmemory-policy evicts nothing: answers"
-                " are not stored there, reads go on; raise maxmemory or set an allkeys-*"
-                " policy"
-            )
+            self._full.failed(f"{op}: {exc} {_REFUSED[type(exc)]}")
             raise TierError(f"redis {op} refused: {exc}") from exc
         except (*REDIS_ERRORS, Exception) as exc:
             # Exception too: mid-failover redis-py raised AttributeError from a connection torn
