@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from redis.asyncio import RedisCluster
-from redis.exceptions import OutOfMemoryError, ReadOnlyError
+from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
 from cache.breaker import CLOSED, OPEN, Breaker
 from cache.codec import CacheEntry, decode, encode
@@ -39,13 +39,24 @@ from cache.tiers.undeleted import UndeletedKeys
 log = logging.getLogger("latentgate.cache.redis")
 
 Raw = bytes | str | None  # what redis-py hands back for a GET
-_REFUSED = {  # why a Redis that answers refuses writes, and what to do about it
-    OutOfMemoryError: "Redis is full and its maxmemory-policy evicts nothing: answers are not"
-    " stored there, reads go on; raise maxmemory or set an allkeys-* policy",
-    ReadOnlyError: "This Redis is a read-only replica (a failover demoted it?): answers are not"
-    " stored there, reads go on; point cache.redis.url at the primary, or use sentinel mode,"
-    " which follows failovers",
-}
+_STORED = "answers are not stored there, reads go on"
+
+
+def refusal(exc: ResponseError) -> str | None:
+    """Why a Redis that answers refuses writes, and what to do about it; None: another error."""
+    if isinstance(exc, OutOfMemoryError):
+        return (
+            f"Redis is full and its maxmemory-policy evicts nothing: {_STORED}; raise"
+            " maxmemory or set an allkeys-* policy"
+        )
+    if isinstance(exc, ReadOnlyError):
+        return (
+            f"This Redis is a read-only replica (a failover demoted it?): {_STORED}; point"
+            " cache.redis.url at the primary, or use sentinel mode, which follows failovers"
+        )
+    if str(exc).startswith(("MISCONF", "NOREPLICAS")):
+        return f"Redis refuses writes until it can snapshot or reach its replicas: {_STORED}"
+    return None
 
 
 class RedisTier(WaitingDeletes, Leases):
@@ -76,13 +87,13 @@ class RedisTier(WaitingDeletes, Leases):
             f"redis ({settings.mode}), breaker open,",
             "latentgate_cache_redis_errors_total",
         )
-        # A full Redis (maxmemory reached, maxmemory-policy noeviction) or a read-only replica
-        # refuses writes and still answers reads: logged once a spell, apart from outages, and
-        # no breaker failure.
+        # A full Redis (maxmemory reached, maxmemory-policy noeviction), a read-only replica, a
+        # failing snapshot or missing replicas (`refusal`) refuses writes and still answers
+        # reads: logged once a spell, apart from outages, and no breaker failure.
         self._full = OutageLog(
             log,
             f"redis ({settings.mode}) writes",
-            'latentgate_cache_redis_errors_total{kind="OutOfMemoryError"|"ReadOnlyError"}',
+            'latentgate_cache_redis_errors_total{kind="OutOfMemoryError"|"ReadOnlyError"|...}',
         )
         self._release = self.client.register_script(RELEASE)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -127,29 +138,37 @@ class RedisTier(WaitingDeletes, Leases):
             raise TierTimeout(f"redis {op} timed out") from exc
         except TierError:
             raise
-        except (OutOfMemoryError, ReadOnlyError) as exc:
+        except ResponseError as exc:
+            verdict = True
+            why = refusal(exc)
+            if why is None:
+                raise self._outage_error(op, exc) from exc
             # Redis answered: it refuses writes (SET, the lease's SET NX) but serves reads. A
             # full one (noeviction): opening the breaker for that stopped the reads too, and
             # every entry other processes stored there went unread while Redis was full. A
             # read-only replica (a primary a failover demoted, which a standalone client keeps
-            # talking to): each miss's get answered and its lease and store failed, so the
-            # breaker never opened, nothing was logged, and no answer was stored there again.
-            verdict = True
+            # talking to), a failing snapshot (MISCONF) or missing replicas (NOREPLICAS): each
+            # miss's get answered and its lease and store failed, so the breaker never opened,
+            # nothing was logged, and no answer was stored there again.
             self.breaker.success()
-            self._metrics.redis_errors.labels(op, type(exc).__name__).inc()
-            self._full.failed(f"{op}: {exc} {_REFUSED[type(exc)]}")
+            kind = type(exc).__name__ if type(exc) is not ResponseError else str(exc).split()[0]
+            self._metrics.redis_errors.labels(op, kind).inc()
+            self._full.failed(f"{op}: {exc} {why}")
             raise TierError(f"redis {op} refused: {exc}") from exc
         except (*REDIS_ERRORS, Exception) as exc:
             # Exception too: mid-failover redis-py raised AttributeError from a connection torn
             # down under it, and that reached the client as a 500. A client-library fault is an
             # outage like any other.
             verdict = True
-            self._last_error = f"{op}: {type(exc).__name__}: {exc}"
-            self._failed(op, type(exc).__name__)
-            raise TierError(f"redis {op} failed: {exc}") from exc
+            raise self._outage_error(op, exc) from exc
         finally:
             if not verdict:
                 self.breaker.release()
+
+    def _outage_error(self, op: str, exc: BaseException) -> TierError:
+        self._last_error = f"{op}: {type(exc).__name__}: {exc}"
+        self._failed(op, type(exc).__name__)
+        return TierError(f"redis {op} failed: {exc}")
 
     def _failed(self, op: str, kind: str) -> None:
         self._metrics.redis_errors.labels(op, kind).inc()

@@ -394,3 +394,33 @@ async def test_readiness_says_why_the_breaker_opened(metrics: CacheMetrics) -> N
     finally:
         await tier.aclose()
         server.stop()
+
+
+async def test_a_redis_that_refuses_writes_for_want_of_replicas_is_still_read(
+    redis_server: RedisServer, metrics: CacheMetrics, caplog: pytest.LogCaptureFixture
+) -> None:
+    """min-replicas-to-write unmet (NOREPLICAS), like a failing snapshot (MISCONF), refuses
+    writes and serves reads. Each miss's read reset the breaker between its refused lease and
+    store: nothing was logged, no answer was stored again, and a breaker that opens after two
+    failures stopped the reads as well. Now it is a full Redis's case: logged once, still read."""
+    tier = RedisTier(
+        redis_settings(redis_server.url, breaker={"failures": 2, "open_s": 600}), metrics
+    )
+    admin = Redis.from_url(redis_server.url)
+    caplog.set_level(logging.WARNING, logger="latentgate.cache.redis")
+    try:
+        await tier.put("k.kept", _entry())
+        await admin.config_set("min-replicas-to-write", 1)
+        for i in range(3):  # a miss each: the lease and the store are refused
+            assert await tier.get(f"k{i}") is None
+            assert await tier.acquire_lease(f"k{i}", 1000)  # unknown: this process computes
+            await tier.put(f"k{i}", _entry())
+        assert await tier.get("k.kept") is not None  # still read
+        assert tier.breaker.state == 0
+        refused = [r.getMessage() for r in caplog.records if "refuses writes" in r.getMessage()]
+        assert len(refused) == 1 and "NOREPLICAS" in refused[0], refused
+        assert metrics.redis_errors.labels("set", "NOREPLICAS")._value.get() == 3
+    finally:
+        await admin.config_set("min-replicas-to-write", 0)
+        await tier.aclose()
+        await admin.aclose()
