@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from redis.asyncio import RedisCluster
-from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from cache.breaker import CLOSED, OPEN, Breaker
 from cache.codec import CacheEntry, decode, encode
@@ -34,29 +34,12 @@ from cache.tiers.delete_journal import open_journal
 from cache.tiers.redis_deletes import WaitingDeletes
 from cache.tiers.redis_leases import RELEASE, Leases
 from cache.tiers.redis_purges import WaitingPurges
+from cache.tiers.redis_refusals import refusal
 from cache.tiers.undeleted import UndeletedKeys
 
 log = logging.getLogger("latentgate.cache.redis")
 
 Raw = bytes | str | None  # what redis-py hands back for a GET
-_STORED = "answers are not stored there, reads go on"
-
-
-def refusal(exc: ResponseError) -> str | None:
-    """Why a Redis that answers refuses writes, and what to do about it; None: another error."""
-    if isinstance(exc, OutOfMemoryError):
-        return (
-            f"Redis is full and its maxmemory-policy evicts nothing: {_STORED}; raise"
-            " maxmemory or set an allkeys-* policy"
-        )
-    if isinstance(exc, ReadOnlyError):
-        return (
-            f"This Redis is a read-only replica (a failover demoted it?): {_STORED}; point"
-            " cache.redis.url at the primary, or use sentinel mode, which follows failovers"
-        )
-    if str(exc).startswith(("MISCONF", "NOREPLICAS")):
-        return f"Redis refuses writes until it can snapshot or reach its replicas: {_STORED}"
-    return None
 
 
 class RedisTier(WaitingDeletes, Leases):
@@ -94,6 +77,11 @@ class RedisTier(WaitingDeletes, Leases):
             log,
             f"redis ({settings.mode}) writes",
             'latentgate_cache_redis_errors_total{kind="OutOfMemoryError"|"ReadOnlyError"|...}',
+        )
+        self._denied = OutageLog(
+            log,
+            f"redis ({settings.mode}) ACL",
+            'latentgate_cache_redis_errors_total{kind="NoPermissionError"}',
         )
         self._release = self.client.register_script(RELEASE)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -138,6 +126,18 @@ class RedisTier(WaitingDeletes, Leases):
             raise TierTimeout(f"redis {op} timed out") from exc
         except TierError:
             raise
+        except NoPermissionError as exc:
+            # An ACL that denies a command the gateway sends (SET, EVALSHA, UNLINK...): a
+            # config error, not an outage, and the other commands work. Each miss's read reset
+            # the breaker between its denied ones: nothing was ever logged.
+            verdict = True
+            self.breaker.success()
+            self._metrics.redis_errors.labels(op, type(exc).__name__).inc()
+            self._denied.failed(
+                f"{op}: {exc} What needs it does not reach Redis: grant the user every command"
+                f" on keys {self.settings.key_prefix}*"
+            )
+            raise TierError(f"redis {op} denied: {exc}") from exc
         except ResponseError as exc:
             verdict = True
             why = refusal(exc)
