@@ -111,8 +111,10 @@ def test_a_tenant_refuted_at_one_gateway_is_kept_apart_at_another_on_the_same_re
         # B may hear the verdict before A's last label reaches it (2 labels where A has 3):
         # the same counts follow within the sync's interval
         wait_for(
-            lambda: admin_state(b.url)["budget"]["guarded_tenants"]
-            == admin_state(a.url)["budget"]["guarded_tenants"],
+            lambda: (
+                admin_state(b.url)["budget"]["guarded_tenants"]
+                == admin_state(a.url)["budget"]["guarded_tenants"]
+            ),
             "B has A's counts",
         )
         assert metric(b.url, GUARDED) == 1
