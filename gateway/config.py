@@ -27,6 +27,7 @@ from gateway.config_refs import (
     missing_backend,
     reference_issues,
 )
+from gateway.config_semantic import semantic_findings, semantic_issues
 
 
 class _Frozen(BaseModel):
@@ -144,6 +145,7 @@ class Settings(_Frozen):
     @model_validator(mode="after")
     def _references(self) -> Settings:
         names: set[str] = set()
+        raw_backends = {name: spec.model_dump() for name, spec in self.backends.items()}
         for route in self.routes:
             if route.backend not in self.backends:
                 raise PydanticCustomError(
@@ -157,26 +159,8 @@ class Settings(_Frozen):
                 raise PydanticCustomError(
                     BACKEND_REF, http_to_grpc(route.name, route.protocol, route.backend)
                 )
-            sem = route.cache.semantic
-            if sem.max_error_rate is not None and route.protocol not in ("openai", "anthropic"):
-                # labels compare two answers' text (cache/semantic/answer_text.py): a v2 or
-                # gRPC answer is tensors, so no label would ever come and the bar never open
-                raise PydanticCustomError(
-                    BACKEND_REF,
-                    f"route {route.name!r}: cache.semantic.max_error_rate needs answers the "
-                    "gateway can compare, on protocol openai or anthropic; a "
-                    f"{route.protocol} route's semantic cache serves at its static point "
-                    "(threshold, min_score): remove max_error_rate and its budget keys",
-                )
-            judge = sem.judge
-            if judge is not None and judge.backend is not None:
-                spec = self.backends.get(judge.backend)
-                if spec is None or spec.kind != "remote" or getattr(spec, "wire", "") == "grpc":
-                    raise PydanticCustomError(
-                        BACKEND_REF,
-                        f"route {route.name!r}: judge backend {judge.backend!r} must be a remote "
-                        f"HTTP backend under backends ({', '.join(sorted(self.backends))})",
-                    )
+            if found := semantic_findings(route.model_dump(), raw_backends):
+                raise PydanticCustomError(BACKEND_REF, found[0][1])  # lines: semantic_issues
         listeners = [
             (("listeners", str(i)), ls.model_dump()) for i, ls in enumerate(self.listeners)
         ]
@@ -355,9 +339,12 @@ def parse_settings(
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
             issues.append(ConfigIssue(".".join(loc), _line_of(loc, lines), msg))
-        raise ConfigError(
-            source, duplicates + unset_issues + issues + reference_issues(data, lines)
-        ) from None
+        refs = reference_issues(data, lines) + semantic_issues(data, lines)
+        if not (duplicates or unset_issues or issues or refs):
+            # a cross-reference the raw-tree checks did not place: said without a line rather
+            # than exiting on "0 error(s)" with nothing said
+            refs = [ConfigIssue("", None, str(e["msg"])) for e in exc.errors()]
+        raise ConfigError(source, duplicates + unset_issues + issues + refs) from None
     if duplicates or unset_issues:
         raise ConfigError(source, duplicates + unset_issues)
     return settings
