@@ -14,6 +14,7 @@ goes out through `web.Response`.
 from __future__ import annotations
 
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 from aiohttp.helpers import rfc822_formatted_time
 from multidict import CIMultiDict
 
@@ -50,6 +51,7 @@ class HitResponse(web.StreamResponse):
         self._extra = extra
         self._hit_body = body
         self._sent = 0
+        self._writer: AbstractStreamWriter | None = None
 
     @property
     def keep_alive(self) -> bool:
@@ -89,6 +91,12 @@ class HitResponse(web.StreamResponse):
         data = head.encode() + (self._hit_body if self.status != 204 else b"")
         self._sent = len(data)
         transport.write(data)
+        self._writer = request._payload_writer
 
     async def write_eof(self, data: bytes = b"") -> None:
-        return None  # prepare wrote everything
+        """prepare wrote everything; wait, as web.Response does, until the connection's send
+        buffer is back under its high-water mark. Without it a client that pipelined requests
+        for a large entry and read nothing had every answer buffered here at once (100 of a
+        4 MB entry: 400 MB), as the handler moved on to the next request at once."""
+        if self._writer is not None:
+            await self._writer.drain()
