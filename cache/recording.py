@@ -67,6 +67,9 @@ class Recording:
         self._claim = claim
         self._copy: bytearray | None = bytearray() if self._storable or shareable else None
         self._ended = False  # the upstream stream reached its end (not cut, not abandoned)
+        # The pump has handed its readers their end (whatever it was): a reader made after
+        # that would never be ended, so nobody joins from then on (settling comes a step later).
+        self._over = False
         # Called once the recording has settled its flight (issue 14: the semantic flight a
         # paraphrase may wait on stays announced until then).
         self.on_close: Callable[[bool], None] | None = None
@@ -113,7 +116,7 @@ class Recording:
         framing, an answer not shared (private, too large by now), or one already over."""
         if (
             self._settled
-            or self._ended
+            or self._over
             or self._copy is None
             or not self._shareable
             or not answers.takes_stream(self._ask.answers)
@@ -174,6 +177,7 @@ class Recording:
             why = str(exc) or type(exc).__name__
             self._cut(why)
         finally:
+            self._over = True
             for reader in tuple(self._readers):
                 reader.error = why
                 reader.put(self._ended)
