@@ -221,6 +221,9 @@ class NamedRequest(web.Request):
         await super()._prepare_hook(response)
 
 
+_LAST_WAIT_S = 0.01  # aiohttp's shutdown wait when the grace is spent (0 would be unbounded)
+
+
 class GuardedAppRunner(web.AppRunner):
     """AppRunner whose connection manager is a GuardedServer (with `handler` instead of the
     app's own, when given)."""
@@ -236,6 +239,15 @@ class GuardedAppRunner(web.AppRunner):
         super().__init__(app, **kwargs)
         self._guard = guard
         self._handler = handler
+
+    def shutdown_within(self, seconds: float) -> None:
+        """Bound aiohttp's own shutdown (runner.cleanup) by what is left of the drain's grace.
+        It waits for a connection's handler twice, before and after it cancels the request,
+        so each wait gets half; and never 0, which it takes as no bound at all. Before, a
+        stream still going when the grace ran out went on for two more graces (the process
+        outlived a terminationGracePeriodSeconds sized by the docs), and forever with a grace
+        of 0."""
+        self._shutdown_timeout = max(seconds / 2, _LAST_WAIT_S)
 
     async def _make_server(self) -> Server:
         plain = await super()._make_server()

@@ -13,6 +13,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 
 from aiohttp import web
 
@@ -124,6 +125,7 @@ async def serve(
         limits.shutdown_grace_s,
         state.pipeline.in_flight,
     )
+    draining_since = time.monotonic()
     state.draining = True  # gateway.drain turns new route requests away from here on
     # The gRPC listener drains beside HTTP: new calls refused now, in-flight ones finish.
     grpc_drain = (
@@ -138,6 +140,8 @@ async def serve(
         log.warning("grace period over with %d requests in flight", state.pipeline.in_flight)
     if grpc_drain is not None:
         await grpc_drain
+    # what is left of the grace bounds the rest: answers still being written end with it
+    runner.shutdown_within(limits.shutdown_grace_s - (time.monotonic() - draining_since))
     for site in sites:
         await site.stop()
     await runner.cleanup()
