@@ -80,6 +80,11 @@ class Recording:
         self.on_cut: Callable[[], None] | None = None
         self._pump: asyncio.Task[None] | None = None
         self._settled = False
+        if not shareable and lead is not None:
+            # none of it will go to the flight's waiters (private, a Set-Cookie, an unkeyed
+            # Vary): they fetch their own now, as for such an answer in one body, rather than
+            # after its last byte (they lost the whole stream's time, and their budget with it)
+            lead.done(None)
 
     def start(self) -> None:
         """Begin reading the upstream (once; the leader's reader gets every chunk)."""
