@@ -69,7 +69,8 @@ def load_document(content_type: str | None, body: bytes, what: str) -> Any:
         except Exception as exc:  # msgpack raises several unrelated types
             raise BadInput(f"{what} is not valid msgpack: {exc}") from None
     try:
-        return json.loads(body)
+        # UTF-8 only, as the key reads it (json.loads would also take UTF-16/32 and a BOM)
+        return json.loads(body.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise BadInput(f"{what} is not valid JSON: {exc}") from None
 

@@ -86,9 +86,15 @@ def _no_constant(name: str) -> Any:
 def loads(body: bytes | str, *, allow_nan: bool = False) -> Any:
     """json.loads, refusing duplicate keys; NaN/Infinity only when allow_nan (v2 tensor data
     may hold them as Python's json.dumps writes them; no OpenAI or Anthropic field takes one,
-    and `Infinity` read as inf shared its key with `1e999`)."""
+    and `Infinity` read as inf shared its key with `1e999`). Bytes must be UTF-8, without a
+    byte order mark (RFC 8259 8.1): json.loads would take UTF-16 and UTF-32, a BOM, and a
+    surrogate's own bytes (it decodes with surrogatepass), each keyed as its UTF-8 twin, which
+    a replica that reads UTF-8 refuses (UnicodeDecodeError; JSONRefused for a BOM)."""
+    text = body.decode("utf-8") if isinstance(body, bytes) else body
+    if text.startswith("\ufeff"):  # (json.loads's own message suggests utf-8-sig)
+        raise JSONRefused("starts with a byte order mark, which JSON on the wire must not")
     return json.loads(
-        body, object_pairs_hook=_unique, parse_constant=None if allow_nan else _no_constant
+        text, object_pairs_hook=_unique, parse_constant=None if allow_nan else _no_constant
     )
 
 

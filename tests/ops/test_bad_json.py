@@ -202,3 +202,50 @@ def test_msgpack_nested_past_the_unpackers_stack_says_so(gw: ServerThread) -> No
         assert status == 400, (path, doc)
         err = doc["error"]  # v2 says it as a string, OpenAI and Anthropic in an object
         assert "nested too deeply" in (err if isinstance(err, str) else err["message"]), doc
+
+
+@pytest.mark.parametrize(
+    ("text", "encode"),
+    [
+        ("in utf-16", lambda s: s.encode("utf-16")),  # with its byte order mark
+        ("in utf-16-le", lambda s: s.encode("utf-16-le")),  # without one
+        ("in utf-32", lambda s: s.encode("utf-32")),
+        ("after a bom", lambda s: b"\xef\xbb\xbf" + s.encode()),
+        # a surrogate's own three bytes: not UTF-8, where its \ud800 escape is JSON
+        (
+            "a lone \ud800",
+            lambda s: s.replace("\\ud800", "\ud800").encode("utf-8", "surrogatepass"),
+        ),
+    ],
+)
+def test_a_json_body_not_in_utf8_is_a_400_not_its_utf8_twins_hit(
+    gw: ServerThread, text: str, encode: Any
+) -> None:
+    """json.loads takes bytes in UTF-16 or UTF-32, after a byte order mark, and with a
+    surrogate's own bytes (it decodes with surrogatepass), and the key read them as the UTF-8
+    text. A replica that reads UTF-8 (RFC 8259 8.1: JSON between systems is UTF-8) refuses
+    such a body, but once its UTF-8 twin was cached it was a hit. Now a 400 on every route."""
+    chat = json.dumps(
+        {"model": "m", "temperature": 0, "messages": [{"role": "user", "content": text}]}
+    )
+    auth = b"Authorization: Bearer sk-one-tenant\r\n"
+    status, _, doc = send(gw, b"/v1/chat/completions", auth, chat.encode())  # its UTF-8 twin
+    assert status == 200 and doc["choices"][0]["message"]["content"] == f"echo: {text}", doc
+    status, hdrs, doc = send(gw, b"/v1/chat/completions", auth, encode(chat))
+    # before: 200, X-Cache: hit
+    assert_json_error(status, doc, 400)
+    assert "x-cache" not in hdrs
+    others = {
+        b"/v1/messages": {
+            "model": "m",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": text}],
+        },
+        b"/v1/embeddings": {"model": "m", "input": text},
+        b"/v2/models/m/infer": {
+            "inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": [text]}]
+        },
+    }
+    for path, body in others.items():
+        status, _, doc = send(gw, path, body=encode(json.dumps(body)))
+        assert status == 400, (path, doc)
