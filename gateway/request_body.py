@@ -51,8 +51,18 @@ async def stream(request: web.Request, limits: LimitSettings) -> AsyncIterator[b
     limit = limits.max_body_bytes
     decoder = body_decoder(request, limit)
     seen = 0
+    # the whole body within body_read_timeout_s, as read() has it: the route's `total` is not
+    # checked while the body goes out, so a client stalled mid-body held the replica's connection
+    deadline = asyncio.get_running_loop().time() + limits.body_read_timeout_s
     try:
-        async for chunk in request.content.iter_any():
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    chunk = await request.content.readany()
+            except TimeoutError:
+                raise RequestTimeout("the request body did not arrive in time") from None
+            if not chunk:
+                break
             seen += len(chunk)
             if seen > limit:
                 raise PayloadTooLarge(f"request body exceeds {limit} bytes")
@@ -64,5 +74,5 @@ async def stream(request: web.Request, limits: LimitSettings) -> AsyncIterator[b
             decoder.finish()
     except RequestPayloadError as exc:
         raise RequestBodyError(undecodable(request)) from exc
-    except (PayloadTooLarge, BadRequest) as exc:
+    except (PayloadTooLarge, BadRequest, RequestTimeout) as exc:
         raise RequestBodyError(exc) from None
