@@ -145,16 +145,18 @@ class V2Adapter:
         texts: dict[str, str] = {}
         offset = 0
         singles: dict[str, bool] = {}  # each BYTES input: it holds exactly one string
+        names: set[str] = set()  # (a scan of the inputs before each one was quadratic)
         for i, inp in enumerate(inputs):
             if not isinstance(inp, dict):
                 raise BadRequest(f"inputs[{i}] must be an object")
             name, datatype, shape = inp.get("name"), inp.get("datatype"), inp.get("shape")
             if not isinstance(name, str):
                 raise BadRequest(f"inputs[{i}]: 'name' must be a string")
-            if any(x["name"] == name for x in key_inputs):
+            if name in names:
                 # inputs are named tensors: two of one name is no request a model server
                 # takes, and the semantic text would be one of them, the namespace blind to both
                 raise BadRequest(f"input '{name}' appears more than once")
+            names.add(name)
             if not isinstance(datatype, str) or datatype not in DTYPES:
                 raise BadRequest(f"input '{name}': unknown datatype {datatype!r}")
             if not isinstance(shape, list) or not all(v2tensors.is_dim(d) for d in shape):
