@@ -123,6 +123,10 @@ def decode_infer(
         for o in outs:
             if not isinstance(o, dict) or not isinstance(o.get("name"), str):
                 raise BadInput("each of 'outputs' must be an object with a string 'name'")
+            if o["name"] in requested:
+                # each one was answered in full: 50,000 of one name in a 1 MB body made a
+                # 400 MB answer (and Triton refuses an output asked for twice)
+                raise BadInput(f"output '{o['name']}' is requested more than once")
             requested.append(o["name"])
             o_params = o.get("parameters") or {}
             if not isinstance(o_params, dict):

@@ -203,6 +203,23 @@ def test_unhonoured_output_parameters_are_a_json_400(
         assert named in answer["error"], answer
 
 
+def test_an_output_asked_for_twice_is_a_400_not_answered_twice(gw: ServerThread) -> None:
+    """Each requested output was answered in full, duplicates too: 50,000 of `embedding` in a
+    1 MB body were 40 s of the engine's time and a 400 MB answer. Triton refuses the name
+    twice; now the gateway does, over HTTP and (translated to HTTP v2) gRPC."""
+    doc = _v2_doc(_unique("outputs twice"))
+    doc["outputs"] = [{"name": "embedding"}, {"name": "embedding"}]
+    status, _, answer = _post(gw, INFER, *_as_json(doc))
+    # before: 200, the embedding twice
+    assert status == 400 and isinstance(answer, dict), answer
+    assert answer["error"] == "output 'embedding' is requested more than once"
+    twice = [grpcclient.InferRequestedOutput("embedding")] * 2
+    with pytest.raises(InferenceServerException) as err:
+        client(gw).infer(MODEL, [_grpc_text(_unique("outputs twice grpc"))], outputs=twice)
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "requested more than once" in (err.value.message() or "")
+
+
 def _grpc_text(text: str) -> grpcclient.InferInput:
     inp = grpcclient.InferInput("text", [1], "BYTES")
     inp.set_data_from_numpy(np.asarray([text], dtype=object))
