@@ -165,11 +165,24 @@ class H1Connection(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(data)
 
-    async def drain(self) -> None:
+    async def drain(self, within_s: float) -> None:
         if self.closed:
             raise ConnectionClosed("closed while the request body was sent")
         if self._drain is not None and not self._drain.done():
-            await self._drain
+            # bounded like a read: a replica that stops taking the body (hung, its buffers
+            # full) held the request and its client for good
+            timer = self.loop.call_later(within_s, self._stalled, self._drain)
+            try:
+                await self._drain
+            finally:
+                timer.cancel()
+            if self.exc is not None:
+                raise self.exc
+
+    def _stalled(self, drain: asyncio.Future[None]) -> None:
+        if not drain.done():
+            self.exc = ReadTimeout()
+            drain.set_result(None)
 
     async def wait(self, within_s: float) -> None:
         """Until there is something new (headers, body bytes, the end or an error)."""

@@ -170,7 +170,7 @@ class LeanHttp1Transport:
         except OSError as exc:
             raise UpstreamConnectError(f"cannot connect to {self.url}: {exc}", self.url) from exc
         try:
-            await self._write(conn, request, headers, request.body)
+            await self._write(conn, request, headers, request.body, req)
             while not conn.headers_done:
                 await conn.wait(req.next_wait())
             reason, fields = response_head(self.url, conn.reason, conn.headers)
@@ -207,6 +207,7 @@ class LeanHttp1Transport:
         request: UpstreamRequest,
         headers: list[tuple[str, str]],
         body: bytes | AsyncIterator[bytes] | None,
+        req: _Request,
     ) -> None:
         if body is None or isinstance(body, bytes):
             data = body or b""
@@ -221,7 +222,7 @@ class LeanHttp1Transport:
             if not chunk:
                 continue
             conn.write(chunk if declared is not None else b"%x\r\n%s\r\n" % (len(chunk), chunk))
-            await conn.drain()
+            await conn.drain(req.next_wait())
         if declared is None:
             conn.write(b"0\r\n\r\n")
 
