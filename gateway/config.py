@@ -116,7 +116,7 @@ class RouteMatch(_Frozen):
 
 class RouteLimits(_Frozen):
     # Items per request: /v1/embeddings `input` entries, v2 infer batch rows (a tensor's first
-    # dimension). More → 413 before any tokenising or dispatch.
+    # dimension) and v2 named inputs and outputs. More → 413 before any tokenising or dispatch.
     max_items: int = Field(2048, ge=1)
 
 

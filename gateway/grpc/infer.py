@@ -93,6 +93,13 @@ class InferFlow:
         if not msg.model_name:
             raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "model_name is required")
         route = grpc_route(rt, "ModelInfer", msg.model_name)
+        for what, items in (("inputs", msg.inputs), ("outputs", msg.outputs)):
+            if len(items) > route.max_items:  # as over HTTP (a 413 there): gateway/protocols/v2
+                raise RpcError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the request names {len(items)} {what}; this route takes at most "
+                    f"{route.max_items} per request",
+                )
         tensors = codec.input_tensors(msg)
         for t in tensors:  # the route's rows-per-request limit, as over HTTP (a 413 there)
             if t.shape and t.shape[0] > route.max_items:

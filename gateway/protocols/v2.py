@@ -141,6 +141,15 @@ class V2Adapter:
         inputs = doc.get("inputs")
         if not isinstance(inputs, list) or not inputs:
             raise BadRequest("'inputs' is required and must be a non-empty array")
+        outputs = doc.get("outputs")
+        for what, items in (("inputs", inputs), ("outputs", outputs)):
+            # a model takes a handful of named tensors: thousands are no request a model
+            # server runs, and each costs parsing and hashing (16 MiB of them, seconds of CPU)
+            if isinstance(items, list) and len(items) > self._max_items:
+                raise PayloadTooLarge(
+                    f"the request names {len(items)} {what}; this route takes at most "
+                    f"{self._max_items} per request"
+                )
         key_inputs: list[dict[str, Any]] = []
         texts: dict[str, str] = {}
         offset = 0
@@ -216,7 +225,7 @@ class V2Adapter:
             "model": m.group("name"),  # the segments as sent (the call's model is decoded)
             "version": m.group("version") or "",
             "inputs": key_inputs,
-            "outputs": doc.get("outputs"),
+            "outputs": outputs,
             "parameters": doc.get("parameters"),
         }
         if query:
