@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from tests.fault.conftest import pool_config
-from tests.support.raw_replica import RawReplica
+from tests.support.raw_replica import RawReplica, json_answer, read_request
 from tests.support.servers import ServerThread
 
 StartGateway = Callable[..., ServerThread]
@@ -65,5 +65,81 @@ async def test_an_upload_to_a_replica_that_never_reads_is_a_504_within_the_total
         ):
             assert r.status == 504
             assert "timed out" in (await r.json())["error"]["message"]
+    finally:
+        await replica.stop()
+
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+ANSWER = (
+    b'{"id":"c","object":"chat.completion","choices":[{"index":0,'
+    b'"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}'
+)
+
+
+def _cached_chat() -> list[dict[str, Any]]:
+    return [
+        {
+            "name": "chat",
+            "match": {"path": "/v1/chat/completions", "methods": ["POST"]},
+            "protocol": "openai",
+            "backend": "pool",
+            "cache": {"exact": {"enabled": True, "tiers": ["memory"]}},
+        }
+    ]
+
+
+async def _chat(url: str) -> tuple[int, str | None, bytes]:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            url + "/v1/chat/completions",
+            json=CHAT,
+            timeout=aiohttp.ClientTimeout(total=_BOUND_S),
+        ) as r,
+    ):
+        return r.status, r.headers.get("X-Cache"), await r.read()
+
+
+_ENDLESS = b"endless"
+OVERSIZE_HEADS = {
+    "one 200 KB field": json_answer(ANSWER, b"X-Big: " + b"a" * 200_000 + b"\r\n"),
+    "129 fields": json_answer(ANSWER, b"".join(b"X-F%d: v\r\n" % i for i in range(129))),
+    "a status line past 8190 bytes": b"HTTP/1.1 200 " + b"O" * 9000 + b"\r\n\r\n",
+    "a field that never ends": _ENDLESS,
+}
+
+
+@pytest.mark.parametrize("head", list(OVERSIZE_HEADS))
+async def test_a_response_head_past_the_clients_limits_is_a_502_and_not_cached(
+    start_gateway: StartGateway, http_client: str, head: str
+) -> None:
+    """aiohttp's client refuses a field over 8190 bytes or more than 128 fields; the lean
+    transport took any head. A 200 KB header went to the client (whose own parser refused it)
+    and into the cache, so every hit failed too; a field that never ends grew in memory until
+    the route's total. Now both transports answer 502 and keep nothing."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            got, _ = await read_request(reader)
+            replica.seen(got)
+            if OVERSIZE_HEADS[head] is _ENDLESS:
+                writer.write(b"HTTP/1.1 200 OK\r\nX-Endless: ")
+                while True:  # until the gateway hangs up
+                    writer.write(b"a" * 65536)
+                    await writer.drain()
+            writer.write(OVERSIZE_HEADS[head])
+            await writer.drain()
+
+    replica = RawReplica(script)
+    url = await replica.start()
+    try:
+        gw = start_gateway(pool_config([url], _cached_chat(), pool={"http_client": http_client}))
+        for _ in range(2):
+            before = len(replica.requests)
+            status, x_cache, body = await _chat(gw.url)
+            assert status == 502, body[:200]
+            assert x_cache is None
+            assert b"upstream pool failed" in body
+            assert len(replica.requests) > before  # nothing was stored: it asks again
     finally:
         await replica.stop()

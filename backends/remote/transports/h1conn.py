@@ -20,6 +20,14 @@ from typing import cast
 import httptools
 
 _HIGH_WATER = 1 << 18
+# A response head as aiohttp's client bounds one (so pool.http_client changes nothing but CPU):
+# a status line or header field of at most 8190 bytes, at most 128 fields. llhttp has no bound
+# of its own: a replica could grow a head (or one field, which httptools gathers whole) without
+# end, and a head past what clients read (aiohttp's 8190-byte field, h11's 16 KiB) was
+# passed on, cached, and failed every client that was served it.
+MAX_LINE = 8190
+MAX_FIELDS = 128
+_MAX_HEAD = (MAX_FIELDS + 1) * (MAX_LINE + 2)
 
 
 class ConnectionClosed(Exception):
@@ -61,6 +69,8 @@ class H1Connection(asyncio.Protocol):
         self.exc: Exception | None = None
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
+        self._head_bytes = 0  # bytes read before the head was complete (1xx heads included)
+        self._refused: str | None = None  # why a callback stopped the parser
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -72,12 +82,17 @@ class H1Connection(asyncio.Protocol):
         if not self._expecting:
             self._unsolicited()
             return
+        heading = not self.headers_done
+        if heading:
+            self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(BadResponse("the upstream switched protocols"))
         except httptools.HttpParserError as exc:
-            self._fail(BadResponse(f"unparsable response: {exc}"))
+            self._fail(BadResponse(self._refused or f"unparsable response: {exc}"))
+        if heading and not self.headers_done and self._head_bytes > _MAX_HEAD:
+            self._fail(BadResponse(f"a response head over {_MAX_HEAD} bytes"))
         if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
@@ -112,9 +127,15 @@ class H1Connection(asyncio.Protocol):
     def on_status(self, status: bytes) -> None:
         if self._expecting:
             self.reason += status
+            if len(self.reason) > MAX_LINE:
+                self._refuse(f"a status line over {MAX_LINE} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._expecting:
+            if len(name) + len(value) > MAX_LINE:
+                self._refuse(f"a header field over {MAX_LINE} bytes")
+            if len(self.headers) >= MAX_FIELDS:
+                self._refuse(f"more than {MAX_FIELDS} header fields")
             self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -227,6 +248,12 @@ class H1Connection(asyncio.Protocol):
         response already read, if any, stays whole."""
         self.keep_alive = False
         self.close()
+
+    def _refuse(self, why: str) -> None:
+        """Stop the parser from a callback (it raises HttpParserCallbackError, which
+        data_received turns into BadResponse(why))."""
+        self._refused = why
+        raise BadResponse(why)
 
     def _fail(self, exc: Exception) -> None:
         self.exc = exc
