@@ -59,7 +59,8 @@ class Answers(Protocol):
 
     def seal(self, content_type: str, data: bytes) -> bytes | list[bytes] | None:
         """A finished recording as an entry's body (bytes) or events (list); None when the
-        stream did not complete, so it is never stored or shared."""
+        stream did not complete, so it is never stored or shared. A whole body the cache would
+        store is checked by it too (None: not kept, not shared)."""
         ...
 
     def follows_stream(self, leader: Any) -> bool:

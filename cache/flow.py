@@ -298,10 +298,17 @@ class CacheFlow:
         kept = kept_headers(up.headers)
         reason = "" if ask.directives.lookup else "no-cache"
         if up.body is not None or up.stream is None:
+            body = up.body or b""
+            if storable and ask.answers.seal(up.header("Content-Type") or "", body) is None:
+                # kept by the rule a recorded stream is (a JSON API's 200 must parse): a
+                # replica that framed a broken body well was replayed to every later client
+                # until the TTL; its waiters fetch their own answers, as a stream's would
+                self.rc.not_stored("incomplete")
+                storable = shareable = False
             entry = self.rc.entry(
                 up.status,
                 kept,
-                body=up.body or b"",
+                body=body,
                 model=ask.call.model,
                 kind=ask.kind,
                 ttl=ttl,

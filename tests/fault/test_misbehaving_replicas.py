@@ -143,3 +143,31 @@ async def test_a_response_head_past_the_clients_limits_is_a_502_and_not_cached(
             assert len(replica.requests) > before  # nothing was stored: it asks again
     finally:
         await replica.stop()
+
+
+async def test_a_200_whose_json_does_not_parse_is_passed_on_but_never_cached(
+    start_gateway: StartGateway,
+) -> None:
+    """A replica that frames a broken JSON answer correctly (its Content-Length matches): the
+    client gets what it sent, but the cache keeps it no more than it keeps such a body read to
+    the connection's close. Before, every later client was served the broken body as a hit
+    until the TTL, and its SDK failed on it."""
+    broken = ANSWER[:40]
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            got, _ = await read_request(reader)
+            replica.seen(got)
+            writer.write(json_answer(broken if len(replica.requests) == 1 else ANSWER))
+            await writer.drain()
+
+    replica = RawReplica(script)
+    url = await replica.start()
+    try:
+        gw = start_gateway(pool_config([url], _cached_chat()))
+        assert await _chat(gw.url) == (200, "miss", broken)
+        assert await _chat(gw.url) == (200, "miss", ANSWER)  # asked again, not replayed
+        assert await _chat(gw.url) == (200, "hit", ANSWER)  # a whole answer is kept
+        assert len(replica.requests) == 2
+    finally:
+        await replica.stop()
