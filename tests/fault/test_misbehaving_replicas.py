@@ -5,6 +5,7 @@ whole answer, never a hang, and nothing broken is cached."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -169,5 +170,43 @@ async def test_a_200_whose_json_does_not_parse_is_passed_on_but_never_cached(
         assert await _chat(gw.url) == (200, "miss", ANSWER)  # asked again, not replayed
         assert await _chat(gw.url) == (200, "hit", ANSWER)  # a whole answer is kept
         assert len(replica.requests) == 2
+    finally:
+        await replica.stop()
+
+
+async def test_a_replica_that_hangs_up_after_each_answer_fails_no_unretried_request(
+    start_gateway: StartGateway, http_client: str
+) -> None:
+    """A replica that closes every connection right after its answer, without saying
+    `Connection: close`. A POST on a passthrough route is not idempotent, so it is never
+    retried: it must not be written to a connection the replica has already hung up. Before,
+    the lean transport handed such a connection out in the moment between the replica's FIN
+    and the connection's end: about one request in eight was dropped unsent and answered
+    502 (the replica saw fewer requests than the client sent)."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        got, _ = await read_request(reader)
+        replica.seen(got)
+        # held back until the close, so the answer and the FIN arrive together: the gateway
+        # cannot read the one without the other being there (no race in this test)
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+        writer.write(json_answer(b'{"ok":true}'))  # then the handler returns, closing it
+
+    replica = RawReplica(script)
+    url = await replica.start()
+    try:
+        gw = start_gateway(pool_config([url], _passthrough(10), pool={"http_client": http_client}))
+        statuses: list[int] = []
+        async with aiohttp.ClientSession() as s:
+
+            async def one() -> None:
+                async with s.post(gw.url + "/jobs", data=b"x") as r:
+                    await r.read()
+                    statuses.append(r.status)
+
+            for _ in range(50):
+                await asyncio.gather(*(one() for _ in range(4)))
+        assert statuses == [200] * 200
+        assert len(replica.requests) == 200  # each sent once: none lost, none repeated
     finally:
         await replica.stop()

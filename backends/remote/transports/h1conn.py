@@ -14,6 +14,7 @@ for a slow consumer.
 from __future__ import annotations
 
 import asyncio
+import select
 from collections import deque
 from typing import cast
 
@@ -52,6 +53,7 @@ class H1Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._drain: asyncio.Future[None] | None = None
         self._paused = False
+        self._poller: select.poll | None = None  # for quiet()
         # A response is owed to us only between start() and its end: bytes outside that window
         # are no answer to anything, and the next request's client must never read them.
         self._expecting = False
@@ -238,6 +240,19 @@ class H1Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+
+    def quiet(self) -> bool:
+        """Nothing waits unread in an idle connection's socket (urllib3's check before it
+        reuses one). A replica that hangs up right after its answer, without `Connection:
+        close`, has its FIN there before the loop reads it: a request written then is lost
+        unsent, and one that may not be retried (a POST on a passthrough route) was a 502."""
+        if self._poller is None:
+            sock = self.transport.get_extra_info("socket") if self.transport else None
+            if sock is None:
+                return self.transport is not None
+            self._poller = select.poll()  # (one per connection: a reuse costs one poll(2))
+            self._poller.register(sock.fileno(), select.POLLIN)
+        return not self._poller.poll(0)
 
     def reusable(self) -> bool:
         return self.done and self.keep_alive and not self.closed and self.exc is None

@@ -82,7 +82,8 @@ class LeanHttp1Transport:
             now = time.monotonic()
             while self._idle:
                 conn = self._idle.pop()
-                if not conn.closed and now - conn.idle_since < self._limits.keepalive_s:
+                fresh = now - conn.idle_since < self._limits.keepalive_s
+                if not conn.closed and fresh and conn.quiet():
                     self._busy.add(conn)
                     return conn
                 conn.close()
