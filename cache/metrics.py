@@ -70,6 +70,12 @@ class CacheMetrics:
             "Redis breaker: 0 closed, 1 open (Redis skipped), 2 half-open (probing)",
             registry=r,
         )
+        self.write_breaker_state = Gauge(
+            "latentgate_cache_redis_write_breaker_state",
+            "Redis write breaker: 0 closed, 1 open (writes skipped: Redis stalled them while"
+            " reads answered), 2 half-open (probing with one write)",
+            registry=r,
+        )
         self.undeleted = Gauge(
             "latentgate_cache_redis_undeleted_keys",
             "Keys whose delete has not reached Redis yet (Redis slow or marked down): this"

@@ -198,8 +198,9 @@ class RouteCache:
         # is handed to the tier's undelivered deletes, which deletes the key again once Redis
         # answers and has the others told then (RedisTier.redo, Cache._announce_late). (Under
         # a burst, deletes that went through and then found the breaker opened by their
-        # neighbours' timeouts were skipped, and the others kept serving them.)
-        if redis.breaker.state == OPEN:
+        # neighbours' timeouts were skipped, and the others kept serving them.) Nor while it
+        # has Redis's writes marked stalled: the delete was kept, and the XADD would stall too.
+        if redis.breaker.state == OPEN or redis.writes.state == OPEN:
             fanout.skipped("Redis marked down")
             redis.redo(key.value)
             return

@@ -26,6 +26,8 @@ log = logging.getLogger("latentgate.worker_stats")
 PATH = "/cache-stats"
 TIMEOUT_S = 2.0
 _COUNTS = ("lookups", "hits", "misses", "bypasses", "in_flight")
+# a worker's own in the sum, not one worker's as everyone's (its writes_error: under "workers")
+PER_WORKER = ("hits", "hit_ratio", "breaker", "writes", "writes_error")
 
 Stats = dict[str, Any]
 
@@ -69,10 +71,14 @@ def merge(each: dict[int, Stats], count: int) -> Stats:
             r_hits = sum(int(r.get("hits", 0)) for r in redis)
             past_l1 = lookups - hits
             tiers["redis"] = {
-                **{k: v for k, v in seen.items() if k not in ("hits", "hit_ratio", "breaker")},
+                **{k: v for k, v in seen.items() if k not in PER_WORKER},
                 "hits": r_hits,
                 "hit_ratio": r_hits / past_l1 if past_l1 else 0.0,
-                "breaker": {str(i): s["tiers"]["redis"].get("breaker") for i, s in each.items()},
+                # each worker's breakers (its write breaker too: cache.tiers.redis_writes)
+                **{
+                    k: {str(i): s["tiers"]["redis"].get(k) for i, s in each.items()}
+                    for k in ("breaker", "writes")
+                },
             }
     out["tiers"] = tiers
     out["workers"] = {str(i): s for i, s in sorted(each.items())}

@@ -35,6 +35,7 @@ from cache.tiers.redis_deletes import WaitingDeletes
 from cache.tiers.redis_leases import RELEASE, Leases
 from cache.tiers.redis_purges import WaitingPurges
 from cache.tiers.redis_refusals import refusal
+from cache.tiers.redis_writes import WriteGate
 from cache.tiers.undeleted import UndeletedKeys
 
 log = logging.getLogger("latentgate.cache.redis")
@@ -55,6 +56,8 @@ class RedisTier(WaitingDeletes, Leases):
         self.breaker = Breaker(
             settings.breaker.failures, settings.breaker.open_s, on_change=self._breaker_changed
         )
+        # a breaker reads do not reset, for a Redis that stalls writes (cache.tiers.redis_writes)
+        self.writes = WriteGate(settings, metrics, self.breaker)
         self.client = connect(
             settings,
             socket_timeout=settings.timeouts.op,
@@ -107,8 +110,12 @@ class RedisTier(WaitingDeletes, Leases):
             self._outage.ok()
 
     @asynccontextmanager
-    async def _guard(self, op: str, deadline_s: float | None = None) -> AsyncIterator[None]:
-        """map_errors + deadline + breaker bookkeeping for one Redis operation."""
+    async def _guard(
+        self, op: str, deadline_s: float | None = None, write: bool = False
+    ) -> AsyncIterator[None]:
+        """map_errors + deadline + breaker bookkeeping for one Redis operation. A `write`'s
+        failure counts for the write breaker alone (self.writes): several in a row (a miss's
+        lease, store and release) opened the tier's breaker too, and stopped reads that work."""
         verdict = False
         try:
             if not self._mapped:
@@ -119,10 +126,12 @@ class RedisTier(WaitingDeletes, Leases):
                 yield
             verdict = True
             self.breaker.success()
+            if write:
+                self.writes.success()
         except TimeoutError as exc:
             verdict = True
             self._last_error = f"{op} timed out after {deadline_s or self._op:g}s"
-            self._failed(op, "timeout")
+            self._failed(op, "timeout", write)
             raise TierTimeout(f"redis {op} timed out") from exc
         except TierError:
             raise
@@ -131,7 +140,7 @@ class RedisTier(WaitingDeletes, Leases):
             # config error, not an outage, and the other commands work. Each miss's read reset
             # the breaker between its denied ones: nothing was ever logged.
             verdict = True
-            self.breaker.success()
+            self._answered(write)
             self._metrics.redis_errors.labels(op, type(exc).__name__).inc()
             self._denied.failed(
                 f"{op}: {exc} What needs it does not reach Redis: grant the user every command"
@@ -142,7 +151,7 @@ class RedisTier(WaitingDeletes, Leases):
             verdict = True
             why = refusal(exc)
             if why is None:
-                raise self._outage_error(op, exc) from exc
+                raise self._outage_error(op, exc, write) from exc
             # Redis answered: it refuses writes (SET, the lease's SET NX) but serves reads. A
             # full one (noeviction): opening the breaker for that stopped the reads too, and
             # every entry other processes stored there went unread while Redis was full. A
@@ -150,7 +159,7 @@ class RedisTier(WaitingDeletes, Leases):
             # talking to), a failing snapshot (MISCONF) or missing replicas (NOREPLICAS): each
             # miss's get answered and its lease and store failed, so the breaker never opened,
             # nothing was logged, and no answer was stored there again.
-            self.breaker.success()
+            self._answered(write)
             kind = type(exc).__name__ if type(exc) is not ResponseError else str(exc).split()[0]
             self._metrics.redis_errors.labels(op, kind).inc()
             self._full.failed(f"{op}: {exc} {why}")
@@ -160,18 +169,31 @@ class RedisTier(WaitingDeletes, Leases):
             # down under it, and that reached the client as a 500. A client-library fault is an
             # outage like any other.
             verdict = True
-            raise self._outage_error(op, exc) from exc
+            raise self._outage_error(op, exc, write) from exc
         finally:
             if not verdict:
                 self.breaker.release()
+                if write:
+                    self.writes.release()
 
-    def _outage_error(self, op: str, exc: BaseException) -> TierError:
+    def _answered(self, write: bool) -> None:
+        """Redis answered (and refused): no outage, and no stall of its writes either."""
+        self.breaker.success()
+        if write:
+            self.writes.success()
+
+    def _outage_error(self, op: str, exc: BaseException, write: bool = False) -> TierError:
         self._last_error = f"{op}: {type(exc).__name__}: {exc}"
-        self._failed(op, type(exc).__name__)
+        self._failed(op, type(exc).__name__, write)
         return TierError(f"redis {op} failed: {exc}")
 
-    def _failed(self, op: str, kind: str) -> None:
+    def _failed(self, op: str, kind: str, write: bool = False) -> None:
         self._metrics.redis_errors.labels(op, kind).inc()
+        if write:
+            # (a half-open probe slot of the tier's breaker it held goes back: a read probes)
+            self.breaker.release()
+            self.writes.failure(self._last_error)
+            return
         self._outage.count()
         self.breaker.failure()
 
@@ -243,10 +265,10 @@ class RedisTier(WaitingDeletes, Leases):
 
     async def put(self, key: str, entry: CacheEntry) -> None:
         ttl = int(entry.expires_at - time.time() + 0.999)
-        if ttl <= 0 or not self.breaker.allow():
+        if ttl <= 0 or not self.writes.allow():
             return
         try:
-            async with self._guard("set"):
+            async with self._guard("set", write=True):
                 await self.client.set(self.prefix + key, encode(entry), ex=ttl)
             self._full.ok()
             self._metrics.stores.labels("redis", "ok").inc()
@@ -264,7 +286,7 @@ class RedisTier(WaitingDeletes, Leases):
         where = {} if where is None else where
         match = self.prefix + selector.pattern()
         removed = 0
-        async with self._guard("purge", self.settings.timeouts.admin):
+        async with self._guard("purge", self.settings.timeouts.admin, write=True):
             if not where:
                 where.update(self._scan_start())
             while where:
@@ -287,9 +309,10 @@ class RedisTier(WaitingDeletes, Leases):
         """Whether a waiting purge may run now: the breaker is closed, or a PING let through as
         its half-open probe closed it. Not the SCAN itself: the probe is the one call let
         through, every other refused until it ends, so this process read nothing from Redis
-        for as long as the SCAN ran (up to timeouts.admin, in every process told of it)."""
+        for as long as the SCAN ran (up to timeouts.admin, in every process told of it). With
+        writes stalled it waits too (its UNLINKs would time out), then is their probe."""
         if self.breaker.state == CLOSED:
-            return True
+            return self.writes.allow_probe()
         if not self.breaker.allow():
             return False
         try:
@@ -297,7 +320,7 @@ class RedisTier(WaitingDeletes, Leases):
                 await self.client.ping()
         except TierError:
             return False
-        return self.breaker.state == CLOSED
+        return self.breaker.state == CLOSED and self.writes.allow_probe()
 
     def _scan_start(self) -> dict[str, int]:
         """Cursor 0 on every primary (standalone and sentinel: the one server, named '')."""
@@ -320,6 +343,7 @@ class RedisTier(WaitingDeletes, Leases):
 
     async def stats(self) -> dict[str, object]:
         out: dict[str, object] = {"breaker": ("closed", "open", "half-open")[self.breaker.state]}
+        self.writes.report(out)
         try:
             async with self._guard("stats", self.settings.timeouts.admin):
                 n = 0
@@ -335,6 +359,7 @@ class RedisTier(WaitingDeletes, Leases):
         """For /readyz: one PING (op timeout) unless the breaker is open."""
         breaker = ("closed", "open", "half-open")[self.breaker.state]
         out: dict[str, object] = {"breaker": breaker, "reachable": False}
+        self.writes.report(out)
         if not self.breaker.allow():
             # with the failure that opened it: a wrong password or an ACL that denies a command
             # said only "recent operations failed" here, its cause in one log line long gone

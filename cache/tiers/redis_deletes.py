@@ -16,6 +16,7 @@ from cache.breaker import Breaker
 from cache.errors import TierError
 from cache.metrics import CacheMetrics
 from cache.redis_client import AnyRedis
+from cache.tiers.redis_writes import WriteGate
 from cache.tiers.undeleted import UndeletedKeys
 
 log = logging.getLogger("latentgate.cache.redis")
@@ -26,13 +27,16 @@ class WaitingDeletes:
     client: AnyRedis
     prefix: str
     breaker: Breaker
+    writes: WriteGate
     undeleted: UndeletedKeys
     on_late_delete: Callable[[list[str]], Awaitable[None]] | None
     _metrics: CacheMetrics
     _retrying: asyncio.Task[None] | None
     _retry_s: float
 
-    def _guard(self, op: str, deadline_s: float | None = None) -> AbstractAsyncContextManager[None]:
+    def _guard(
+        self, op: str, deadline_s: float | None = None, write: bool = False
+    ) -> AbstractAsyncContextManager[None]:
         raise NotImplementedError
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -43,12 +47,12 @@ class WaitingDeletes:
         (cache.tiers.undeleted). Remembered first: a request cancelled mid-delete, or a read
         of the key meanwhile, then sees it as deleted too."""
         self._remember(key)
-        if not self.breaker.allow():
+        if not self.writes.allow():  # Redis down, or stalling writes: kept, sent once it takes them
             self.undeleted.keep(key)
             self._retry_later()
             return
         try:
-            async with self._guard("delete"):
+            async with self._guard("delete", write=True):
                 await self.client.unlink(self.prefix + key)
         except TierError:
             self.undeleted.keep(key)
@@ -119,10 +123,10 @@ class WaitingDeletes:
         while self.undeleted:
             await asyncio.sleep(self._retry_s)
             keys = self.undeleted.oldest(500)
-            if not keys or not self.breaker.allow():
+            if not keys or not self.writes.allow():
                 continue
             try:
-                async with self._guard("delete"):
+                async with self._guard("delete", write=True):
                     await self.client.unlink(*(self.prefix + k for k in keys))
             except TierError:
                 continue

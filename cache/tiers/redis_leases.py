@@ -18,6 +18,7 @@ from cache.breaker import Breaker
 from cache.errors import TierError
 from cache.redis_client import AnyRedis
 from cache.settings import RedisSettings
+from cache.tiers.redis_writes import WriteGate
 
 RELEASE = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
@@ -30,10 +31,13 @@ class Leases:
     settings: RedisSettings
     lock_prefix: str
     breaker: Breaker
+    writes: WriteGate
     _op: float
     _release: AsyncScript
 
-    def _guard(self, op: str, deadline_s: float | None = None) -> AbstractAsyncContextManager[None]:
+    def _guard(
+        self, op: str, deadline_s: float | None = None, write: bool = False
+    ) -> AbstractAsyncContextManager[None]:
         raise NotImplementedError
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -41,19 +45,20 @@ class Leases:
 
     async def acquire_lease(self, key: str, ttl_ms: int) -> str | None:
         """None only when Redis said another process holds the lease; otherwise a token, and
-        this process computes ('' when nothing was sent, the breaker being open: nothing to
-        release).
+        this process computes ('' when nothing was sent, a breaker being open: nothing to
+        release). Taking and releasing a lease are writes (`writes`: skipped while Redis stalls
+        them), asking after one is a read.
 
         A SET NX that failed or timed out may still land once Redis catches up (the command
         went out), under this token: taking that for "another holds it" left the process
         waiting the lease's ttl for a peer that did not exist. The caller's release deletes the
         lease only if it carries this token, so one that never landed costs nothing.
         """
-        if not self.breaker.allow():
+        if not self.writes.allow():
             return ""
         token = secrets.token_hex(8)
         try:
-            async with self._guard("lease"):
+            async with self._guard("lease", write=True):
                 got = await self.client.set(self.lock_prefix + key, token, nx=True, px=ttl_ms)
         except TierError:
             return token
@@ -79,9 +84,9 @@ class Leases:
         if not token:
             return
         try:
-            if not self.breaker.allow():
-                raise TierError("redis is marked down (breaker open)")
-            async with self._guard("lease"):
+            if not self.writes.allow():
+                raise TierError("redis writes are marked down (breaker open)")
+            async with self._guard("lease", write=True):
                 await self._release(keys=[self.lock_prefix + key], args=[token])
         except TierError:
             if retry:

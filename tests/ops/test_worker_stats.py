@@ -7,7 +7,9 @@ were one worker's share and changed from call to call as calls landed on one or 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+from gateway.worker_stats import merge
 from tests.integration.cache.conftest import ADMIN_TOKEN, cache_config
 from tests.ops.conftest import http_json
 from tests.support.servers import GatewayProcess, ServerThread
@@ -39,3 +41,16 @@ def test_stats_are_every_workers_summed(
     assert len({(s["lookups"], s["hits"]) for _, s in answers}) == 1  # the same, every call
     # the port spread the calls over both workers (else the sums prove nothing)
     assert all(w["lookups"] > 0 for w in answers[0][1]["workers"].values())
+
+
+def test_each_workers_redis_breakers_are_shown() -> None:
+    """Each worker has its own Redis breakers (the write breaker too: a write stall opens it in
+    the workers that wrote): the sum shows every worker's, not the first one's as everyone's."""
+
+    def worker(writes: str) -> dict[str, Any]:
+        redis = {"breaker": "closed", "writes": writes, "entries": 3, "hits": 0}
+        return {"lookups": 1, "tiers": {"memory": {"entries": 1, "hits": 0}, "redis": redis}}
+
+    redis = merge({0: worker("closed"), 1: worker("open")}, 2)["tiers"]["redis"]
+    assert redis["writes"] == {"0": "closed", "1": "open"}
+    assert redis["breaker"] == {"0": "closed", "1": "closed"} and redis["entries"] == 3

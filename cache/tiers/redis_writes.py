@@ -1,0 +1,94 @@
+"""The Redis tier's writes have a breaker of their own (`WriteGate`), beside the tier's.
+
+A Redis that stalls writes and still serves reads (`CLIENT PAUSE ... WRITE`, a primary that
+blocks writes while it waits on its disk or replicas): each miss's read answered between its
+lease, store and release, which all timed out. The reads reset the tier's breaker, so it never
+opened, nothing was logged, and every miss paid three op timeouts (~0.3 s) before its client
+had its answer, for as long as the stall lasted. Here only writes count: after
+`breaker.failures` of them in a row fail, no write is sent for `breaker.open_s` (the reads go
+on), then one write is let through as the probe, whose success resumes writing.
+
+A write goes to Redis only when both breakers let it: the tier's (Redis answers at all) first,
+then this one. A write's failure counts here only (a miss's three in a row opened the tier's
+breaker too, and stopped reads that worked), its success for both (RedisTier._guard); a read's
+verdict is the tier's breaker's alone. In a whole outage both open, each on its own failures.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from cache.breaker import CLOSED, OPEN, Breaker
+from cache.metrics import CacheMetrics
+from cache.outage import OutageLog
+from cache.settings import RedisSettings
+
+log = logging.getLogger("latentgate.cache.redis")
+
+STATES = ("closed", "open", "half-open")
+
+
+class WriteGate:
+    def __init__(self, settings: RedisSettings, metrics: CacheMetrics, tier: Breaker) -> None:
+        self._tier = tier  # the tier's own breaker, which every call goes through first
+        self._metrics = metrics
+        self.breaker = Breaker(
+            settings.breaker.failures, settings.breaker.open_s, on_change=self._changed
+        )
+        self.last_error = ""
+        self._outage = OutageLog(
+            log,
+            f"redis ({settings.mode}) writes, write breaker open (no lease, store or delete"
+            " sent for a while; reads go on while they answer),",
+            'latentgate_cache_redis_errors_total{op="lease"|"set"|"delete"}',
+        )
+
+    @property
+    def state(self) -> int:
+        return self.breaker.state
+
+    def report(self, out: dict[str, object]) -> None:
+        """The write breaker in /readyz and /admin/cache/stats, beside the tier's `breaker`."""
+        out["writes"] = STATES[self.breaker.state]
+        if self.breaker.state == OPEN:
+            out["writes_error"] = f"writes failing, none sent for now (last: {self.last_error})"
+
+    def allow(self) -> bool:
+        """May a write go to Redis now? Both breakers must let it; a half-open probe slot the
+        tier's breaker gave is handed back when this one refuses (else no call could probe)."""
+        if not self._tier.allow():
+            return False
+        if self.breaker.allow():
+            return True
+        self._tier.release()
+        return False
+
+    def allow_probe(self) -> bool:
+        """For a waiting purge (RedisTier.purge_ready): whether writes are on or a probe is due
+        now; the probe slot is not held, the purge's own verdict (its UNLINKs) settles it."""
+        if self.breaker.state == CLOSED:
+            return True
+        if not self.breaker.allow():
+            return False
+        self.breaker.release()
+        return True
+
+    def success(self) -> None:
+        self.breaker.success()
+
+    def failure(self, error: str) -> None:
+        self.last_error = error
+        self._outage.count()
+        self.breaker.failure()
+
+    def release(self) -> None:
+        self.breaker.release()
+
+    def _changed(self, state: int) -> None:
+        self._metrics.write_breaker_state.set(state)
+        log.debug("redis write breaker is now %s", STATES[state])
+        if state == OPEN:
+            if self._tier.state != OPEN:  # a whole outage is the tier's to log, not this one's
+                self._outage.failed(self.last_error)
+        elif state == CLOSED:
+            self._outage.ok()
