@@ -155,8 +155,9 @@ class Batcher(Generic[T, R]):
     def _idle(self, loop: asyncio.AbstractEventLoop, items: Sequence[T]) -> bool:
         """Nothing queued or running, and the adaptive wait says no company is coming: the
         items run at once from the caller's own task. Through the gathering task the same run
-        takes three more event-loop turns (its wake-up, its resumption, the callers' futures),
-        0.8 ms of a 6 ms embed on a quiet 2-core machine and more on a busy one. Only items of
+        takes three more event-loop turns (its wake-up, its resumption, the callers' futures):
+        about 0.1 ms of an 8 ms one-sentence embed on a quiet 2-core VM (docs/benchmarks.md,
+        seventeenth session); the worker thread's own hop, 0.45 ms there, remains. Only items of
         one length bucket: mixed ones would pad the short to the long in one run, where the
         gathering task runs each bucket apart."""
         if not (
