@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -18,27 +18,9 @@ from backends.remote.transports.base import Transport
 from backends.remote.transports.http1 import Http1Transport
 from backends.remote.transports.lean_http1 import LeanHttp1Transport
 from backends.settings import PoolLimits, Timeouts
+from tests.support.raw_replica import Script, read_request
 
-Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 KINDS = ["lean", "aiohttp"]
-
-
-async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
-    """(head, body) of one request: Content-Length or chunked bodies."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    lower = head.lower()
-    if b"content-length:" in lower:
-        n = int(lower.split(b"content-length:")[1].split(b"\r\n")[0])
-        return head, await reader.readexactly(n)
-    body = b""
-    if b"transfer-encoding: chunked" in lower:
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
-            chunk = await reader.readexactly(size + 2)
-            if size == 0:
-                break
-            body += chunk[:-2]
-    return head, body
 
 
 class Replica:
