@@ -15,6 +15,15 @@ GRPC_STATUS_HEADER = "grpc-status"
 GRPC_MESSAGE_HEADER = "grpc-message"
 
 
+class BodyTooLarge(Exception):
+    """A replica's answer outgrew what its reader holds (`UpstreamResponse.read_capped`)."""
+
+    def __init__(self, replica: str, limit: int) -> None:
+        super().__init__(f"{replica or 'the upstream'} sent an answer over {limit} bytes")
+        self.replica = replica
+        self.limit = limit
+
+
 @dataclass(slots=True)
 class UpstreamRequest:
     method: str
@@ -63,6 +72,32 @@ class UpstreamResponse:
             close = getattr(self.stream, "aclose", None)
             if close is not None:
                 await close()
+
+    async def read_capped(self, limit: int) -> bytes:
+        """The whole body, but never more than `limit` bytes held: past it the stream is closed
+        (the connection with it, not returned to the pool half-read) and BodyTooLarge raised.
+        For callers that need the body whole (no streaming) from a replica that may send an
+        endless or huge one: buffered with `read`, it would all be held in memory."""
+        if self.body is not None:  # (the transport read a small, length-delimited body whole)
+            if len(self.body) > limit:
+                raise BodyTooLarge(self.replica, limit)
+            return self.body
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            if self.stream is not None:
+                async for chunk in self.stream:
+                    size += len(chunk)
+                    if size > limit:
+                        raise BodyTooLarge(self.replica, limit)
+                    chunks.append(chunk)
+        finally:
+            close = getattr(self.stream, "aclose", None)
+            self.stream = None
+            if close is not None:
+                await close()
+        self.body = b"".join(chunks)
+        return self.body
 
     def header(self, name: str) -> str | None:
         lname = name.lower()

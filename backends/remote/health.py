@@ -8,19 +8,23 @@ replica for base x (times ejected), capped; never more than max_ejection_percent
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import statistics
 import time
 from collections.abc import Callable
 
-from backends.base import UpstreamRequest
+from backends.base import BodyTooLarge, UpstreamRequest
 from backends.errors import BackendError
 from backends.remote.metrics import RemoteMetrics
 from backends.remote.replica import Replica
 from backends.settings import HealthCheckSettings, OutlierSettings
 
 log = logging.getLogger("latentgate.backends.health")
+# A health check's body, at most (a status page, a JSON "ok"): more is not read, the connection
+# is closed instead, and the status alone decides.
+HEALTH_BODY_CAP = 64 << 10
 
 
 def max_ejected(pool_size: int, percent: float) -> int:
@@ -123,7 +127,11 @@ class HealthChecker:
         try:
             async with asyncio.timeout(self._s.timeout_s):
                 resp = await r.transport.send(req)
-                await resp.read()
+                # the status decides; the body is read only so the connection can be reused,
+                # and past a small cap not at all (closed instead): a replica (or a URL that
+                # points at a file server) sending an endless body must not be held in memory
+                with contextlib.suppress(BodyTooLarge):
+                    await resp.read_capped(HEALTH_BODY_CAP)
             ok = 200 <= resp.status < 300
         except (BackendError, TimeoutError):
             ok = False
