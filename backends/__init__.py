@@ -5,6 +5,7 @@ from backends.base import (
     GRPC_MESSAGE_HEADER,
     GRPC_STATUS_HEADER,
     Backend,
+    BodyTooLarge,
     UpstreamRequest,
     UpstreamResponse,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "BackendSettings",
     "BadInput",
     "BatcherSettings",
+    "BodyTooLarge",
     "EngineError",
     "ModelNotFound",
     "Overloaded",

@@ -173,7 +173,7 @@ class InferFlow:
             policy=route.upstream,
         )
         resp = await self.service.send(rt, route, up)
-        data = await resp.read()
+        data = await self.service.read_answer(resp, route)
         if resp.status != 200:
             raise from_response(resp, data)
         try:

@@ -32,7 +32,13 @@ from gateway.grpc.calls import (
 )
 from gateway.grpc.infer import InferFlow
 from gateway.grpc.proto import PREFIX, SERVICE, pb2
-from gateway.grpc.status import RpcError, from_backend, from_gateway, from_response
+from gateway.grpc.status import (
+    RpcError,
+    from_backend,
+    from_gateway,
+    from_response,
+    read_answer,
+)
 from gateway.metrics import LATENCY_BUCKETS
 from gateway.readiness import readiness
 from gateway.routing import Route
@@ -122,6 +128,10 @@ class InferenceService:
         except GatewayError as exc:
             raise from_gateway(exc) from None
 
+    async def read_answer(self, resp: UpstreamResponse, route: Route) -> bytes:
+        """An HTTP v2 backend's answer, whole but capped (gateway/grpc/status.read_answer)."""
+        return await read_answer(resp, route.backend, self.state.settings.limits.max_body_bytes)
+
     async def forward(
         self, runtime: Runtime, route: Route, method: str, request: bytes, context: Context
     ) -> bytes:
@@ -148,7 +158,7 @@ class InferenceService:
             method, path, metadata_of(context), deadline_s=context.time_remaining()
         )
         resp = await self.send(runtime, route, up)
-        body = await resp.read()
+        body = await self.read_answer(resp, route)
         if resp.status not in (200, 503):
             raise from_response(resp, body)
         try:

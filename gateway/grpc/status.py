@@ -15,6 +15,7 @@ from backends import (
     GRPC_STATUS_HEADER,
     BackendError,
     BadInput,
+    BodyTooLarge,
     ModelNotFound,
     Overloaded,
     UpstreamError,
@@ -88,3 +89,17 @@ def from_response(resp: UpstreamResponse, body: bytes) -> RpcError:
     except ValueError:
         pass
     return RpcError(code_of_http(resp.status), message or f"backend answered {resp.status}")
+
+
+async def read_answer(resp: UpstreamResponse, backend: str, limit: int) -> bytes:
+    """An HTTP answer the gRPC edge needs whole (to convert it to one reply), held to `limit`
+    (limits.max_body_bytes, the largest message the listener takes): a replica sending an
+    endless or huge body is cut off there, the connection closed, never buffered whole. Over
+    HTTP the answer would stream through; one gRPC reply cannot, so it is RESOURCE_EXHAUSTED."""
+    try:
+        return await resp.read_capped(limit)
+    except BodyTooLarge:
+        raise RpcError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"upstream {backend} sent an answer over {limit} bytes (limits.max_body_bytes)",
+        ) from None
