@@ -155,7 +155,13 @@ class CacheFlow:
             if hit is None:  # issue 14: a paraphrase of a miss in flight waits for that answer
                 wait_s = self.rc.policy.coalesce_wait_s
                 hit = await flow_hooks.flight_hit(
-                    self.semantic, self.flights, ask, vector, compute, wait_s
+                    self.semantic,
+                    self.flights,
+                    ask,
+                    vector,
+                    compute,
+                    wait_s,
+                    self.rc.max_entry_bytes,
                 )
             if hit is not None:
                 return hit
@@ -202,7 +208,8 @@ class CacheFlow:
             ask.semantic_rivals, ask.semantic_missed = res.rivals, res.missed
             # an only-if-cached client asked that nothing go upstream for it: no audit either
             if hit is not None:
-                flow_hooks.count_hit(sr, ask, hit, found[hit.exact_key], compute)
+                max_bytes = self.rc.max_entry_bytes  # (the audit's fresh answer's cap)
+                flow_hooks.count_hit(sr, ask, hit, found[hit.exact_key], compute, max_bytes)
         except Exception:  # the cache boundary: a semantic failure is a miss, never an error
             log.exception("semantic lookup failed on route %s", self.route)
         ask.clock.add("semantic", t)

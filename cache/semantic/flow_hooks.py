@@ -1,10 +1,10 @@
 """What cache/flow.py calls for the semantic error budget and semantic single flight.
 
 Kept out of the flow so its edits stay a few marked lines: counting a served semantic hit and
-building a fresh answer for its audit (a second backend call, read whole and sealed by the
-request's protocol, never stored or shown to a client), loading a candidate's stored answer for
-a label, and waiting for an equivalent miss in flight (counted and audited as a semantic hit
-when it serves the request).
+building a fresh answer for its audit (a second backend call, read whole up to the route's
+max_entry_bytes and sealed by the request's protocol, never stored or shown to a client),
+loading a candidate's stored answer for a label, and waiting for an equivalent miss in flight
+(counted and audited as a semantic hit when it serves the request).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from backends import UpstreamResponse
+from backends import BodyTooLarge, UpstreamResponse
 from cache.asks import Ask, Hit
 from cache.codec import CacheEntry
 from cache.keys import CacheKey
 from cache.policy import DEFAULT, RequestDirectives
+from cache.semantic.learn import AuditSkipped
 from cache.semantic.pending import Flight
 from cache.semantic.records import SemanticHit
 from cache.semantic.route import CallLike, SemanticRoute
@@ -43,11 +44,20 @@ class Peek(Protocol):
 
 
 def audit_fetch(
-    compute: Compute, answers: Sealer, kind: str
+    compute: Compute, answers: Sealer, kind: str, max_bytes: int
 ) -> Callable[[], Awaitable[CacheEntry | None]]:
+    """The audit's fresh answer, read whole but held to the route's max_entry_bytes: a bigger
+    answer is never stored nor compared on a miss either, so past that the read stops (the
+    connection closed, an endless body never buffered) and the audit is skipped, no label."""
+
     async def fetch() -> CacheEntry | None:
         up = await compute()
-        raw = await up.read_whole()
+        try:
+            raw = await up.read_capped(max_bytes)
+        except BodyTooLarge:
+            raise AuditSkipped(
+                "too_large", f"the upstream's answer is over max_entry_bytes ({max_bytes})"
+            ) from None
         sealed = answers.seal(up.header("Content-Type") or "", raw)
         if sealed is None:
             return None
@@ -59,7 +69,12 @@ def audit_fetch(
 
 
 def count_hit(
-    sr: SemanticRoute, ask: Ask, hit: SemanticHit, served: CacheEntry, compute: Compute
+    sr: SemanticRoute,
+    ask: Ask,
+    hit: SemanticHit,
+    served: CacheEntry,
+    compute: Compute,
+    max_bytes: int,
 ) -> None:
     """A semantic hit going out (found in the index, or a paraphrase's flight's answer): the
     budget counts it (`should_audit`), and for its share the client's own question goes
@@ -67,7 +82,11 @@ def count_hit(
     An only-if-cached client asked that nothing go upstream for it: counted, never audited."""
     if sr.should_audit(ask.call, hit, may_audit=not ask.directives.only_if_cached):
         sr.audit(
-            ask.call, ask.key.tenant_scope, hit, served, audit_fetch(compute, ask.answers, ask.kind)
+            ask.call,
+            ask.key.tenant_scope,
+            hit,
+            served,
+            audit_fetch(compute, ask.answers, ask.kind, max_bytes),
         )
 
 
@@ -78,6 +97,7 @@ async def flight_hit(
     vector: np.ndarray | None,
     compute: Compute,
     wait_s: float,
+    max_bytes: int,
 ) -> Hit | None:
     """After the index missed: the answer of an equivalent miss in flight, as a semantic hit
     (`join_flight`), or None (go on as a miss). The lookup left its count here
@@ -112,7 +132,7 @@ async def flight_hit(
     finally:
         sr.count("miss" if served is None else "hit")
     try:
-        count_hit(sr, ask, joined[1], joined[0], compute)
+        count_hit(sr, ask, joined[1], joined[0], compute, max_bytes)
     except Exception:  # the cache boundary: the hit goes out whatever its count did
         log.exception("semantic hit count failed on route %s", sr.route)
     return served

@@ -47,6 +47,17 @@ MAX_PENDING = 256  # labels and audits in flight per route; more are shed (label
 # while this many are out is not audited; the credit waits for the next hit.
 MAX_AUDITS_IN_FLIGHT = 4
 Source = Literal["miss", "audit"]
+
+
+class AuditSkipped(Exception):
+    """An audit that asked the upstream but has nothing to compare, for a known reason (counted
+    as audits{outcome=reason}): no label, and never an error."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
 Stored = CacheEntry | Callable[[], Awaitable[CacheEntry | None]] | None
 
 
@@ -195,6 +206,10 @@ class RouteBudget:
         async def run() -> None:
             try:
                 fresh = await fetch()
+            except AuditSkipped as exc:
+                log.info("semantic audit on route %s: skipped (%s)", self.route, exc)
+                self._audited(exc.reason)
+                return
             except Exception as exc:  # an audit that fails is no label, never an error
                 log.info("semantic audit on route %s: upstream failed (%s)", self.route, exc)
                 self._audited("error")

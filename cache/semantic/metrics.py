@@ -59,7 +59,8 @@ class SemanticMetrics:
         # Error budget (routes with cache.semantic.max_error_rate), per route.
         self.audits = Counter(
             p + "audits",
-            "Audited semantic hits by outcome (agree, disagree, unusable, error)",
+            "Audited semantic hits by outcome (agree, disagree, unusable, error; too_large: the"
+            " upstream's answer was over max_entry_bytes, not read past it, no label)",
             ["route", "outcome"],
             registry=registry,
         )
