@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from backends import UpstreamRequest
+from backends import BodyTooLarge, UpstreamRequest
 from cache.semantic.answer_text import reply_text
 from cache.semantic.answers import normalise
 
@@ -33,6 +33,23 @@ JUDGE_PROMPT = (
 
 class JudgeFailed(Exception):
     """The judge gave no verdict: no label."""
+
+
+# A verdict's answer, at most: a chat completion of a word or two is under 2 KiB, this leaves
+# room for a verbose provider's extras. A judge answering more (an endless body, a URL that
+# points elsewhere) is cut off there and gives no verdict, rather than being held in memory.
+JUDGE_ANSWER_CAP = 256 << 10
+
+
+async def _capped(resp: aiohttp.ClientResponse) -> bytes:
+    """aiohttp's body, up to JUDGE_ANSWER_CAP; past it the connection is closed, not read on."""
+    data = bytearray()
+    async for chunk in resp.content.iter_any():
+        data += chunk
+        if len(data) > JUDGE_ANSWER_CAP:
+            resp.close()
+            raise JudgeFailed(f"the judge's answer is over {JUDGE_ANSWER_CAP} bytes")
+    return bytes(data)
 
 
 def verdict(text: str) -> bool | None:
@@ -91,7 +108,9 @@ def url_judge(url: str, headers: dict[str, str], timeout: float) -> tuple[Post, 
         if not session:
             session.append(aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)))
         async with session[0].post(url, json=body, headers=headers) as r:
-            return r.status, await r.json(content_type=None) if r.status == 200 else None
+            if r.status != 200:
+                return r.status, None
+            return r.status, json.loads(await _capped(r))
 
     async def close() -> None:
         if session:
@@ -115,7 +134,10 @@ def backend_judge(
         request = UpstreamRequest("POST", path, hdrs, json.dumps(body).encode(), deadline_s=timeout)
         async with asyncio.timeout(timeout):
             up = await backend.send(request)
-            raw = await up.read_whole()
+            try:
+                raw = await up.read_capped(JUDGE_ANSWER_CAP)
+            except BodyTooLarge:
+                raise JudgeFailed(f"the judge's answer is over {JUDGE_ANSWER_CAP} bytes") from None
         if up.status != 200:
             return up.status, None
         return up.status, json.loads(raw)
