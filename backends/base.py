@@ -53,6 +53,8 @@ class UpstreamResponse:
     _release: list[object] = field(default_factory=list)
 
     async def read(self) -> bytes:
+        """The whole body, however big: for bodies already whole (`body`, a gRPC replica's
+        message). A replica's streamed answer is read with `read_capped`."""
         if self.body is not None:
             return self.body
         chunks = []
@@ -62,16 +64,6 @@ class UpstreamResponse:
         self.body = b"".join(chunks)
         self.stream = None
         return self.body
-
-    async def read_whole(self) -> bytes:
-        """`read`, and the stream released whatever happens (a read that fails half-way must
-        not keep its connection and in-flight slot): for callers that want the body only."""
-        try:
-            return await self.read()
-        finally:
-            close = getattr(self.stream, "aclose", None)
-            if close is not None:
-                await close()
 
     async def read_capped(self, limit: int) -> bytes:
         """The whole body, but never more than `limit` bytes held: past it the stream is closed
