@@ -83,8 +83,9 @@ class TextPreprocessor:
             cut.append(t)
         # Without truncation a request is refused at its first input over the window: tokenised
         # a slice at a time, a refused request costs a slice, not all of it (2,048 inputs of
-        # 16K characters each took 7 s before their 400).
-        step = len(cut) if self.truncate else _REFUSE_STEP
+        # 16K characters each took 7 s before their 400). (At least 1: range() refuses a step
+        # of 0, which an empty list would be.)
+        step = max(len(cut), 1) if self.truncate else _REFUSE_STEP
         out = []
         for start in range(0, len(cut), step):
             encs: list[Encoding] = self._tok.encode_batch(cut[start : start + step])

@@ -113,3 +113,15 @@ def test_a_refused_input_stops_the_tokenising_of_the_rest(encoder: TextEncoder) 
     assert [len(t.ids) for t in pre.tokenize([fine] * 200)] == [
         len(pre.tokenize([fine])[0].ids)
     ] * 200
+
+
+@pytest.mark.parametrize("truncate", [True, False])
+def test_no_texts_are_no_tokens(encoder: TextEncoder, truncate: bool) -> None:
+    """Tokenising a slice at a time must not make an empty list an error: with truncation the
+    slice was the whole list, a step of 0 (range() raised ValueError where [] came back)."""
+    from tokenizers import Tokenizer
+
+    from backends.preprocess.cpu import TextPreprocessor
+
+    tok = Tokenizer.from_str(encoder.preprocessor._tok.to_str())
+    assert TextPreprocessor(tok, encoder.max_tokens, truncate=truncate).tokenize([]) == []
