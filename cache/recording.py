@@ -80,11 +80,16 @@ class Recording:
         self.on_cut: Callable[[], None] | None = None
         self._pump: asyncio.Task[None] | None = None
         self._settled = False
-        if not shareable and lead is not None:
+        self._unleasing: asyncio.Task[None] | None = None
+        if not shareable:
             # none of it will go to the flight's waiters (private, a Set-Cookie, an unkeyed
             # Vary): they fetch their own now, as for such an answer in one body, rather than
             # after its last byte (they lost the whole stream's time, and their budget with it)
-            lead.done(None)
+            if lead is not None:
+                lead.done(None)
+            # nor to other sidecars', which the Redis lease held until then (its release at
+            # settling is then a no-op: Claim.release lets go once)
+            self._unleasing = asyncio.get_running_loop().create_task(claim.release())
 
     def start(self) -> None:
         """Begin reading the upstream (once; the leader's reader gets every chunk)."""

@@ -17,7 +17,7 @@ import pytest
 
 from tests.integration.cache.conftest import cache_config
 from tests.integration.cache.test_stream_followers import Read, calls, chat, read_stream
-from tests.support.servers import ServerThread
+from tests.support.servers import RedisServer, ServerThread
 
 
 @pytest.mark.parametrize(
@@ -40,6 +40,29 @@ async def test_a_waiter_on_a_private_stream_fetches_its_own_at_once(
         leading = asyncio.create_task(read_stream(s, gw.url, body, headers, first))
         await asyncio.wait_for(first.first.wait(), 10)
         await read_stream(s, gw.url, body, headers, second)
+        await leading
+    for got in (first, second):
+        assert got.status == 200 and not got.cut
+        assert got.body.rstrip().endswith(b"data: [DONE]")
+    # its own answer, begun while the first was still streaming (before: after its end)
+    assert second.times[0] < first.times[-1]
+    assert await calls(upstream) == 2
+
+
+async def test_a_peer_sidecar_does_not_wait_for_a_private_stream_either(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread], redis_server: RedisServer
+) -> None:
+    """The same across processes: the leader's Redis lease told another sidecar that an answer
+    was on its way, and it waited for the lease's release at the private stream's end."""
+    cfg = cache_config(upstream.url, redis_server.url)
+    leader, peer = start_gateway(cfg), start_gateway(cfg)
+    body = chat("mine alone, across sidecars")
+    headers = {"X-Test-Event-Delay": "0.25", "X-Test-Cache-Control": "private"}
+    first, second = Read(), Read()
+    async with aiohttp.ClientSession() as s:
+        leading = asyncio.create_task(read_stream(s, leader.url, body, headers, first))
+        await asyncio.wait_for(first.first.wait(), 10)
+        await read_stream(s, peer.url, body, headers, second)
         await leading
     for got in (first, second):
         assert got.status == 200 and not got.cut
