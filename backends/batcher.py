@@ -148,7 +148,9 @@ class Batcher(Generic[T, R]):
         for q in self._queues:  # items of a finished loop can never be answered
             q.clear()
         self._queued = 0
-        self._inflight = None  # a finished loop's run: nothing here can wait for it
+        if self._inflight is not None and self._inflight.get_loop() is not loop:
+            self._inflight = None  # a finished loop's run: nothing here can wait for it
+        # (one of this loop's, the first lone run before the gathering task, is waited out)
         self._wakeup = asyncio.Event()
         self._task = loop.create_task(self._loop(), name=f"batcher-{self.name}")
 

@@ -348,3 +348,22 @@ async def test_a_lone_request_of_mixed_lengths_still_runs_each_bucket_apart() ->
     assert await b.submit(items) == [f"{t}:{n}" for t, n in items]
     assert sorted(len(x) for x in rec.batches) == [1, 6]
     await b.aclose()
+
+
+async def test_requests_arriving_one_by_one_behind_the_first_lone_run_gather_after_it() -> None:
+    """The first lone run of a batcher (no gathering task yet): requests that come one at a
+    time while it holds the engine still wait it out and go as one batch. Starting the
+    gathering task forgot the run in flight, so each went to the engine alone behind it."""
+    gate = Gate()
+    b = _batcher(gate, max_batch=8, max_delay_ms=50, target_p95_ms=100)
+    lone = asyncio.ensure_future(b.submit([("lone", 3)]))
+    assert await asyncio.to_thread(gate.running.wait, 10)
+    later = []
+    for i in range(3):
+        later.append(asyncio.ensure_future(b.submit([(f"m{i}", 3)])))
+        await asyncio.sleep(0.02)  # each its own arrival, the engine still held
+    gate.release.set()
+    assert await lone == ["lone:3"]
+    assert [await f for f in later] == [[f"m{i}:3"] for i in range(3)]
+    assert [len(x) for x in gate.batches] == [1, 3]
+    await b.aclose()
