@@ -107,6 +107,7 @@ class Batcher(Generic[T, R]):
         self._closed = False
         # An engine run started by submit itself (the idle path), which queued work waits out
         self._inflight: asyncio.Future[Sequence[R]] | None = None
+        self._batching = False  # the gathering task's batch is in the engine
 
     async def submit(self, items: Sequence[T]) -> list[R]:
         if self._closed:
@@ -148,6 +149,7 @@ class Batcher(Generic[T, R]):
         for q in self._queues:  # items of a finished loop can never be answered
             q.clear()
         self._queued = 0
+        self._batching = False  # (a batch of a finished loop's task)
         if self._inflight is not None and self._inflight.get_loop() is not loop:
             self._inflight = None  # a finished loop's run: nothing here can wait for it
         # (one of this loop's, the first lone run before the gathering task, is waited out)
@@ -165,6 +167,7 @@ class Batcher(Generic[T, R]):
         if not (
             self._queued == 0
             and self._inflight is None
+            and not self._batching  # what comes during a batch gathers behind it
             and 0 < len(items) <= self.settings.max_batch
             and (self._task is None or self._task.get_loop() is loop)
             and self._wait_s() == 0.0
@@ -281,6 +284,7 @@ class Batcher(Generic[T, R]):
         start = time.perf_counter()
         for p in batch:
             self._m_delay.observe(start - p.enqueued)
+        self._batching = True
         try:
             results = await loop.run_in_executor(self._pool, self._run, [p.item for p in batch])
             if len(results) != len(batch):
@@ -295,6 +299,8 @@ class Batcher(Generic[T, R]):
                 if not p.future.done():
                     p.future.set_exception(exc)
             return
+        finally:
+            self._batching = False
         elapsed = time.perf_counter() - start
         self._rates.ran(len(batch), elapsed)
         self._observe(len(batch), [p.length for p in batch], elapsed)

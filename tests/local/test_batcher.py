@@ -367,3 +367,40 @@ async def test_requests_arriving_one_by_one_behind_the_first_lone_run_gather_aft
     assert [await f for f in later] == [[f"m{i}:3"] for i in range(3)]
     assert [len(x) for x in gate.batches] == [1, 3]
     await b.aclose()
+
+
+class Turnstile(Recorder):
+    """Holds each engine run until the test opens it, run by run."""
+
+    def __init__(self, runs: int) -> None:
+        super().__init__()
+        self.entered = [threading.Event() for _ in range(runs)]
+        self.opened = [threading.Event() for _ in range(runs)]
+
+    def __call__(self, items: list[tuple[str, int]]) -> list[str]:
+        n = len(self.batches)
+        self.entered[n].set()
+        self.opened[n].wait(10)
+        return super().__call__(items)
+
+
+async def test_a_request_that_comes_while_a_batch_runs_gathers_behind_it() -> None:
+    """The idle path is for an idle engine: a request that comes while the gathering task's
+    batch is in the engine (nothing queued) waits in the queue with what comes after it, as
+    it did before the idle path, rather than go to the engine alone behind the batch."""
+    gate = Turnstile(4)
+    b = _batcher(gate, max_batch=8, max_delay_ms=0)
+    lone = asyncio.ensure_future(b.submit([("a", 3)]))
+    assert await asyncio.to_thread(gate.entered[0].wait, 10)
+    queued = [asyncio.ensure_future(b.submit([(t, 3)])) for t in ("b", "c")]
+    await asyncio.sleep(0.01)
+    gate.opened[0].set()
+    assert await asyncio.to_thread(gate.entered[1].wait, 10)  # b and c, from the queue
+    behind = [asyncio.ensure_future(b.submit([(t, 3)])) for t in ("d", "e")]
+    await asyncio.sleep(0.01)
+    for opened in gate.opened[1:]:
+        opened.set()
+    assert await lone == ["a:3"]
+    assert [await f for f in queued + behind] == [[f"{t}:3"] for t in "bcde"]
+    assert [[t for t, _ in x] for x in gate.batches] == [["a"], ["b", "c"], ["d", "e"]]
+    await b.aclose()
