@@ -12,7 +12,6 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
 
 from backends.base import UpstreamRequest, UpstreamResponse
 from backends.errors import BackendError, RequestBodyError, UpstreamTimeout
@@ -30,53 +29,12 @@ from backends.remote.retry import (
     backoff_s,
     retryable_error,
 )
-from backends.remote.transports.base import Transport
-from backends.remote.transports.http1 import Http1Transport
-from backends.remote.transports.lean_http1 import LeanHttp1Transport
-from backends.settings import RemoteBackendSettings, RoutePolicy, wire_of
+from backends.remote.tracked_body import TrackedBody
+from backends.remote.transports.factory import make_transport
+from backends.settings import RemoteBackendSettings, RoutePolicy
 
 log = logging.getLogger("latentgate.backends.pool")
 _DEFAULT_POLICY = RoutePolicy()
-
-
-class _TrackedBody:
-    """Wraps a streamed body so the pool's accounting ends when the stream does (or is closed)."""
-
-    def __init__(self, inner: AsyncIterator[bytes], on_end: list[Callable[[], None]]) -> None:
-        self._inner = inner
-        self._on_end = on_end
-        self._closed = False
-
-    def __aiter__(self) -> _TrackedBody:
-        return self
-
-    async def __anext__(self) -> bytes:
-        try:
-            return await self._inner.__anext__()
-        except BaseException:
-            await self.aclose()
-            raise
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            await self._inner.aclose()  # type: ignore[attr-defined]
-        finally:
-            for cb in self._on_end:
-                cb()
-
-
-def make_transport(url: str, settings: RemoteBackendSettings) -> Transport:
-    """The replica URL's scheme picks the wire: grpc:// and grpc+unix: speak gRPC."""
-    if wire_of(url) == "grpc":
-        from backends.remote.transports.grpc import GrpcTransport  # grpc loads only when used
-
-        return GrpcTransport(url, settings.pool, settings.timeouts)
-    if settings.pool.http_client == "lean" and not url.startswith("https:"):
-        return LeanHttp1Transport(url, settings.pool, settings.timeouts)
-    return Http1Transport(url, settings.pool, settings.timeouts)
 
 
 class Pool:
@@ -183,7 +141,7 @@ class Pool:
             resp = await self._send_hedged(request, policy, deadline)
             self.latencies.add(time.monotonic() - start)
             if resp.stream is not None:
-                resp.stream = _TrackedBody(resp.stream, on_end)
+                resp.stream = TrackedBody(resp.stream, on_end)
                 resp.deadline = deadline
                 handed_off = True
             return resp
@@ -383,7 +341,7 @@ class Pool:
         if resp.stream is None:
             r.outstanding -= 1
         else:  # outstanding until the body ends
-            resp.stream = _TrackedBody(resp.stream, [r.stream_done])
+            resp.stream = TrackedBody(resp.stream, [r.stream_done])
         return resp
 
     def _on_healthy(self, r: Replica) -> None:

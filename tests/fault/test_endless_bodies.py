@@ -11,8 +11,8 @@ import pytest
 
 from backends.remote.health import HEALTH_BODY_CAP, HealthChecker
 from backends.remote.metrics import RemoteMetrics
-from backends.remote.pool import make_transport
 from backends.remote.replica import Replica
+from backends.remote.transports.factory import make_transport
 from backends.settings import HealthCheckSettings, PoolLimits, RemoteBackendSettings
 from tests.support.endless_replica import IN_FLIGHT, EndlessReplica
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from backends import UpstreamRequest, UpstreamResponse
-from backends.remote.pool import make_transport
+from backends.remote.transports.factory import make_transport
 from backends.settings import RemoteBackendSettings
 from cache.semantic.answers import ExactMatch
 from cache.semantic.budget import BudgetGrid

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from backends.remote.pool import make_transport
+from backends.remote.transports.factory import make_transport
 from backends.settings import RemoteBackendSettings
 from cache.semantic.judge import (
     JUDGE_ANSWER_CAP,

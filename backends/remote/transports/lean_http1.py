@@ -6,7 +6,8 @@ total per request, a tighter per-request deadline sent as X-Latentgate-Deadline-
 buffering rule (a Content-Length body up to 1 MiB that is not an event stream is read whole),
 the same streamed-body semantics (closing early closes the connection; a body read to the end
 returns it to the pool) and the same BackendError tree with the same messages. `https://`
-replicas stay on Http1Transport (pool.make_transport): TLS costs dwarf what this saves.
+replicas stay on Http1Transport (transports.factory.make_transport): TLS costs dwarf what this
+saves.
 """
 
 from __future__ import annotations
