@@ -50,6 +50,27 @@ class Embedder(Protocol):
     async def aclose(self) -> None: ...
 
 
+class PendingEmbedder:
+    """Stands in for the embedder until open() has loaded it (lookups before then miss)."""
+
+    dim = 384
+    device = "pending"
+    backend = "pending"
+    space = "pending"
+
+    async def embed(self, text: str) -> Any:
+        raise RuntimeError("the semantic embedder is still loading")
+
+    def embed_sync(self, texts: list[str]) -> Any:
+        raise RuntimeError("the semantic embedder is still loading")
+
+    def unseen(self, text: str) -> tuple[str, ...]:
+        return ()
+
+    async def aclose(self) -> None:
+        return None
+
+
 class TextEncoderEmbedder:
     """Over issue 5's TextEncoder: concurrent lookups share engine runs through its batcher."""
 

@@ -18,7 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from backends.local import LoadProgress
-from cache.embedder import Embedder, load_embedder
+from cache.embedder import Embedder, PendingEmbedder, load_embedder
 from cache.keys import Selector
 from cache.redis_client import REDIS_ERRORS, AnyRedis, connect, stop_task
 from cache.semantic.answers import EmbeddingMatch, ExactMatch, Matcher
@@ -47,27 +47,6 @@ from cache.semantic.verifier import (
 from cache.settings import CacheSettings, SemanticPolicy
 
 log = logging.getLogger("latentgate.semantic")
-
-
-class _Pending:
-    """Stands in for the embedder until open() has loaded it (lookups before then miss)."""
-
-    dim = 384
-    device = "pending"
-    backend = "pending"
-    space = "pending"
-
-    async def embed(self, text: str) -> Any:
-        raise RuntimeError("the semantic embedder is still loading")
-
-    def embed_sync(self, texts: list[str]) -> Any:
-        raise RuntimeError("the semantic embedder is still loading")
-
-    def unseen(self, text: str) -> tuple[str, ...]:
-        return ()
-
-    async def aclose(self) -> None:
-        return None
 
 
 def budget_scorer(ver: Verifier, answer_match: str = "exact") -> Verifier:
@@ -110,7 +89,7 @@ class SemanticSetup:
         )
         max_entries = max(r.cache.semantic.max_entries for r in routes)
         self.stage = SemanticStage(
-            _Pending(), self.index, self.metrics, max_entries, max_bytes=s.max_bytes
+            PendingEmbedder(), self.index, self.metrics, max_entries, max_bytes=s.max_bytes
         )
         self.stage.ready = False  # routes skip the stage until the embedder is loaded
         self.progress = LoadProgress()
