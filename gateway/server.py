@@ -36,6 +36,13 @@ log = logging.getLogger("latentgate.server")
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
+_STOP_REPEAT_S = 1.0  # how often the parent repeats a stop to workers that have not ended
+# The repeat's signal: ignored by default (SIGTERM's default action would end a worker whose
+# loop is already gone with "killed by signal 15", so exit 1), a stop once a worker's handlers
+# are in. Nothing else sends it: SIGURG only comes for sockets that ask for it (F_SETOWN).
+STOP_REPEAT = signal.SIGURG
+
+
 def _new_loop() -> asyncio.AbstractEventLoop:
     try:
         import uvloop
@@ -105,6 +112,10 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, app[RELOADER].schedule, "SIGHUP")
+    if workers is not None:
+        # the parent's repeat of a stop (`run`): SIGURG, whose default action is to ignore it,
+        # so a repeat that comes before this handler, or after the loop is gone, is nothing
+        loop.add_signal_handler(STOP_REPEAT, stop.set)
     if reuse_port:  # one of --workers N: admin calls reach the siblings through the parent
         parent = os.getppid()
         state.tell_workers = lambda sig: os.kill(parent, sig)
@@ -254,12 +265,22 @@ def run(
             os._exit(code)
         children.append(pid)
     log.info("started %d workers: %s", workers, children)
+    alive = set(children)
+    stopping: list[int] = []  # the stop forwarded, repeated until every worker has ended
 
     def forward(signum: int, _frame: object) -> None:
-        for child in children:
+        if signum in (signal.SIGTERM, signal.SIGINT) and not stopping:
+            stopping.append(signum)
+            # A stop can be lost on its way into a worker still starting: under load one
+            # worker served on and the server never ended (`systemctl stop` waits for its
+            # SIGKILL). Repeated each second as STOP_REPEAT, it is acted on once the worker's
+            # handlers are in; a worker draining already, or not yet able to act, ignores it.
+            signal.setitimer(signal.ITIMER_REAL, _STOP_REPEAT_S, _STOP_REPEAT_S)
+        for child in list(alive):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signum)
 
+    signal.signal(signal.SIGALRM, lambda _s, _f: forward(STOP_REPEAT, None))
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, forward)  # each worker reloads its own copy
@@ -270,11 +291,13 @@ def run(
     failed = 0
     for ended in range(1, len(children) + 1):  # as they end: a death is said when it happens
         pid, status = os.wait()
+        alive.discard(pid)  # (its pid may be another process's from now on)
         code = os.waitstatus_to_exitcode(status)
         if code != 0:
             failed += 1
             how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
             log.error("worker %d ended (%s); %d still serving", pid, how, len(children) - ended)
+    signal.setitimer(signal.ITIMER_REAL, 0)
     shutil.rmtree(sockets, ignore_errors=True)
     sys.stdout.flush()
     # non-zero when any worker did not end cleanly: a supervisor's Restart=on-failure acts

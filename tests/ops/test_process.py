@@ -62,6 +62,29 @@ def test_a_killed_worker_is_logged_and_the_exit_code_says_so(
     assert gw.stop() == 1  # the survivor drained cleanly; one worker did not
 
 
+def test_a_worker_that_missed_the_stop_ends_on_the_parents_repeat(
+    upstream: ServerThread, gateway_process: Callable[..., GatewayProcess]
+) -> None:
+    """A stop can be lost on its way into a worker still starting (seen under load: the worker
+    served on and the server never ended). The parent repeats it each second as SIGURG until
+    every worker has ended: the repeat alone stops a worker, which ends cleanly."""
+    from gateway.server import STOP_REPEAT
+
+    gw = gateway_process(base_config(upstream.url), workers=2)
+    assert gw.proc is not None
+    workers = _children(gw.proc.pid)
+    assert len(workers) == 2
+    os.kill(workers[0], STOP_REPEAT)  # the repeat alone is a stop for a worker
+    deadline = time.monotonic() + 30
+    while _children(gw.proc.pid) != workers[1:] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _children(gw.proc.pid) == workers[1:], gw.log()
+    assert f"[{workers[0]}] draining" in gw.log()
+    assert f"worker {workers[0]} ended" not in gw.log()  # (said only of an unclean end)
+    gw.proc.send_signal(signal.SIGTERM)
+    assert gw.proc.wait(60) == 0, gw.log()
+
+
 def test_a_stop_while_the_workers_start_is_a_clean_stop(upstream: ServerThread) -> None:
     """`systemctl stop` right after a start: a SIGTERM that reached a worker still building its
     app used to kill it (its default action), and the server exited 1 ("killed by signal 15"),
