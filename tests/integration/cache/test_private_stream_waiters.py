@@ -35,17 +35,7 @@ async def test_a_waiter_on_a_private_stream_fetches_its_own_at_once(
     gw = start_gateway(cache_config(upstream.url))
     body = chat("mine alone")
     headers = {"X-Test-Event-Delay": "0.25", **private}  # ~9 events over ~2 s
-    first, second = Read(), Read()
-    async with aiohttp.ClientSession() as s:
-        leading = asyncio.create_task(read_stream(s, gw.url, body, headers, first))
-        await asyncio.wait_for(first.first.wait(), 10)
-        await read_stream(s, gw.url, body, headers, second)
-        await leading
-    for got in (first, second):
-        assert got.status == 200 and not got.cut
-        assert got.body.rstrip().endswith(b"data: [DONE]")
-    # its own answer, begun while the first was still streaming (before: after its end)
-    assert second.times[0] < first.times[-1]
+    await _both_whole_and_the_second_not_held(gw.url, gw.url, body, headers)
     assert await calls(upstream) == 2
 
 
@@ -58,15 +48,23 @@ async def test_a_peer_sidecar_does_not_wait_for_a_private_stream_either(
     leader, peer = start_gateway(cfg), start_gateway(cfg)
     body = chat("mine alone, across sidecars")
     headers = {"X-Test-Event-Delay": "0.25", "X-Test-Cache-Control": "private"}
+    await _both_whole_and_the_second_not_held(leader.url, peer.url, body, headers)
+    assert await calls(upstream) == 2
+
+
+async def _both_whole_and_the_second_not_held(
+    first_url: str, second_url: str, body: dict[str, object], headers: dict[str, str]
+) -> None:
+    """The same private stream asked at first_url, then at second_url while it streams: both
+    get a whole answer, the second its own, begun while the first was still streaming
+    (before: after its end)."""
     first, second = Read(), Read()
     async with aiohttp.ClientSession() as s:
-        leading = asyncio.create_task(read_stream(s, leader.url, body, headers, first))
+        leading = asyncio.create_task(read_stream(s, first_url, body, headers, first))
         await asyncio.wait_for(first.first.wait(), 10)
-        await read_stream(s, peer.url, body, headers, second)
+        await read_stream(s, second_url, body, headers, second)
         await leading
     for got in (first, second):
         assert got.status == 200 and not got.cut
         assert got.body.rstrip().endswith(b"data: [DONE]")
-    # its own answer, begun while the first was still streaming (before: after its end)
     assert second.times[0] < first.times[-1]
-    assert await calls(upstream) == 2
