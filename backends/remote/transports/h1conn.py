@@ -158,6 +158,9 @@ class H1Connection(asyncio.Protocol):
                 self.chunked = b"chunked" in value.lower()
         self.headers_done = True
         self._wake()
+        if self.refuses_body and self._drain is not None and not self._drain.done():
+            # the writer stops waiting for a replica that may read no more of the body
+            self._drain.set_result(None)
 
     def on_body(self, body: bytes) -> None:
         if not self._expecting:
@@ -173,6 +176,13 @@ class H1Connection(asyncio.Protocol):
             self._wake()
 
     # --- the transport's side -------------------------------------------------------------------
+
+    @property
+    def refuses_body(self) -> bool:
+        """An answer that ends the request before its body was all sent (RFC 9112 9.5): an
+        error or a redirect, or one that closes the connection. A replica that answers that
+        way (a 413, a 401) may read no more of the body; one that answers 2xx early reads on."""
+        return self.headers_done and (self.status >= 300 or not self.keep_alive)
 
     def start(self, data: bytes | list[bytes]) -> None:
         """Write a request (head and, when whole, body) and get ready for its response."""

@@ -225,6 +225,11 @@ class LeanHttp1Transport:
                 continue
             conn.write(chunk if declared is not None else b"%x\r\n%s\r\n" % (len(chunk), chunk))
             await conn.drain(req.next_wait())
+            if conn.refuses_body:
+                # writing on waited out the read timeout and hid the replica's answer behind a
+                # 504; the request is cut short, so the connection ends with this answer
+                conn.keep_alive = False
+                return
         if declared is None:
             conn.write(b"0\r\n\r\n")
 

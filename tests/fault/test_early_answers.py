@@ -1,0 +1,123 @@
+"""A replica that answers before it has read the request's body (RFC 9112 9.5: a server may
+refuse an upload it will not take, e.g. 413, and stop reading): the gateway stops sending,
+passes the replica's answer on and never reuses the connection, whose request was cut short."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+
+import pytest
+
+from tests.fault.conftest import pool_config
+from tests.support.raw_replica import RawReplica
+from tests.support.servers import ServerThread
+
+StartGateway = Callable[..., ServerThread]
+# "does not hang": far above what relaying an answer takes, far below pytest's timeout
+_BOUND_S = 60
+REFUSAL = b'{"error":{"message":"upload too large for this replica","type":"too_large"}}'
+
+
+def _passthrough(total: float) -> list[dict[str, object]]:
+    return [
+        {
+            "name": "files",
+            "match": {"prefix": "/"},
+            "backend": "pool",
+            "upstream": {"timeouts": {"total": total}, "retries": {"max": 0}},
+        }
+    ]
+
+
+async def _upload(url: str, chunks: int) -> tuple[bytes, dict[str, object]]:
+    """A chunked upload of `chunks` x 64 KiB, written while the answer is awaited: (head,
+    JSON body) of the answer, or a timeout past _BOUND_S."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST /upload HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+    async def feed() -> None:
+        chunk = b"x" * 65536
+        for _ in range(chunks):
+            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+
+    feeding = asyncio.create_task(feed())
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _BOUND_S)
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        body = json.loads(await asyncio.wait_for(reader.readexactly(length), _BOUND_S))
+        # the rest of the upload goes to the gateway, which reads it to the end and drops it
+        # (aiohttp's lingering close); cut off, it would linger on to the test's teardown
+        with contextlib.suppress(ConnectionError):
+            await asyncio.wait_for(feeding, _BOUND_S)
+    finally:
+        feeding.cancel()
+        await asyncio.gather(feeding, return_exceptions=True)
+        writer.transport.abort()
+    return head, body
+
+
+@pytest.mark.parametrize("http_client", ["lean", "aiohttp"])
+async def test_a_replica_that_refuses_an_upload_before_reading_it_is_relayed(
+    start_gateway: StartGateway, http_client: str
+) -> None:
+    """The replica answers 413 as soon as it has the head, then reads nothing more. Before, the
+    lean transport went on writing the body into full socket buffers until the route's total
+    and answered 504 "timed out", hiding the replica's answer (aiohttp's client relayed it)."""
+
+    async def refuse_early(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        replica.seen(head)
+        writer.write(
+            b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(REFUSAL), REFUSAL)
+        )
+        await writer.drain()
+        await asyncio.sleep(3600)  # reads nothing more; the gateway hangs up
+
+    replica = RawReplica(refuse_early)
+    url = await replica.start()
+    try:
+        # a total far beyond relaying the answer: before, the exchange ended only there
+        gw = start_gateway(pool_config([url], _passthrough(20), pool={"http_client": http_client}))
+        head, body = await _upload(gw.url, 200)  # 12.5 MiB: more than loopback's buffers hold
+        assert head.startswith(b"HTTP/1.1 413 "), head
+        assert body["error"]["type"] == "too_large"
+        assert len(replica.requests) == 1
+    finally:
+        await replica.stop()
+
+
+async def test_after_an_early_answer_the_next_request_gets_a_fresh_connection(
+    start_gateway: StartGateway,
+) -> None:
+    """An answer that came before the whole body was sent leaves the connection mid-request
+    (the replica would read the rest of the body as the next request's head), even when the
+    replica said nothing of closing it: the next request opens a new one."""
+
+    async def refuse_then_serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        replica.seen(head)
+        writer.write(
+            b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(REFUSAL), REFUSAL)
+        )
+        await writer.drain()
+        await asyncio.sleep(3600)
+
+    replica = RawReplica(refuse_then_serve)
+    url = await replica.start()
+    try:
+        gw = start_gateway(pool_config([url], _passthrough(20)))
+        for _ in range(2):
+            head, _body = await _upload(gw.url, 200)
+            assert head.startswith(b"HTTP/1.1 413 "), head
+        assert replica.connections == 2
+        assert len(replica.requests) == 2
+    finally:
+        await replica.stop()
