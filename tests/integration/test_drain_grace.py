@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Iterator
 
 import aiohttp
 import pytest
@@ -28,14 +27,6 @@ def _stream_of(words: int) -> dict[str, object]:
         "stream": True,
         "messages": [{"role": "user", "content": " ".join(["word"] * words)}],
     }
-
-
-@pytest.fixture
-def procs() -> Iterator[list[GatewayProcess]]:
-    started: list[GatewayProcess] = []
-    yield started
-    for p in started:
-        p.stop(signal.SIGKILL, timeout=5)
 
 
 async def _stream_through_a_drain(gw: GatewayProcess, words: int) -> bytes:
