@@ -189,7 +189,7 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
         "*",
         CATCH_ALL,
         listener_roles.admin_stays_here(unless_draining(state, pipeline.handle)),
-        expect_handler=expect_handler(lambda: pipeline.router),
+        expect_handler=expect_handler(lambda: pipeline.router, settings.limits),
     )
     assert model_route.resource is not None
     app[CATCH_ALL_RESOURCE] = model_route.resource

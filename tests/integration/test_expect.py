@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -68,3 +69,46 @@ def test_an_unknown_expectation_is_a_417_in_the_routes_envelope(
     # 100-continue still goes on to the answer
     status, _, raw = _post(gw.port, path, body, "100-continue")
     assert status == 200, raw
+
+
+def _head_only(port: int, path: str, length: int) -> bytes:
+    """What the gateway answers to a request's head alone, Expect: 100-continue: the body is
+    sent only after an interim 100 (as curl and requests' clients do)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(
+            b"POST %s HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+            b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % (path.encode(), length)
+        )
+        data = b""
+        while b"\r\n\r\n" not in data and (chunk := s.recv(65536)):
+            data += chunk
+        head, _, rest = data.partition(b"\r\n\r\n")
+        if head.startswith(b"HTTP/1.1 100"):
+            return head
+        length_line = next(
+            ln for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length:")
+        )
+        want = int(length_line.split(b":")[1])
+        while len(rest) < want and (chunk := s.recv(65536)):
+            rest += chunk
+        assert s.recv(1) == b""  # and the connection ends: the body never comes
+        return head + b"\r\n\r\n" + rest
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_a_body_declared_over_the_limit_is_refused_before_the_100(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread], path: str
+) -> None:
+    """Before, the gateway sent 100 Continue for any declared size, the client uploaded all of
+    it, and only then got the 413 its Content-Length had already earned."""
+    cfg = base_config(upstream.url, limits={"max_body_bytes": 4096})
+    cfg["routes"].insert(0, anthropic_route())
+    gw = start_gateway(cfg)
+    answer = _head_only(gw.port, path, 1 << 30)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 "), head
+    doc = json.loads(body)
+    message = doc["error"]["message"]
+    assert "exceeds 4096" in message, doc
+    # within the limit, the client is told to go on
+    assert _head_only(gw.port, path, 4096).startswith(b"HTTP/1.1 100 ")
