@@ -23,6 +23,10 @@ class Entry:
     vector: np.ndarray | None  # None once stored: the index holds it
     expires_at: float  # wall clock (time.time), shared between processes
     bar: float = 0.0  # per-entry threshold raised by wrong-hit reports
+    # The shared store (cache.semantic.sync) held this record: read from it, or its publication
+    # confirmed. A gap rebuild drops such an entry once the store no longer holds it; one not
+    # published yet (or whose publication failed: Redis down) is this process's own and stays.
+    shared: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,9 +76,7 @@ def _entry(d: Any, dim: int) -> Entry:
         raise ValueError(f"a vector of {vector.size} values, not {dim}")
     if not np.isfinite(vector).all():
         raise ValueError("a vector with a NaN or an infinity")
-    entry = Entry(ns, key, text, vector, float(expires))
-    entry.bar = float(bar or 0.0)
-    return entry
+    return Entry(ns, key, text, vector, float(expires), float(bar or 0.0), shared=True)
 
 
 def _number(value: object) -> TypeGuard[int | float]:
@@ -107,19 +105,20 @@ class SharedRecords:
 
     async def records(
         self, entries_key: str | None = None, expiry_key: str | None = None
-    ) -> AsyncIterator[Entry | None]:
-        """The hash's records (None: unreadable), each one's expiry noted as it goes (NX: a
-        record stored again meanwhile keeps its new one), in case it has none yet (kept by an
-        earlier version, or its ZADD was lost)."""
+    ) -> AsyncIterator[tuple[str, Entry | None]]:
+        """The hash's keys and records (None: unreadable), each one's expiry noted as it goes
+        (NX: a record stored again meanwhile keeps its new one), in case it has none yet (kept
+        by an earlier version, or its ZADD was lost)."""
         entries_key = entries_key or self.entries_key
         expiry_key = expiry_key or self.expiry_key
         expiries: dict[str, float] = {}
-        async for key, raw in self.redis.hscan_iter(entries_key, count=1000):
+        async for raw_key, raw in self.redis.hscan_iter(entries_key, count=1000):
+            key = raw_key.decode(errors="replace") if isinstance(raw_key, bytes) else raw_key
             try:
                 doc = msgpack.unpackb(raw, raw=False)
-                expiries[key.decode() if isinstance(key, bytes) else key] = float(doc["x"])
+                expiries[raw_key.decode() if isinstance(raw_key, bytes) else key] = float(doc["x"])
             except Exception:
-                yield None
+                yield key, None
                 continue
             if len(expiries) >= 1000:
                 await self._note_expiries(expiry_key, expiries)
@@ -127,7 +126,7 @@ class SharedRecords:
                 entry: Entry | None = _entry(doc, self.dim)
             except Exception:
                 entry = None
-            yield entry
+            yield key, entry
         await self._note_expiries(expiry_key, expiries)
 
     async def _note_expiries(self, expiry_key: str, expiries: dict[str, float]) -> None:

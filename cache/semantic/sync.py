@@ -7,11 +7,12 @@ the tails read from the hash. Expired records leave the hash through a sorted se
 (`{<prefix>sem:<space>}:expiry`, cache.semantic.shared_records). The hash tag puts all
 three on one slot of a Redis Cluster, so a publish is one round trip to one primary, and a
 failover of that primary loses at most the events its replica had not received yet: the tail
-resumes from its last id on the promoted replica. At start-up a
-process rebuilds its local index from the hash, then tails the stream from the id it saw before the
-scan (replays are idempotent). Redis failures are counted (`latentgate_semantic_sync_events_total`
-with outcome "error") and logged once per state change; the local index keeps serving, and the
-tail reconnects with backoff.
+resumes from its last id on the promoted replica. At start-up a process rebuilds its local index
+from the hash, then tails the stream from the id it saw before the scan (replays are
+idempotent); a tail that finds the stream's cap trimmed events it had not read rebuilds the same
+way, and drops the entries the hash no longer holds. Redis failures are counted
+(`latentgate_semantic_sync_events_total` with outcome "error") and logged once per state change;
+the local index keeps serving, and the tail reconnects with backoff.
 
 The tail has its own client: its XREAD blocks for `block_ms`, longer than the short op timeout the
 publishing client has, so on a shared client every idle read timed out and warned.
@@ -41,7 +42,7 @@ from cache.redis_client import (
     round_trip,
     stop_task,
 )
-from cache.semantic.records import Entry
+from cache.semantic.records import Entry, entry_id
 from cache.semantic.shared_records import SharedRecords, pack, unpack
 from cache.semantic.stage import SemanticStage
 from cache.settings import RedisSettings
@@ -162,12 +163,21 @@ class RedisSync:
         before the scan (replays are idempotent). last_id moves only once the scan is done: a
         rebuild that fails midway (the tail's, after a gap) leaves it where it was, so the
         retry finds the gap again and rebuilds again (before, it read on from the stream's end
-        and the records the scan had not reached were missing until the next start)."""
+        and the records the scan had not reached were missing until the next start).
+
+        The local entries the hash held before the scan (`Entry.shared`) and no longer holds
+        were removed by another process (a purge, a stale payload) or expired there: they go
+        too, as the `del` events a tail cut off past the cap never read would have done. An
+        entry this process added and has not published (or could not: Redis was down) is its
+        own and stays, as does one added again while the scan ran."""
         newest: Any = await self.redis.xrevrange(self.stream_key, count=1)
         end = newest[0][0].decode() if newest else START
+        held = {i: e for i, e in self.stage.entries.items() if e.shared}
         now, n = time.time(), 0
         bad = 0
-        async for entry in self.shared.records():
+        seen: set[int] = set()
+        async for key, entry in self.shared.records():
+            seen.add(entry_id(key))  # (an unreadable record is still there: its entry stays)
             if entry is None:  # a record this version cannot read: the others still load
                 bad += 1
             elif entry.expires_at > now:
@@ -176,8 +186,18 @@ class RedisSync:
         if bad:
             self._m.labels("rebuild", "skipped").inc(bad)
             log.warning("semantic sync: skipped %d unreadable records in %s", bad, self.entries_key)
+        # identity: an entry added again meanwhile is another object, not published yet
+        gone = [e for i, e in held.items() if i not in seen and self.stage.entries.get(i) is e]
+        for e in gone:
+            self.stage.apply_remove(e.exact_key)
+        if gone:
+            self._m.labels("rebuild", "removed").inc(len(gone))
         self.last_id = end
-        log.info("semantic sync: rebuilt %d entries from Redis", n)
+        log.info(
+            "semantic sync: rebuilt %d entries from Redis, removed %d it no longer holds",
+            n,
+            len(gone),
+        )
         return n
 
     async def prune(self, now: float | None = None) -> int:
@@ -270,12 +290,22 @@ class RedisSync:
                 stream = {"maxlen": STREAM_MAXLEN, "approximate": True}
                 commands.append(("xadd", (self.stream_key, fields), stream))
             await round_trip(self.redis, commands)
+            self._mark_shared(batch)
             self._m.labels("publish", "ok").inc(len(batch))
             self._publish_log.ok()
         except Exception as exc:  # (a client-library fault mid-failover too: see RedisTier._guard)
             self._m.labels("publish", "error").inc(len(batch))
             what = batch[0][0] + (f" and {len(batch) - 1} more" if len(batch) > 1 else "")
             self._publish_log.failed(f"{what}: {exc}; kept locally", len(batch))
+
+    def _mark_shared(self, batch: list[Publication]) -> None:
+        """The entries whose records this batch wrote are in the shared store now (a gap
+        rebuild may drop them once it no longer holds them). Matched by expiry: one added
+        again since waits for its own publication."""
+        for _what, key, record, expires_at, _fields in batch:
+            entry = self.stage.entries.get(entry_id(key)) if record is not None else None
+            if entry is not None and entry.expires_at == expires_at:
+                entry.shared = True
 
     def _apply(self, fields: dict[bytes, bytes], records: dict[bytes, bytes | None]) -> None:
         if fields.get(b"o", b"").decode() == self.origin:
@@ -318,9 +348,10 @@ class RedisSync:
             gap = await missed(self.tail_redis, self.stream_key, last)
             self._check_gap = False
             if gap:
-                # adds and wrong-hit bars this process never read were trimmed: the hash
-                # holds every live record with its bar, so a rebuild brings both (and moves
-                # last_id to the stream's end, past this batch, which the hash also holds)
+                # adds, removals and wrong-hit bars this process never read were trimmed: the
+                # hash holds every live record with its bar, so a rebuild brings the adds and
+                # bars and drops what it no longer holds (and moves last_id to the stream's
+                # end, past this batch, which the hash also holds)
                 self._m.labels("tail", "gap").inc()
                 n = await self.rebuild()
                 log.warning(

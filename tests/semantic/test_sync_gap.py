@@ -5,7 +5,9 @@ Before: the tail resumed from its last id and never learnt what was trimmed. A w
 another process raised on an entry did not reach it (it went on serving that entry to the
 paraphrases the report had ruled out), and the entries added meanwhile were missing until its
 next start. Now the tail sees the gap (cache.stream_gap) and rebuilds from the shared hash, whose
-records carry their bars.
+records carry their bars. The rebuild also drops the local entries the hash no longer holds
+(removed elsewhere while this process was cut off), but not the ones this process added and
+could not publish.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from cache.embedder import Embedder
 from cache.semantic.records import entry_id
 from cache.semantic.stage import SemanticStage
 from cache.semantic.sync import RedisSync
+from cache.semantic.verifier import MlpVerifier
 from cache.settings import RedisSettings
-from tests.semantic.test_sync import new_stage, wait_for
+from tests.semantic.test_sync import PARA, new_stage, wait_for
 from tests.support.redis_acl import acl_user
 from tests.support.servers import RedisServer
 
@@ -127,3 +130,39 @@ async def test_a_rebuild_that_fails_midway_is_done_again(
         await sb.published()
         await wait_for(lambda: entry_id("cache") in a.entries, 20)  # the tail read on past it
         assert set(a.entries) == set(b.entries)  # before: the fillers the scan had not reached
+
+
+async def test_a_tail_cut_off_past_the_cap_drops_what_the_others_removed_and_keeps_its_own(
+    redis_server: RedisServer,
+    embedder: Embedder,
+    verifier: MlpVerifier,
+    user: tuple[str, str, Redis],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While A is cut off, B removes an entry (a purge, a stale payload) and the cap trims the
+    removal away; A adds one of its own that it cannot publish (its writes are refused too).
+    Before: A's gap rebuild only added what the hash held, and A went on serving the removed
+    entry as a semantic hit that every other process had stopped serving."""
+    monkeypatch.setattr(sync_module, "STREAM_MAXLEN", 100)
+    _, name, admin = user
+    async with _pair_cut_off(redis_server, embedder, user) as (a, sa, b, sb, vec):
+        hit = await a.lookup("ns", PARA, verifier)
+        assert hit is not None and hit.exact_key == "reset"
+        await admin.execute_command("ACL", "SETUSER", name, "-hset")  # A cannot publish
+        await a.add("ns", "What is the capital of France?", "paris", ttl=3600)
+        await sa.published()
+        assert sa._m.labels("publish", "error")._value.get() >= 1
+        await b.remove_key("reset")
+        for i in range(400):  # trimmed past A's position: B's removal with it
+            await b.add("fill", f"filler question {i}", f"filler-{i}", ttl=3600, vector=vec)
+        await sb.published()
+        assert await b.lookup("ns", PARA, verifier) is None
+        cut_at = sa.last_id
+        await admin.execute_command("ACL", "SETUSER", name, "+xread", "+hset")
+
+        await wait_for(lambda: sa.last_id != cut_at, 20)  # rebuilt (it moves once done)
+        assert entry_id("filler-399") in a.entries
+        assert _gaps(sa) == 1
+        assert await a.lookup("ns", PARA, verifier) is None  # before: "reset", removed
+        own = await a.lookup("ns", "What's the capital of France?", verifier)
+        assert own is not None and own.exact_key == "paris"  # never published: kept
