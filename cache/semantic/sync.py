@@ -45,6 +45,7 @@ from cache.redis_client import (
 from cache.semantic.records import Entry, entry_id
 from cache.semantic.shared_records import SharedRecords, pack, unpack
 from cache.semantic.stage import SemanticStage
+from cache.semantic.sync_events import Event, read_events
 from cache.settings import RedisSettings
 from cache.stream_gap import START, missed
 
@@ -307,32 +308,29 @@ class RedisSync:
             if entry is not None and entry.expires_at == expires_at:
                 entry.shared = True
 
-    def _apply(self, fields: dict[bytes, bytes], records: dict[bytes, bytes | None]) -> None:
-        if fields.get(b"o", b"").decode() == self.origin:
+    def _apply(self, ident: str, event: Event, records: dict[str, bytes | None]) -> None:
+        if event.origin == self.origin:
             return
-        op = fields.get(b"op")
-        if op == b"add":
-            raw = fields.get(b"e") or records.get(fields.get(b"k", b""))
+        if event.op == "add":
+            raw = event.record or records.get(event.key or "")
             if raw is None:  # removed (or expired) since: a later event says so, or said so
                 return
             try:
                 entry = unpack(raw, self.stage.index.dim)
-            except Exception:  # as in rebuild: skipped and counted, the tail reads on
-                self._m.labels("apply", "skipped").inc()
+            except Exception as exc:  # as in rebuild: skipped and counted, the tail reads on
+                self._skip(ident, f"its record cannot be read ({exc})")
                 return
             self.stage.apply_add(entry)
-        elif op in (b"del", b"bar"):
-            try:  # an event without its key or bar is skipped: the tail reads on past it
-                key = fields[b"k"].decode()
-                bar = float(fields[b"b"]) if op == b"bar" else 0.0
-            except (KeyError, ValueError):
-                self._m.labels("apply", "skipped").inc()
-                return
-            if op == b"del":
-                self.stage.apply_remove(key)
-            else:
-                self.stage.apply_bar(key, bar)
+        elif event.key is not None and event.op == "del":
+            self.stage.apply_remove(event.key)
+        elif event.key is not None:
+            self.stage.apply_bar(event.key, event.bar)
         self._m.labels("apply", "ok").inc()
+
+    def _skip(self, ident: str, why: str) -> None:
+        """An event the tail cannot apply: counted, logged (once: the tail has moved past it)."""
+        self._m.labels("apply", "skipped").inc()
+        log.warning("semantic sync: skipped event %s of %s: %s", ident, self.stream_key, why)
 
     async def _tail(self) -> None:
         await follow(self.tail_redis, self._read, lambda: self._closing, self._tail_failed)
@@ -367,21 +365,25 @@ class RedisSync:
         # An add event names its record; the records of a batch's adds come in one HMGET, read
         # before last_id moves (a failed read is read again). The hash holds each key's latest
         # record, so an add followed by a remove in the batch finds none, as it should.
+        events = read_events(items)
         keys = sorted(
             {
-                f[b"k"]
-                for _, f in items
-                if f.get(b"op") == b"add" and b"e" not in f and b"k" in f
-                if f.get(b"o", b"").decode() != self.origin
+                e.key
+                for _, e in events
+                if isinstance(e, Event) and e.names_record and e.key is not None
+                if e.origin != self.origin
             }
         )
-        records: dict[bytes, bytes | None] = {}
+        records: dict[str, bytes | None] = {}
         if keys:
             values: list[Any] = await self.tail_redis.hmget(self.entries_key, keys)
             records = dict(zip(keys, values, strict=True))
-        for ident, fields in items:
-            self.last_id = ident.decode()
-            self._apply(fields, records)
+        for ident, event in events:
+            self.last_id = ident
+            if isinstance(event, Event):
+                self._apply(ident, event, records)
+            else:
+                self._skip(ident, event)
 
     def _tail_failed(self, exc: Exception) -> None:
         self._check_gap = True
