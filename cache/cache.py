@@ -44,6 +44,7 @@ class Cache:
                 self._apply_announced,
                 lambda kind: self.metrics.redis_errors.labels("purge_fanout", kind).inc(),
                 self.metrics.stream_gaps.labels("purge").inc,
+                self.metrics.stream_skips.labels("purge").inc,
             )
             if redis is not None and self.redis is not None
             else None

@@ -65,6 +65,13 @@ class CacheMetrics:
             ["stream"],
             registry=r,
         )
+        self.stream_skips = Counter(
+            "latentgate_cache_stream_events_skipped",
+            "Stream records a tail could not apply and read on past (junk written with XADD,"
+            " another version's layout, an apply that failed other than on Redis)",
+            ["stream"],
+            registry=r,
+        )
         self.breaker_state = Gauge(
             "latentgate_cache_redis_breaker_state",
             "Redis breaker: 0 closed, 1 open (Redis skipped), 2 half-open (probing)",

@@ -26,9 +26,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from cache.errors import TierError
 from cache.keys import Selector
 from cache.outage import OutageLog
-from cache.redis_client import AnyRedis, connect, follow, stop_task
+from cache.purge_records import Unusable, parse
+from cache.redis_client import REDIS_ERRORS, AnyRedis, connect, follow, stop_task
 from cache.settings import RedisSettings
 from cache.stream_gap import START, missed
 
@@ -39,7 +41,6 @@ log = logging.getLogger("latentgate.cache.purge")
 # tail that falls further behind drops its memory tier (cache.stream_gap).
 _STREAM_MAXLEN = 10_000
 _READ_COUNT = 100
-_FIELDS = (b"r", b"m", b"t", b"k")
 
 
 class PurgeFanout:
@@ -55,8 +56,10 @@ class PurgeFanout:
         tail: AnyRedis | None = None,
         slots: int | None = None,
         on_gap: Callable[[], None] = lambda: None,
+        on_skip: Callable[[], None] = lambda: None,
     ) -> None:
-        """on_error(kind) counts each failed Redis call (the cache's redis_errors counter).
+        """on_error(kind) counts each failed Redis call (the cache's redis_errors counter);
+        on_skip each record the tail could not apply and read on past (cache.purge_records).
         `redis` announces; `tail` reads the stream (None: `redis` does both). `slots`: the
         announcements sent at once (None: no bound); the others wait their turn within their
         deadline, since sentinel and cluster pools refuse, not queue, past max_connections."""
@@ -67,6 +70,7 @@ class PurgeFanout:
         self._socket_s = 2.0  # how long aclose waits for them (from_settings: the socket's)
         self.on_error = on_error
         self.on_gap = on_gap  # counts each time the tail found it had missed purges
+        self.on_skip = on_skip
         self.apply = apply
         self.stream_key = f"{{{prefix}}}purge"
         self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -88,6 +92,7 @@ class PurgeFanout:
         apply: Callable[[Selector, bool], Awaitable[object]],
         on_error: Callable[[str], None],
         on_gap: Callable[[], None] = lambda: None,
+        on_skip: Callable[[], None] = lambda: None,
     ) -> PurgeFanout:
         t = settings.timeouts
         # Announcements come with every invalidating request, not only with rare admin purges:
@@ -101,7 +106,14 @@ class PurgeFanout:
         pub = connect(settings, socket_timeout=sock, max_connections=n)
         tail = connect(settings, socket_timeout=sock, max_connections=2)
         fanout = cls(
-            pub, apply, settings.key_prefix, on_error=on_error, tail=tail, slots=n, on_gap=on_gap
+            pub,
+            apply,
+            settings.key_prefix,
+            on_error=on_error,
+            tail=tail,
+            slots=n,
+            on_gap=on_gap,
+            on_skip=on_skip,
         )
         fanout._socket_s = sock
         return fanout
@@ -233,8 +245,8 @@ class PurgeFanout:
                 await self._missed(last, bool(items))
             self._check_gap = False
         for ident, fields in items:
-            self.last_id = ident.decode()
-            await self._apply(fields)
+            await self._apply(ident.decode(), fields)
+            self.last_id = ident.decode()  # (after: a purge Redis failed is read again)
 
     async def _missed(self, last: str, read_on: bool) -> None:
         """Purges this process never read were trimmed from the stream (it was cut off from
@@ -266,13 +278,27 @@ class PurgeFanout:
         self.on_error(type(exc).__name__)
         self._tail_log.failed(f"{exc}; retrying with backoff up to 5 s")
 
-    async def _apply(self, fields: dict[bytes, bytes]) -> None:
-        if fields.get(b"o", b"").decode() == self.origin:
-            return
-        route_h, model_h, tenant_h, key = (fields.get(f, b"").decode() or None for f in _FIELDS)
-        pending = fields.get(b"p") == b"1"
+    async def _apply(self, ident: str, fields: dict[bytes, bytes]) -> None:
+        """One record. One the tail cannot apply (junk, an apply that failed other than on
+        Redis) is skipped, counted and logged once; one whose apply Redis failed propagates,
+        and the tail reads it again after its backoff: a delete is never lost to an outage."""
         try:
-            await self.apply(Selector(route_h, model_h, tenant_h, key), pending)
-            self.applied += 1
+            announced = parse(fields)
+        except Unusable as exc:
+            self._skip(ident, str(exc))
+            return
+        if announced.origin == self.origin:
+            return
+        try:
+            await self.apply(announced.selector, announced.pending)
+        except (*REDIS_ERRORS, TierError):
+            raise
         except Exception:  # one bad record does not stop the tail
-            log.exception("purge fan-out: applying a purge failed")
+            self.on_skip()
+            log.exception("purge fan-out: skipped record %s: applying it failed", ident)
+            return
+        self.applied += 1
+
+    def _skip(self, ident: str, why: str) -> None:
+        self.on_skip()
+        log.warning("purge fan-out: skipped record %s of %s: %s", ident, self.stream_key, why)
