@@ -29,9 +29,10 @@ from typing import Any
 from cache.errors import TierError
 from cache.keys import Selector
 from cache.outage import OutageLog
-from cache.purge_records import Unusable, parse
+from cache.purge_records import parse
 from cache.redis_client import REDIS_ERRORS, AnyRedis, connect, follow, stop_task
 from cache.settings import RedisSettings
+from cache.stream_fields import Unusable
 from cache.stream_gap import START, missed
 
 log = logging.getLogger("latentgate.cache.purge")

@@ -12,12 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cache.keys import Selector
+from cache.stream_fields import Unusable, text
 
 _SELECTOR = (b"r", b"m", b"t")
-
-
-class Unusable(ValueError):
-    """A record the tail cannot apply; the message says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,24 +24,14 @@ class Announcement:
     pending: bool  # its Redis part was not confirmed: readers delete (or purge) it too
 
 
-def _text(fields: dict[bytes, bytes], name: bytes) -> str | None:
-    raw = fields.get(name)
-    if raw is None:
-        return None
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        raise Unusable(f"its {name.decode()!r} is not UTF-8") from None
-
-
 def parse(fields: dict[bytes, bytes]) -> Announcement:
     """The announcement in a stream record's fields; Unusable for one the tail cannot apply."""
     missing = [f.decode() for f in _SELECTOR if f not in fields]
     if missing:
         raise Unusable(f"no {', '.join(missing)} field (route, model, tenant)")
-    route_h, model_h, tenant_h = (_text(fields, f) or None for f in _SELECTOR)
+    route_h, model_h, tenant_h = (text(fields, f) or None for f in _SELECTOR)
     # (a record without `k` is a selector of route, model and tenant: more of that one
     # tenant's entries, never another's)
-    key = _text(fields, b"k") or None
+    key = text(fields, b"k") or None
     selector = Selector(route_h, model_h, tenant_h, key)
-    return Announcement(_text(fields, b"o") or "", selector, fields.get(b"p") == b"1")
+    return Announcement(text(fields, b"o") or "", selector, fields.get(b"p") == b"1")

@@ -13,12 +13,10 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from cache.stream_fields import Unusable, text
+
 Op = Literal["add", "del", "bar"]
 _OPS: dict[bytes, Op] = {b"add": "add", b"del": "del", b"bar": "bar"}
-
-
-class Unusable(ValueError):
-    """An event the tail cannot apply; the message says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,22 +33,12 @@ class Event:
         return self.op == "add" and self.record is None
 
 
-def _text(fields: dict[bytes, bytes], name: bytes) -> str | None:
-    raw = fields.get(name)
-    if raw is None:
-        return None
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        raise Unusable(f"its {name.decode()!r} is not UTF-8") from None
-
-
 def parse(fields: dict[bytes, bytes]) -> Event:
     """The event in a stream entry's fields; Unusable for one the tail cannot apply."""
     op = _OPS.get(fields.get(b"op", b""))
     if op is None:
         raise Unusable(f"an unknown op {fields.get(b'op')!r}")
-    origin, key = _text(fields, b"o") or "", _text(fields, b"k")
+    origin, key = text(fields, b"o") or "", text(fields, b"k")
     if op == "add":
         record = fields.get(b"e")
         if key is None and record is None:
