@@ -14,6 +14,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from cache.breaker import OPEN
 from cache.errors import TierError
 from cache.keys import Selector
 from cache.metrics import CacheMetrics
@@ -144,14 +145,32 @@ class Cache:
         out["memory"] = removed + await self.memory.purge(selector)
         if self.siblings is not None:  # after Redis: a sibling told first could read it back
             out["other_workers"] = await self.siblings(selector)
-        if self.fanout is not None:
-            # pending: the others keep it from Redis and run it too (Cache._apply_announced)
-            pending = isinstance(out.get("redis"), dict)
-            told = await self.fanout.announce(selector, pending=pending)
-            out["other_processes"] = told
-            if told.startswith("not announced") and self.redis is not None and not pending:
-                self.redis.purges.add(selector)  # the retry announces it (pending: added above)
+        if self.fanout is not None and self.redis is not None:
+            out["other_processes"] = await self._announce_purge(
+                self.fanout, self.redis, selector, isinstance(out.get("redis"), dict)
+            )
         return out
+
+    async def _announce_purge(
+        self, fanout: PurgeFanout, redis: RedisTier, selector: Selector, pending: bool
+    ) -> str:
+        """What the admin answer says of the other processes. `pending`: the purge's Redis part
+        waits here, so the others keep it from Redis and run it too (Cache._apply_announced).
+        Not sent while Redis, or its writes, are marked down: the XADD would stall as the purge
+        did, and the operator's answer waited out the fan-out client's socket timeout (1.75 s by
+        default, per purge, for as long as the stall lasted). Otherwise awaited within one op
+        deadline, the rest sent on in the background. One not sent, or that fails, is never
+        lost: the waiting purge announces it once it lands (run again for that when its Redis
+        part had landed)."""
+        again = None if pending else partial(redis.purges.add, selector)
+        if redis.breaker.state == OPEN or redis.writes.state == OPEN:
+            fanout.skipped("Redis marked down")
+            if again is not None:
+                again()
+            return "not announced: Redis writes are marked down; announced once the purge lands"
+        return await fanout.announce(
+            selector, redis.settings.timeouts.op, on_failure=again, pending=pending
+        )
 
     async def _announce_late_purge(self, selector: Selector) -> None:
         """A purge whose Redis part (or announcement) failed reached Redis at last: the other

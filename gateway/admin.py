@@ -138,10 +138,20 @@ async def admin_cache_purge(request: web.Request) -> web.Response:
     purged = await cache.purge(**fields)
     # 202: Redis (or the announcement to the other processes) did not take it yet; this
     # process reads none of it from Redis meanwhile and runs it again once Redis answers
-    waiting = isinstance(purged.get("redis"), dict) or str(
-        purged.get("other_processes", "")
-    ).startswith("not announced")
-    return _json({"purged": purged}, 202 if waiting else 200)
+    pending = pending_parts(purged)
+    if pending:
+        return _json({"purged": purged, "pending": pending}, 202)
+    return _json({"purged": purged})
+
+
+def pending_parts(purged: dict[str, object]) -> list[str]:
+    """The parts of a purge not done yet, each done later without being asked again: "redis"
+    (its keys; none is read from there meanwhile) and "other_processes" (the announcement)."""
+    out = ["redis"] if isinstance(purged.get("redis"), dict) else []
+    told = str(purged.get("other_processes", "announced"))
+    if told != "announced":  # not announced (skipped or failed), or still on its way
+        out.append("other_processes")
+    return out
 
 
 def utf8(value: object) -> bool:
