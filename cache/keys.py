@@ -200,6 +200,15 @@ class Selector:
             hasher.short(tenant) if tenant is not None and hasher is not None else None,
         )
 
+    @classmethod
+    def of_pattern(cls, pattern: str) -> Selector | None:
+        """The selector whose `pattern()` this is (None: not one, or a one-key selector's)."""
+        parts = pattern.split(".")
+        if len(parts) != 4 or parts[3] != "*" or not all(parts):
+            return None
+        route_h, model_h, tenant_h = (None if p == "*" else p for p in parts[:3])
+        return cls(route_h, model_h, tenant_h)
+
     def matches(self, key: str) -> bool:
         if self.key is not None:
             return key == self.key

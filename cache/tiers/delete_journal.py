@@ -7,6 +7,8 @@ took them with it: the old entry stayed in Redis, and every process served it un
 after the client had been told its change was made. Now each such key is also appended to a
 file, one line a key, and the next process started on this host for the same Redis and key
 prefix reads the file of any process that is gone and deletes those keys once Redis answers.
+Admin purges waiting for Redis are kept the same way, a line with their SCAN pattern each
+(cache.tiers.undeleted, cache.tiers.redis_purges).
 
 - A file per live process, held with an exclusive flock (`--workers N`, two gateways on one
   host: each has its own). At start a process takes every file of its Redis and prefix that no

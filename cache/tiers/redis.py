@@ -97,7 +97,15 @@ class RedisTier(WaitingDeletes, Leases, PurgeScans):
         self._retry_s = 0.25  # the breaker, not this, paces the retries while Redis is down
         self._metrics.undeleted.set(len(self.undeleted))  # a stopped process's, if any
         # purges Redis did not take: kept from being read back, retried (cache.tiers.redis_purges)
-        self.purges = WaitingPurges(self.purge, self.purge_ready, metrics, self._retry_s)
+        self.purges = WaitingPurges(
+            self.purge, self.purge_ready, metrics, self._retry_s, journal=self.undeleted
+        )
+
+    def resume(self) -> None:
+        """Send the deletes and run the purges a stopped process left (its journal), from
+        Cache.open, on the running loop."""
+        super().resume()
+        self.purges.resume()
 
     def _breaker_changed(self, state: int) -> None:
         self._metrics.breaker_state.set(state)

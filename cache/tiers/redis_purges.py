@@ -12,9 +12,11 @@ purged: `on_late_purge`, the purge fan-out). The purge's own announcement says i
 pending, so every other process keeps it too (reads none of it from Redis, runs it once Redis
 answers; not announced again). The admin answer is then 202, not 200.
 
-Bounded (`MAX_WAITING`): past that, the oldest is forgotten, counted and logged. Not
-journaled: a process that stops first forgets its waiting purges (the 202 said the purge was
-not done; docs/operations.md).
+Bounded (`MAX_WAITING`): past that, the oldest is forgotten, counted and logged. Journaled
+beside the deletes Redis did not take (cache.tiers.undeleted): a process that stops first hands
+its waiting purges to the next one on the host, which reads none of what they match from Redis
+and runs them once Redis answers. Before, they were forgotten, and the purged answers were
+served from Redis again once it answered (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from cache.errors import TierError
 from cache.keys import Selector
 from cache.metrics import CacheMetrics
+from cache.tiers.undeleted import UndeletedKeys
 
 log = logging.getLogger("latentgate.cache.redis")
 
@@ -40,10 +43,14 @@ class WaitingPurges:
         metrics: CacheMetrics,
         retry_s: float = 0.25,
         cap: int = MAX_WAITING,
+        journal: UndeletedKeys | None = None,
     ) -> None:
         """`purge` runs one selector's purge in Redis (raises TierError) from where its last
         try stopped (RedisTier.purge's `where`), `ready` says whether Redis takes commands
-        (RedisTier.purge_ready: the breaker is closed, or a probe of its own closed it)."""
+        (RedisTier.purge_ready: the breaker is closed, or a probe of its own closed it).
+        `journal`: where each waits until it lands, for the next process; the ones a stopped
+        process left come back from it here, and are started by `resume`."""
+        self._journal = journal
         self._purge = purge
         self._ready = ready
         self._metrics = metrics
@@ -54,6 +61,18 @@ class WaitingPurges:
         self._where: dict[Selector, dict[str, int]] = {}  # how far each one's SCAN got
         self.on_late_purge: Callable[[Selector], Awaitable[object]] | None = None
         self._task: asyncio.Task[None] | None = None
+        for pattern, announce in list(journal.purges.items() if journal is not None else []):
+            selector = Selector.of_pattern(pattern)
+            if selector is not None:
+                self._keep(selector, announce, {})
+            elif journal is not None:  # (not a pattern this release writes)
+                journal.purge_done(pattern)
+        if self.waiting:
+            log.info(
+                "redis: %d purges a stopped process left waiting will be run once Redis answers"
+                " (none of what they match is read from Redis meanwhile)",
+                len(self.waiting),
+            )
 
     def __bool__(self) -> bool:
         return bool(self.waiting)
@@ -69,15 +88,23 @@ class WaitingPurges:
         purge, announced with its Redis part pending, which every reader runs too). `where`:
         how far a try of this purge got (RedisTier.purge); none: from the start. A selector
         already waiting starts again too (what was stored meanwhile behind its SCAN goes)."""
+        self._keep(selector, announce, where if where is not None else {})
+        self.resume()
+
+    def _keep(self, selector: Selector, announce: bool, where: dict[str, int]) -> None:
         if selector not in self.waiting:
             self.waiting.append(selector)
-        self._where[selector] = where if where is not None else {}
+        self._where[selector] = where
         if announce:
             self._announce.add(selector)
+        if self._journal is not None:
+            self._journal.keep_purge(selector.pattern(), selector in self._announce)
         if len(self.waiting) > self.cap:
             oldest = self.waiting.pop(0)
             self._announce.discard(oldest)
             self._where.pop(oldest, None)
+            if self._journal is not None:
+                self._journal.purge_done(oldest.pattern())
             self._metrics.purges_forgotten.inc()
             log.warning(
                 "redis: more than %d purges waiting for Redis; the oldest is forgotten (its"
@@ -85,7 +112,11 @@ class WaitingPurges:
                 self.cap,
             )
         self._metrics.purges_waiting.set(len(self.waiting))
-        if self._task is None or self._task.done():
+
+    def resume(self) -> None:
+        """Run the waiting purges until they land (on the running loop: RedisTier.resume runs
+        the ones a stopped process left, from Cache.open)."""
+        if self.waiting and (self._task is None or self._task.done()):
             self._task = asyncio.ensure_future(self._retry())
 
     async def _retry(self) -> None:
@@ -105,6 +136,8 @@ class WaitingPurges:
             del self._where[selector]
             self.waiting.remove(selector)
             self._metrics.purges_waiting.set(len(self.waiting))
+            if self._journal is not None:
+                self._journal.purge_done(selector.pattern())
             log.warning("redis: a purge that had failed reached Redis (%d keys)", removed)
             if selector in self._announce and self.on_late_purge is not None:
                 self._announce.discard(selector)

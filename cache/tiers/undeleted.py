@@ -16,7 +16,9 @@ until its TTL, as every such entry did before).
 
 With a journal (cache.tiers.delete_journal), a key whose delete failed is also written to a file
 (`keep`), so a process that stops before Redis answers hands it to the next one; the keys a
-stopped process left start here.
+stopped process left start here. So are purges waiting for Redis (cache.tiers.redis_purges),
+one line each with their SCAN pattern (`keep_purge`; a `*` is in no key, and a release that
+reads it as a key deletes a key that does not exist), until they land (`purge_done`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections import OrderedDict
 from cache.tiers.delete_journal import DeleteJournal
 
 MAX_UNDELETED = 16384  # ~2 MB of key strings at most
+PURGE_MARK = "*"  # in a purge's pattern (cache.keys.Selector.pattern), never in a key
 
 
 class UndeletedKeys:
@@ -33,9 +36,16 @@ class UndeletedKeys:
         self.cap = cap
         self._keys: OrderedDict[str, bool] = OrderedDict()  # key: announce once deleted
         self.journal = journal
+        # waiting purges' patterns, journaled beside the keys: announce once landed
+        self.purges: dict[str, bool] = {}
+        # the file holds lines for keys: emptied (but for the purges) once none waits
+        self._stale = journal is not None and not journal.empty
         if journal is not None:
             for key, announce in journal.taken.items():
-                self.add(key, announce)
+                if PURGE_MARK in key:
+                    self.purges[key] = announce
+                else:
+                    self.add(key, announce)
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -58,11 +68,28 @@ class UndeletedKeys:
         one stops first."""
         if self.journal is not None and key in self._keys:
             self.journal.append(key, self._keys[key])
+            self._stale = True
             if self.journal.oversized:
                 # compacted here too: settle runs only once deletes land, and through an outage
                 # the file grew by a line per failed delete without bound (the keys that wait,
                 # at most `cap` of them, are well under the bound, so this cannot repeat at once)
-                self.journal.rewrite(dict(self._keys))
+                self._rewrite(self.journal)
+
+    def keep_purge(self, pattern: str, announce: bool) -> None:
+        """A purge (its SCAN pattern) waits for Redis: journaled until `purge_done`."""
+        if self.journal is not None and self.purges.get(pattern) != announce:
+            self.purges[pattern] = announce
+            self.journal.append(pattern, announce)
+
+    def purge_done(self, pattern: str) -> None:
+        """The purge landed (or was forgotten): its line goes at once, since a next process that
+        ran it again would drop what every process stored since."""
+        if self.journal is not None and self.purges.pop(pattern, None) is not None:
+            self._rewrite(self.journal)
+
+    def _rewrite(self, journal: DeleteJournal) -> None:
+        ok = journal.rewrite({**self._keys, **self.purges})
+        self._stale = bool(self._keys) or not ok
 
     def discard(self, key: str) -> None:
         self._keys.pop(key, None)
@@ -71,8 +98,8 @@ class UndeletedKeys:
         """After deletes landed: the journal is emptied once no key waits, and compacted when
         lines for keys deleted since have piled up."""
         j = self.journal
-        if j is not None and ((not self._keys and not j.empty) or j.oversized):
-            j.rewrite(dict(self._keys))
+        if j is not None and ((not self._keys and self._stale) or j.oversized):
+            self._rewrite(j)
 
     def close(self) -> None:
         if self.journal is not None:
