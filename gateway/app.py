@@ -100,6 +100,8 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     )
     if semantic is not None:
         cache.purge_listeners.append(semantic.purge)
+        # its index publisher writes only while the exact tier's write breaker lets writes go
+        semantic.writes = cache.redis.writes if cache.redis is not None else None
     by_route: Mapping[str, SemanticRoute] = semantic_routes(semantic)
     no_semantic = NoSemantic()
     flights: SingleFlight[CacheEntry | None] = cache.flights

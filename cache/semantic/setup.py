@@ -45,6 +45,7 @@ from cache.semantic.verifier import (
     with_floor,
 )
 from cache.settings import CacheSettings, SemanticPolicy
+from cache.tiers.redis_writes import WriteGate
 
 log = logging.getLogger("latentgate.semantic")
 
@@ -113,6 +114,8 @@ class SemanticSetup:
                 sr.budget = self._budget(r.name, p, ver, s.verifier_artifact, s.budget_prior)
             self.routes[r.name] = sr
         self._sync: RedisSync | None = None
+        # the exact tier's write breaker (the app sets it): the index sync writes through it
+        self.writes: WriteGate | None = None
         self._budget_store: BudgetStore | None = None
         self._tenant_labels: TenantLabelShare | None = None
         self._owned_redis: AnyRedis | None = None  # the budget store's, when sync is off
@@ -298,6 +301,7 @@ class SemanticSetup:
             return
         if self.settings.semantic.sync:
             self._sync = RedisSync.from_settings(self.stage, redis)
+            self._sync.writes = self.writes
         if self.budgets():
             # Shared and durable counts whenever Redis is configured, with or without a shared
             # index: on the sync's publishing client (one client set per process), or a client

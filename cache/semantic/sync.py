@@ -16,6 +16,12 @@ the local index keeps serving, and the tail reconnects with backoff.
 
 The tail has its own client: its XREAD blocks for `block_ms`, longer than the short op timeout the
 publishing client has, so on a shared client every idle read timed out and warned.
+
+The publisher and the pruner write only when the exact tier's write breaker lets them
+(`writes`, cache.tiers.redis_writes: Redis marked down, or stalling writes), and their verdicts
+count there. Meanwhile publications wait in the outbox (bounded) and go once writes resume,
+one of them the breaker's probe. Before, a Redis that stalled writes got one pipeline after
+another, each waiting out the socket timeout and then dropped.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from cache.semantic.stage import SemanticStage
 from cache.semantic.sync_events import Event, read_events
 from cache.settings import RedisSettings
 from cache.stream_gap import START, missed
+from cache.tiers.redis_writes import WriteGate, gated, stalled
 
 log = logging.getLogger("latentgate.semantic.sync")
 
@@ -63,6 +70,8 @@ _BATCH = 256  # publications per pipeline
 Publication = tuple[str, str, bytes | None, float, dict[FieldT, EncodableT]]
 # How often a process deletes expired records from the shared hash
 PRUNE_INTERVAL_S = 60.0
+# How often a publisher held back by the write breaker asks it again (its open_s paces probes)
+HELD_S = 0.25
 
 
 class RedisSync:
@@ -107,6 +116,9 @@ class RedisSync:
         self._idle = asyncio.Event()  # the outbox is empty and nothing is being sent
         self._idle.set()
         self._closing = False
+        # the exact tier's write breaker (SemanticSetup sets it): None, writes are not gated
+        self.writes: WriteGate | None = None
+        self._held = False
         self._m = stage.metrics.sync
         hint = 'latentgate_semantic_sync_events_total{outcome="error"}'
         self._publish_log = OutageLog(log, "semantic sync: publishing to Redis", hint)
@@ -211,14 +223,20 @@ class RedisSync:
 
     async def _prune_loop(self) -> None:
         while not self._closing:
-            try:
-                await self.prune()
-            except Exception as exc:  # (the publisher's log says Redis is down)
-                # Exception: a client-library fault mid-failover (as _send) must not end the
-                # pruning for the process's life, nor come out of aclose through stop_task
-                self._m.labels("prune", "error").inc()
-                log.debug("semantic sync: pruning expired records failed: %s", exc)
+            if self.writes is None or self.writes.allow():  # (else: the next round)
+                await gated(self.writes, self._prune_once())
             await asyncio.sleep(PRUNE_INTERVAL_S)
+
+    async def _prune_once(self) -> str | None:
+        try:
+            await self.prune()
+        except Exception as exc:  # (the publisher's log says Redis is down)
+            # Exception: a client-library fault mid-failover (as _send) must not end the
+            # pruning for the process's life, nor come out of aclose through stop_task
+            self._m.labels("prune", "error").inc()
+            log.debug("semantic sync: pruning expired records failed: %s", exc)
+            return stalled("semantic sync", exc)
+        return None
 
     async def publish_add(self, entry: Entry) -> None:
         # The event names the record rather than carrying it: a stream of STREAM_MAXLEN events
@@ -264,8 +282,17 @@ class RedisSync:
                 await self._queued.wait()
                 continue
             self._idle.clear()
+            if self.writes is not None and not self.writes.allow():
+                if self._closing:
+                    return  # nothing can be sent (the local index has them)
+                if not self._held:  # counted once a hold, not once a look
+                    self._held = True
+                    self._m.labels("publish", "held").inc(len(self._outbox))
+                await asyncio.sleep(HELD_S)
+                continue
+            self._held = False
             batch = [self._outbox.popleft() for _ in range(min(_BATCH, len(self._outbox)))]
-            await self._send(batch)
+            await gated(self.writes, self._send(batch))
 
     async def published(self) -> None:
         """Until every publication queued so far has been sent (or has failed)."""
@@ -274,9 +301,10 @@ class RedisSync:
             self._queued.set()
         await self._idle.wait()
 
-    async def _send(self, batch: list[Publication]) -> None:
+    async def _send(self, batch: list[Publication]) -> str | None:
         """One round trip for the batch (records and events in order). A Redis failure is
-        logged and counted, never raised: the local index already has the changes."""
+        logged and counted, never raised: the local index already has the changes. Returns
+        what the write breaker is told (cache.tiers.redis_writes.stalled)."""
         try:
             commands: list[Command] = []
             for _what, key, record, expires_at, fields in batch:
@@ -298,6 +326,8 @@ class RedisSync:
             self._m.labels("publish", "error").inc(len(batch))
             what = batch[0][0] + (f" and {len(batch) - 1} more" if len(batch) > 1 else "")
             self._publish_log.failed(f"{what}: {exc}; kept locally", len(batch))
+            return stalled("semantic sync", exc)
+        return None
 
     def _mark_shared(self, batch: list[Publication]) -> None:
         """The entries whose records this batch wrote are in the shared store now (a gap

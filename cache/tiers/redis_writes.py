@@ -17,6 +17,9 @@ verdict is the tier's breaker's alone. In a whole outage both open, each on its 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
+
+from redis.exceptions import ResponseError
 
 from cache.breaker import CLOSED, OPEN, Breaker
 from cache.metrics import CacheMetrics
@@ -73,6 +76,23 @@ class WriteGate:
         self.breaker.release()
         return True
 
+    def settle(self, error: str | None) -> None:
+        """The verdict of a write another client sent to the same Redis after `allow` let it
+        (the semantic sync's publisher, off the request path): None, Redis took it (or
+        answered with a refusal, which is no stall); else why it failed or timed out."""
+        if error is None:
+            self._tier.success()
+            self.breaker.success()
+            return
+        self._tier.release()  # (a half-open probe slot it held goes back: a read probes)
+        self.failure(error)
+
+    def abandon(self) -> None:
+        """A write `allow` let through ended without a verdict (cancelled): a probe slot it
+        held goes back, else no write could ever probe again."""
+        self._tier.release()
+        self.breaker.release()
+
     def success(self) -> None:
         self.breaker.success()
 
@@ -92,3 +112,24 @@ class WriteGate:
                 self._outage.failed(self.last_error)
         elif state == CLOSED:
             self._outage.ok()
+
+
+def stalled(who: str, exc: Exception) -> str | None:
+    """What the write breaker hears of another client's failed write: a refusal (a full or
+    read-only Redis, an ACL) is an answer, no stall; anything else is one (RedisTier._guard)."""
+    if isinstance(exc, ResponseError):
+        return None
+    return f"{who}: {type(exc).__name__}: {exc}"
+
+
+async def gated(gate: WriteGate | None, write: Awaitable[str | None]) -> None:
+    """Await a write `gate.allow()` let through (`write` answers None, or `stalled`'s verdict)
+    and settle it there; cancelled, a probe slot it held goes back."""
+    try:
+        error = await write
+    except BaseException:
+        if gate is not None:
+            gate.abandon()
+        raise
+    if gate is not None:
+        gate.settle(error)
