@@ -22,7 +22,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError
 
-import cache.semantic.sync as sync_module
+import cache.semantic.sync_publisher as publisher_module
 from cache.embedder import Embedder
 from cache.semantic.records import entry_id
 from cache.semantic.stage import SemanticStage
@@ -79,7 +79,7 @@ async def test_a_tail_cut_off_past_the_cap_rebuilds_and_gets_the_bars_it_missed(
     trimmed: bool,
 ) -> None:
     # the real cap trims at 200,000 events; a small one trims the same way (XADD MAXLEN ~)
-    monkeypatch.setattr(sync_module, "STREAM_MAXLEN", 100 if trimmed else 10_000)
+    monkeypatch.setattr(publisher_module, "STREAM_MAXLEN", 100 if trimmed else 10_000)
     _, name, admin = user
     async with _pair_cut_off(redis_server, embedder, user) as (a, sa, b, sb, vec):
         assert await b.report_wrong("reset", 0.95)  # B's client: that hit was wrong
@@ -105,7 +105,7 @@ async def test_a_rebuild_that_fails_midway_is_done_again(
     Before: the rebuild had moved last_id to the stream's end before it read the hash, so the
     retry read on from there, found no gap, and the records the failed scan had not reached
     stayed missing until the process restarted."""
-    monkeypatch.setattr(sync_module, "STREAM_MAXLEN", 100)
+    monkeypatch.setattr(publisher_module, "STREAM_MAXLEN", 100)
     _, name, admin = user
     async with _pair_cut_off(redis_server, embedder, user) as (a, sa, b, sb, vec):
         for i in range(400):  # trimmed past A's position
@@ -143,7 +143,7 @@ async def test_a_tail_cut_off_past_the_cap_drops_what_the_others_removed_and_kee
     removal away; A adds one of its own that it cannot publish (its writes are refused too).
     Before: A's gap rebuild only added what the hash held, and A went on serving the removed
     entry as a semantic hit that every other process had stopped serving."""
-    monkeypatch.setattr(sync_module, "STREAM_MAXLEN", 100)
+    monkeypatch.setattr(publisher_module, "STREAM_MAXLEN", 100)
     _, name, admin = user
     async with _pair_cut_off(redis_server, embedder, user) as (a, sa, b, sb, vec):
         hit = await a.lookup("ns", PARA, verifier)
