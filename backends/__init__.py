@@ -11,6 +11,7 @@ from backends.base import (
 )
 from backends.bodies import MSGPACK_TYPES, unpack_msgpack
 from backends.errors import (
+    AnswerTooLarge,
     BackendError,
     BadInput,
     EngineError,
@@ -31,6 +32,7 @@ __all__ = [
     "GRPC_MESSAGE_HEADER",
     "GRPC_STATUS_HEADER",
     "MSGPACK_TYPES",
+    "AnswerTooLarge",
     "Backend",
     "BackendError",
     "BackendSettings",

@@ -4,7 +4,8 @@ BackendError
 ├── UpstreamError                      a remote replica failed us
 │   ├── UpstreamConnectError (ConnectionError)   nothing reached the replica: safe to retry
 │   ├── UpstreamTimeout (TimeoutError)           connect, first byte or total deadline passed
-│   └── UpstreamProtocolError                    the replica broke HTTP or the stream mid-way
+│   ├── UpstreamProtocolError                    the replica broke HTTP or the stream mid-way
+│   └── AnswerTooLarge                           it answered, over the cap its reader holds
 ├── Overloaded                         circuit breaker / admission refused (fast 503)
 └── EngineError                        a local engine failed
     ├── BadInput (ValueError)          the request does not fit the model: a 400
@@ -38,6 +39,17 @@ class UpstreamTimeout(UpstreamError, TimeoutError):
 
 class UpstreamProtocolError(UpstreamError):
     pass
+
+
+class AnswerTooLarge(UpstreamError):
+    """The replica answered with more than the gateway holds of one answer (a gRPC replica's
+    reply over limits.max_body_bytes): refused, never buffered whole nor stored. It answered,
+    so this says nothing of its health, and another replica would send the same: it is
+    neither retried nor counted against the replica."""
+
+    def __init__(self, replica: str, limit: int) -> None:
+        super().__init__(f"{replica} sent an answer over {limit} bytes", replica)
+        self.limit = limit
 
 
 class RequestBodyError(Exception):

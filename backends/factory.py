@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 from backends.base import Backend
 from backends.remote.metrics import RemoteMetrics
 from backends.remote.pool import Pool
-from backends.settings import BackendSettings, RemoteBackendSettings
+from backends.settings import ANSWER_CAP, BackendSettings, RemoteBackendSettings
 
 if TYPE_CHECKING:
     from backends.local.metrics import LocalMetrics
@@ -36,15 +36,17 @@ def build_backends(
     remote_metrics: RemoteMetrics | None = None,
     local_metrics: LocalMetrics | None = None,
     engines: EngineShare | None = None,
+    answer_cap: int = ANSWER_CAP,
 ) -> dict[str, Backend]:
     """Raises EngineError (with preflight's message) when a local backend cannot start here.
     `remote_metrics`, `local_metrics`: the app's sets when building again (a reload), since
-    metric names are unique per registry."""
+    metric names are unique per registry. `answer_cap`: the largest reply a gRPC replica may
+    send (the gateway's limits.max_body_bytes)."""
     out: dict[str, Backend] = {}
     remote_metrics = remote_metrics or RemoteMetrics(registry)
     for name, spec in settings.items():
         if isinstance(spec, RemoteBackendSettings):
-            out[name] = Pool(name, spec, remote_metrics)
+            out[name] = Pool(name, spec, remote_metrics, answer_cap=answer_cap)
             continue
         from backends.local.backend import LocalBackend
         from backends.local.metrics import LocalMetrics

@@ -8,6 +8,9 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 GRPC_READY_PATH = "/inference.GRPCInferenceService/ServerReady"
+# The most of one replica answer a reader that needs it whole holds (a gRPC replica's reply is
+# received whole): the gateway passes its limits.max_body_bytes, of which this is the default.
+ANSWER_CAP = 16 << 20
 
 
 def wire_of(url: str) -> Literal["http", "grpc"]:

@@ -84,6 +84,8 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
             remote_metrics=remote_metrics,
             local_metrics=engine_metrics() if local else None,
             engines=engines,
+            # a gRPC replica's reply is received whole: held to what the listener takes
+            answer_cap=settings.limits.max_body_bytes,
         )
 
     backends = make_backends(settings.backends)

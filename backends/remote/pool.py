@@ -14,7 +14,7 @@ import random
 import time
 
 from backends.base import UpstreamRequest, UpstreamResponse
-from backends.errors import BackendError, RequestBodyError, UpstreamTimeout
+from backends.errors import AnswerTooLarge, BackendError, RequestBodyError, UpstreamTimeout
 from backends.remote.balancer import build_balancer
 from backends.remote.breaker import Breaker
 from backends.remote.health import HealthChecker, OutlierDetector
@@ -31,7 +31,7 @@ from backends.remote.retry import (
 )
 from backends.remote.tracked_body import TrackedBody
 from backends.remote.transports.factory import make_transport
-from backends.settings import RemoteBackendSettings, RoutePolicy
+from backends.settings import ANSWER_CAP, RemoteBackendSettings, RoutePolicy
 
 log = logging.getLogger("latentgate.backends.pool")
 _DEFAULT_POLICY = RoutePolicy()
@@ -46,6 +46,7 @@ class Pool:
         settings: RemoteBackendSettings,
         metrics: RemoteMetrics | None = None,
         rng: random.Random | None = None,
+        answer_cap: int = ANSWER_CAP,
     ) -> None:
         self.name = name
         self.settings = settings
@@ -55,7 +56,7 @@ class Pool:
         self._rng = rng or random.Random()
         weights = settings.balancer.weights or [1.0] * len(settings.replicas)
         self.replicas = [
-            Replica(u, make_transport(u, settings), weight=w)
+            Replica(u, make_transport(u, settings, answer_cap), weight=w)
             for u, w in zip(settings.replicas, weights, strict=True)
         ]
         self.transports = [r.transport for r in self.replicas]
@@ -326,6 +327,13 @@ class Pool:
             raise UpstreamTimeout(f"{r.url} sent no response in time", r.url) from exc
         except RequestBodyError:  # the client's body failed: says nothing of the replica
             r.outstanding -= 1
+            raise
+        except AnswerTooLarge:
+            # It answered, only too much for this gateway: a client that asks for a huge
+            # output must not get the replicas ejected one by one.
+            r.outstanding -= 1
+            r.reached = True
+            self.detector.on_result(r, False, time.monotonic() - start)
             raise
         except BackendError:
             r.outstanding -= 1

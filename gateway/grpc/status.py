@@ -13,6 +13,7 @@ import grpc
 from backends import (
     GRPC_MESSAGE_HEADER,
     GRPC_STATUS_HEADER,
+    AnswerTooLarge,
     BackendError,
     BadInput,
     BodyTooLarge,
@@ -65,6 +66,8 @@ def from_backend(err: BackendError, backend: str) -> RpcError:
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             f"{err} (retry after {err.retry_after_s:.0f}s)",
         )
+    if isinstance(err, AnswerTooLarge):  # a gRPC replica's reply: as read_answer says it
+        return _over_cap(backend, err.limit)
     if isinstance(err, UpstreamTimeout):
         return RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, f"upstream {backend} timed out: {err}")
     if isinstance(err, UpstreamError):
@@ -99,7 +102,11 @@ async def read_answer(resp: UpstreamResponse, backend: str, limit: int) -> bytes
     try:
         return await resp.read_capped(limit)
     except BodyTooLarge:
-        raise RpcError(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"upstream {backend} sent an answer over {limit} bytes (limits.max_body_bytes)",
-        ) from None
+        raise _over_cap(backend, limit) from None
+
+
+def _over_cap(backend: str, limit: int) -> RpcError:
+    return RpcError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"upstream {backend} sent an answer over {limit} bytes (limits.max_body_bytes)",
+    )

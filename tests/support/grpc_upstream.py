@@ -9,6 +9,7 @@ Behaviour on demand through call metadata:
   x-test-delay: S        sleep S seconds before answering
   x-test-status: NAME    fail with that status code (e.g. UNAVAILABLE, INVALID_ARGUMENT)
   x-test-pushback-ms: V  ... with the trailer grpc-retry-pushback-ms: V (gRFC A6)
+  x-test-pad: N          answer with N more bytes (a parameter `pad` of N x "p")
 Run standalone: python -m tests.support.grpc_upstream --port 9001 [--name NAME] [--delay S]
 """
 
@@ -90,6 +91,9 @@ class Model(pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         resp.parameters["deadline_ms"].int64_param = (
             int(remaining * 1000) if remaining is not None else -1
         )
+        pad = dict(context.invocation_metadata() or ()).get("x-test-pad")
+        if pad is not None:
+            resp.parameters["pad"].string_param = "p" * int(pad)
         for i, inp in enumerate(request.inputs):
             raw = request.raw_input_contents[i] if request.raw_input_contents else None
             if inp.datatype == "FP32":

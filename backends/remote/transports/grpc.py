@@ -7,7 +7,9 @@ parses a message, so a pass-through call costs no protobuf decode or re-encode.
 
 Status mapping at this boundary: UNAVAILABLE (refused, reset, replica gone) is an
 UpstreamConnectError, retryable like a refused HTTP connection; DEADLINE_EXCEEDED is an
-UpstreamTimeout; any other non-OK status becomes a response whose HTTP-like status drives the
+UpstreamTimeout; a reply over the transport's `answer_cap` (the gateway's limits.max_body_bytes)
+is refused by grpcio from its length prefix, before it is held, and is AnswerTooLarge; any other
+non-OK status becomes a response whose HTTP-like status drives the
 pool (5xx counts against the replica) and whose `grpc-status` / `grpc-message` headers let the
 gateway answer the client with the upstream's own code and message.
 """
@@ -21,9 +23,14 @@ import grpc
 import grpc.aio
 
 from backends.base import GRPC_MESSAGE_HEADER, GRPC_STATUS_HEADER, UpstreamRequest, UpstreamResponse
-from backends.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
+from backends.errors import (
+    AnswerTooLarge,
+    UpstreamConnectError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+)
 from backends.remote.retry import PUSHBACK_HEADER
-from backends.settings import PoolLimits, Timeouts
+from backends.settings import ANSWER_CAP, PoolLimits, Timeouts
 
 # gRPC code → the HTTP status the pool reasons with (retry on_status, outlier 5xx counting).
 HTTP_OF_CODE: dict[grpc.StatusCode, int] = {
@@ -42,6 +49,9 @@ HTTP_OF_CODE: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
+# What grpcio's own refusal of a message over max_receive_message_length says (grpc core's
+# "Received message larger than max (N vs. M)"); the replica's own RESOURCE_EXHAUSTED does not.
+_OVER_CAP = "Received message larger than max"
 # Set by the peer's HTTP/2 layer, or the channel's own: never forwarded as call metadata.
 _NOT_FORWARDED = frozenset(
     {
@@ -73,11 +83,14 @@ def call_metadata(headers: list[tuple[str, str]]) -> tuple[tuple[str, Any], ...]
 class GrpcTransport:
     """Persistent HTTP/2 to one replica: `grpc://host:port` or `grpc+unix:/path`."""
 
-    def __init__(self, url: str, limits: PoolLimits, timeouts: Timeouts) -> None:
+    def __init__(
+        self, url: str, limits: PoolLimits, timeouts: Timeouts, answer_cap: int = ANSWER_CAP
+    ) -> None:
         self.url = url
         self._target = target_of(url)
         self._limits = limits
         self._timeouts = timeouts
+        self._answer_cap = answer_cap
         self._closed = False
         # Created on first use: a grpc.aio channel belongs to the event loop that made it.
         self._channel: grpc.aio.Channel | None = None
@@ -90,7 +103,8 @@ class GrpcTransport:
             self._channel = grpc.aio.insecure_channel(
                 self._target,
                 options=[
-                    ("grpc.max_receive_message_length", -1),
+                    # a reply is received whole: a replica must not make the gateway hold more
+                    ("grpc.max_receive_message_length", self._answer_cap),
                     ("grpc.max_send_message_length", -1),
                     ("grpc.keepalive_time_ms", keepalive_ms),
                     ("grpc.keepalive_permit_without_calls", 0),
@@ -146,6 +160,8 @@ class GrpcTransport:
         code = exc.code()
         details = exc.details() or code.name
         pushback = _pushback(exc)
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _OVER_CAP in details:
+            raise AnswerTooLarge(self.url, self._answer_cap) from exc
         if code == grpc.StatusCode.UNAVAILABLE:
             raise UpstreamConnectError(
                 f"{self.url} unavailable: {details}", self.url, pushback
