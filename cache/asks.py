@@ -63,6 +63,11 @@ class Answers(Protocol):
         store is checked by it too (None: not kept, not shared)."""
         ...
 
+    def keeps(self, content_type: str) -> bool:
+        """Is a 2xx of this Content-Type the kind of answer the route serves, so that it may be
+        stored and shared? (False: the asking client gets it once; nobody else does.)"""
+        ...
+
     def follows_stream(self, leader: Any) -> bool:
         """May this request wait out another request's streamed answer (`leader`: that
         request's Answers)? Not when it streams itself (its first token would come only after

@@ -298,10 +298,15 @@ class CacheFlow:
                 await claim.release()
             raise
         ttl, why = storable_ttl(up.status, up.headers, self.rc.policy.ttl, self.rc.vary_ok)
+        shareable = response_shareable(up.status, up.headers, self.rc.vary_ok)
+        if 200 <= up.status < 300 and not ask.answers.keeps(up.header("Content-Type") or ""):
+            # not the kind of answer the route serves (a captive portal's login page, a
+            # misrouted replica's file): this client gets it, as from the upstream itself; it
+            # was stored and replayed to every later client until the TTL
+            ttl, why, shareable = 0.0, why or "content-type", False
         if why and 200 <= up.status < 300:
             self.rc.not_stored(why)
         storable = ask.directives.store and ttl > 0
-        shareable = response_shareable(up.status, up.headers, self.rc.vary_ok)
         kept = kept_headers(up.headers)
         reason = "" if ask.directives.lookup else "no-cache"
         if up.body is not None or up.stream is None:

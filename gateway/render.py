@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import NamedTuple, cast
 
+from backends import MSGPACK_TYPES
 from cache import CacheEntry
 from gateway.protocols import openai_sse
 from gateway.protocols.base import Call
@@ -20,6 +21,30 @@ _OPENAI_KINDS = frozenset({"chat", "completions"})
 _JSON_KINDS = frozenset({"chat", "completions", "embeddings", "messages"})
 
 Rendered = tuple[bytes, list[tuple[str, str]]]
+
+# The media types a 2xx of each kind may have to be stored and shared: a JSON API answers JSON
+# (or msgpack, which the gateway reads as the same documents), or an event stream where the
+# call streams; a v2 infer answer is JSON or the binary tensor extension's octet stream. Any
+# other (a captive portal's text/html login page, a file server's text/plain) goes to the
+# client that asked, once; a kind not named here (passthrough: "raw") keeps any type.
+_JSON_TYPES = frozenset({"application/json"}) | MSGPACK_TYPES
+_ANSWER_TYPES: dict[str, frozenset[str]] = {
+    "chat": _JSON_TYPES | {SSE},
+    "completions": _JSON_TYPES | {SSE},
+    "messages": _JSON_TYPES | {SSE},
+    "embeddings": _JSON_TYPES,
+    "infer": _JSON_TYPES | {"application/octet-stream"},
+}
+
+
+def answer_type_fits(kind: str, content_type: str) -> bool:
+    """May a 2xx with this Content-Type answer calls of this kind for anyone but the client
+    it came to?"""
+    types = _ANSWER_TYPES.get(kind)
+    if types is None:
+        return True
+    media = content_type.partition(";")[0].strip().lower()
+    return media in types or media.endswith("+json")
 
 
 def _content_type(entry: CacheEntry) -> str:
@@ -52,6 +77,9 @@ class Framing(NamedTuple):
 
     def serves(self, entry: CacheEntry) -> bool:
         return rendered(entry, self) is not None
+
+    def keeps(self, content_type: str) -> bool:
+        return answer_type_fits(self.kind, content_type)
 
     def seal(self, content_type: str, data: bytes) -> bytes | list[bytes] | None:
         if SSE not in content_type:
@@ -94,6 +122,8 @@ def _render(entry: CacheEntry, stream: bool, include_usage: bool) -> Rendered | 
     carries usage), is not served from an entry without usage: that is a miss, whose answer
     completes the entry.
     """
+    if not answer_type_fits(entry.kind, _content_type(entry)):
+        return None  # (stored by a sidecar of an older version: never replayed)
     body: bytes | None
     ctype: str | None = None
     codec = convertible(entry.kind)  # per kind: openai_sse for chat/completions, anthropic_sse

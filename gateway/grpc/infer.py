@@ -52,6 +52,9 @@ class _Answers:
     def serves(self, entry: CacheEntry) -> bool:
         return entry.status == 200 and entry.body is not None
 
+    def keeps(self, content_type: str) -> bool:
+        return True  # (the reply the edge made of the backend's answer, checked as it was made)
+
     def follows_stream(self, leader: object) -> bool:
         return False  # (no semantic text: never joins a flight)
 

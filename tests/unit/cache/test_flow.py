@@ -47,6 +47,9 @@ class AnyFraming:
     def takes_stream(self, leader: object) -> bool:
         return False
 
+    def keeps(self, content_type: str) -> bool:
+        return True
+
 
 class NoClock:
     def add(self, name: str, since: float) -> float:
