@@ -37,8 +37,15 @@ HELD_S = 0.25
 # Stream events kept (XADD MAXLEN ~): the tails' cap (cache.stream_gap)
 STREAM_MAXLEN = 200_000
 
-# what, exact key, record (None: delete it), its expiry (wall clock), stream event
-Publication = tuple[str, str, bytes | None, float, dict[FieldT, EncodableT]]
+# A batch Redis failed goes back to the front of the outbox, in order, until it has been tried
+# this often: a removal or a wrong-hit bar lost to a blip left the rest of the fleet serving an
+# entry this process had removed or demoted (and this one took it back at its next rebuild).
+# Bounded, so a refusal that lasts (an ACL) cannot hold the outbox for good.
+SEND_TRIES = 5
+RETRY_S = 0.2  # the pause after a failed batch, doubled per failure in a row, up to 5 s
+
+# what, exact key, record (None: delete it), its expiry (wall clock), stream event, tries
+Publication = tuple[str, str, bytes | None, float, dict[FieldT, EncodableT], int]
 
 
 class Publisher:
@@ -65,6 +72,7 @@ class Publisher:
         self._idle = asyncio.Event()  # the outbox is empty and nothing is being sent
         self._idle.set()
         self._held = False
+        self._failures = 0  # batches failed in a row
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         hint = 'latentgate_semantic_sync_events_total{outcome="error"}'
@@ -112,7 +120,7 @@ class Publisher:
         fields.update(event)
         if len(self._outbox) == self._outbox.maxlen:
             self._m.labels("publish", "dropped").inc()  # the oldest gives way
-        self._outbox.append((what, key, record, expires_at, fields))
+        self._outbox.append((what, key, record, expires_at, fields, 0))
         self._idle.clear()
         self._queued.set()
 
@@ -137,6 +145,8 @@ class Publisher:
             self._held = False
             batch = [self._outbox.popleft() for _ in range(min(_BATCH, len(self._outbox)))]
             await gated(self.writes, self._send(batch))
+            if self._failures and not self._closing:
+                await asyncio.sleep(min(RETRY_S * 2 ** (self._failures - 1), 5.0))
 
     async def published(self) -> None:
         """Until every publication queued so far has been sent (or has failed)."""
@@ -151,7 +161,7 @@ class Publisher:
         what the write breaker is told (cache.tiers.redis_writes.stalled)."""
         try:
             commands: list[Command] = []
-            for _what, key, record, expires_at, fields in batch:
+            for _what, key, record, expires_at, fields, _tries in batch:
                 if record is None:
                     commands.append(("hdel", (self.entries_key, key), {}))
                     commands.append(("zrem", (self.expiry_key, key), {}))
@@ -167,17 +177,32 @@ class Publisher:
             self._m.labels("publish", "ok").inc(len(batch))
             self._log.ok()
         except Exception as exc:  # (a client-library fault mid-failover too: see RedisTier._guard)
+            self._failures += 1
             self._m.labels("publish", "error").inc(len(batch))
             what = batch[0][0] + (f" and {len(batch) - 1} more" if len(batch) > 1 else "")
-            self._log.failed(f"{what}: {exc}; kept locally", len(batch))
+            self._log.failed(f"{what}: {exc}; kept locally, sent again", len(batch))
+            self._again(batch)
             return stalled("semantic sync", exc)
+        self._failures = 0
         return None
+
+    def _again(self, batch: list[Publication]) -> None:
+        """A failed batch back to the front of the outbox, in order (the commands are
+        idempotent and a replayed event is too, so a batch Redis half applied is sent whole);
+        those tried SEND_TRIES times are dropped, counted."""
+        again = [(*p[:5], p[5] + 1) for p in batch if p[5] + 1 < SEND_TRIES]
+        lost = len(batch) - len(again)
+        if self._outbox.maxlen is not None:  # the newest give way to the older ones
+            lost += max(0, len(self._outbox) + len(again) - self._outbox.maxlen)
+        if lost:
+            self._m.labels("publish", "dropped").inc(lost)
+        self._outbox.extendleft(reversed(again))
 
     def _mark_shared(self, batch: list[Publication]) -> None:
         """The entries whose records this batch wrote are in the shared store now (a gap
         rebuild may drop them once it no longer holds them). Matched by expiry: one added
         again since waits for its own publication."""
-        for _what, key, record, expires_at, _fields in batch:
+        for _what, key, record, expires_at, _fields, _tries in batch:
             entry = self._entries.get(entry_id(key)) if record is not None else None
             if entry is not None and entry.expires_at == expires_at:
                 entry.shared = True
