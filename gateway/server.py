@@ -24,7 +24,7 @@ from gateway.codings import SERVER_OPTIONS
 from gateway.config import Settings
 from gateway.connections import ConnectionGuard, GuardedAppRunner
 from gateway.dispatch import model_traffic_handler
-from gateway.early_signals import remember_early
+from gateway.early_signals import fork, remember_early
 from gateway.grpc import GRPC
 from gateway.listeners import bind_unix, make_sites
 from gateway.middleware.listener_roles import ROLES
@@ -240,7 +240,7 @@ def run(
     sockets = tempfile.mkdtemp(prefix="latentgate-workers-")
     parent = os.getpid()
     for index in range(workers):
-        pid = os.fork()
+        pid = fork()  # (a stop sent to a worker not yet running is kept)
         if pid == 0:
             _end_with_parent(parent)
             code = 0
@@ -271,10 +271,11 @@ def run(
     def forward(signum: int, _frame: object) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT) and not stopping:
             stopping.append(signum)
-            # A stop can be lost on its way into a worker still starting: under load one
-            # worker served on and the server never ended (`systemctl stop` waits for its
-            # SIGKILL). Repeated each second as STOP_REPEAT, it is acted on once the worker's
-            # handlers are in; a worker draining already, or not yet able to act, ignores it.
+            # A safety net: a stop lost on its way into a worker leaves it serving, and the
+            # server never ends (`systemctl stop` waits for its SIGKILL). The cause found, a worker
+            # not yet run when the stop came, is closed (early_signals.fork). Repeated each
+            # second as STOP_REPEAT, a stop is acted on once the worker's handlers are in; a
+            # worker draining already, or not yet able to act, ignores it.
             signal.setitimer(signal.ITIMER_REAL, _STOP_REPEAT_S, _STOP_REPEAT_S)
         for child in list(alive):
             with contextlib.suppress(ProcessLookupError):
