@@ -149,18 +149,40 @@ def response_storable(status: int, headers: Iterable[tuple[str, str]]) -> bool:
 
 
 def response_shareable(
-    status: int, headers: Iterable[tuple[str, str]], keyed: Collection[str] = ()
+    status: int,
+    headers: Iterable[tuple[str, str]],
+    keyed: Collection[str] = (),
+    now: float | None = None,
 ) -> bool:
     """May waiters of a single flight receive this answer? Errors yes; private answers no; nor
     a 206 or a 304, which answer one request's Range or precondition; nor an answer that Varies
     on a request header the key does not hold (`keyed`, lower case): a waiter that sent another
-    value of it would get an answer chosen for someone else's header."""
+    value of it would get an answer chosen for someone else's header. Nor a 2xx the cache may
+    not reuse (RFC 9111 4: collapsed requests get an answer only where it could serve them
+    from the store): `no-cache` (but on an event stream, where it is the streaming hint), or no
+    freshness left (`max-age=0`, an `Expires` not past its `Date`, an `Age` at its bound)."""
     headers = list(headers)
     if varies_unkeyed(headers, keyed):
         return False
     if 200 <= status < 300 or status == 304:
-        return response_storable(status, headers)
+        if not response_storable(status, headers) or _refused(headers) & {"no-cache"}:
+            return False
+        fresh = _freshness(headers, time.time() if now is None else now)
+        return fresh is None or fresh > 0
     return not any(k.lower() == "set-cookie" for k, _ in headers)
+
+
+def _refused(headers: list[tuple[str, str]]) -> set[str]:
+    """The Cache-Control directives that keep this answer from being reused: private,
+    no-store, no-cache; no-cache does not count on an event stream (servers send it so that
+    proxies pass a live stream through unbuffered; it says nothing of the finished stream)."""
+    sse = any(k.lower() == "content-type" and "text/event-stream" in v for k, v in headers)
+    refused = _REFUSED_SSE if sse else _REFUSED
+    found: set[str] = set()
+    for k, v in headers:
+        if k.lower() == "cache-control":
+            found |= refused & _directives(v).keys()
+    return found
 
 
 def varies_unkeyed(headers: Iterable[tuple[str, str]], keyed: Collection[str]) -> bool:
@@ -253,15 +275,12 @@ def storable_ttl(
     if status not in _STORED_STATUSES:
         return 0.0, "status"
     headers = list(headers)
-    # Event-stream servers send no-cache so that proxies pass a live stream through instead of
-    # buffering it; it says nothing about replaying the finished stream, so there it is ignored.
-    sse = any(k.lower() == "content-type" and "text/event-stream" in v for k, v in headers)
-    refused = _REFUSED_SSE if sse else _REFUSED
+    refused = _refused(headers)
     for k, v in headers:
         lk = k.lower()
         if lk == "set-cookie":
             return 0.0, "set-cookie"
-        if lk == "cache-control" and refused & _directives(v).keys():
+        if lk == "cache-control" and refused:
             return 0.0, "cache-control"
         if lk == "content-encoding" and v.strip().lower() not in ("", "identity"):
             return 0.0, "content-encoding"

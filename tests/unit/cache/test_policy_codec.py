@@ -68,6 +68,13 @@ def test_errors_are_shared_but_private_answers_are_not() -> None:
     # a partial or not-modified answer is for the request's own Range / precondition
     assert not response_shareable(206, [])
     assert not response_shareable(304, [])
+    # nor an answer the cache may not reuse: no-cache, or no freshness left (RFC 9111 4)
+    assert not response_shareable(200, [("Cache-Control", "no-cache")])
+    assert not response_shareable(200, [("Cache-Control", "max-age=600"), ("Age", "600")])
+    assert response_shareable(200, [("Cache-Control", "max-age=600"), ("Age", "599")])
+    # on an event stream no-cache is the streaming hint, not a word on reuse
+    sse = [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache")]
+    assert response_shareable(200, sse)
 
 
 def test_codec_round_trip_and_garbage() -> None:
