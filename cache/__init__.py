@@ -31,6 +31,7 @@ from cache.semantic.setup import SemanticSetup, build_semantic, semantic_routes
 from cache.settings import CachePolicy, CacheSettings
 from cache.singleflight import CallerGone, SingleFlight
 from cache.tenant import SECRET_ENV, identity_from_purge, share_generated_secret
+from cache.validators import evaluated_here, not_modified
 
 __all__ = [
     "ALIAS_MAX_BODY",
@@ -69,7 +70,9 @@ __all__ = [
     "TierTimeout",
     "build_semantic",
     "canonical",
+    "evaluated_here",
     "identity_from_purge",
+    "not_modified",
     "request_directives",
     "semantic_preflight",
     "semantic_routes",

@@ -4,16 +4,30 @@
   again (`invalidate_get`).
 - RFC 9111 4 / RFC 9110 9.3.2: a HEAD is answered from it, the GET's status and header fields
   without its body (`stored_get`). Before, every HEAD went upstream (`X-Cache: bypass`).
+- RFC 9111 4.3.2: a GET or HEAD whose If-None-Match names its ETag gets a 304 from it, and one
+  that names another tag gets it whole (`stored_answer`). Before, each went upstream.
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from cache import CacheFlow, CacheKey, Flows, Hit, RequestDirectives
+from cache import (
+    CacheFlow,
+    CacheKey,
+    Flows,
+    Hit,
+    RequestDirectives,
+    evaluated_here,
+    not_modified,
+    request_directives,
+)
+from gateway import responses
+from gateway.headers import field
 from gateway.protocols.base import Call
 from gateway.render import Framing, framing_of
 from gateway.routing import Router
+from gateway.timing import Timing
 
 
 def get_of(
@@ -70,3 +84,27 @@ async def stored_get(
     if entry is None or not framing.serves(entry):
         return None
     return Hit(entry, "hit"), framing
+
+
+async def stored_answer(
+    router: Router, flows: Flows, request: web.Request, conditional: bool, timing: Timing
+) -> web.StreamResponse | None:
+    """A HEAD without preconditions, or a GET or HEAD whose only one is If-None-Match, answered
+    from the stored GET of its target (under the request's own Cache-Control): a 304 when
+    If-None-Match names that answer's ETag (or is `*`), else the answer itself (the condition
+    is true: the upstream would send it whole). None: the request goes on, upstream."""
+    headers = request.headers
+    revalidates = conditional and evaluated_here(request.method, headers)
+    if not revalidates and (conditional or request.method != "HEAD"):
+        return None
+    cc, pragma = field(headers, "Cache-Control"), field(headers, "Pragma")
+    found = await stored_get(router, flows, request, request_directives(cc, pragma))
+    if found is None:
+        return None
+    hit, framing = found
+    inm = field(headers, "If-None-Match")
+    if revalidates and inm is not None and hit.entry.status == 200:
+        etag = next((v for k, v in hit.entry.headers if k.lower() == "etag"), None)
+        if not_modified(inm, etag):
+            return responses.not_modified(hit, timing)
+    return responses.cached(request, hit, framing, timing)

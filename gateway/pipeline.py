@@ -57,7 +57,7 @@ from gateway.errors import (
     ServiceUnavailable,
 )
 from gateway.headers import end_to_end, field, upstream_headers
-from gateway.invalidation import invalidate_get, stored_get
+from gateway.invalidation import invalidate_get, stored_answer
 from gateway.metrics import Metrics
 from gateway.protocols.base import Call
 from gateway.render import framing_of
@@ -281,13 +281,10 @@ class Pipeline:
         headers = request.headers
         cc, pragma = field(headers, "Cache-Control"), field(headers, "Pragma")
         conditional = any(h in headers for h in CONDITIONAL_HEADERS)
-        if request.method == "HEAD" and not conditional:
-            # the stored GET of its target, as a GET with these headers may be answered
-            found = await stored_get(
-                self.router, self.flows, request, request_directives(cc, pragma)
-            )
-            if found is not None:
-                return responses.cached(request, found[0], found[1], timing)
+        # a HEAD, or an If-None-Match, answered from the stored GET of its target
+        stored = await stored_answer(self.router, self.flows, request, conditional, timing)
+        if stored is not None:
+            return stored
         directives = request_directives(
             cc,
             pragma,

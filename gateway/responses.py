@@ -83,6 +83,22 @@ def cached(
     return web.Response(status=status, headers=[*kept, *extra], body=body)
 
 
+# What a 304 carries of the stored 200 it stands for (RFC 9110 15.4.5; Date is the writer's)
+_VALIDATOR_FIELDS = frozenset({"cache-control", "content-location", "etag", "expires", "vary"})
+
+
+def not_modified(hit: Hit, timing: Timing) -> web.Response:
+    """A 304 for a conditional request whose If-None-Match names the entry's ETag: no body, the
+    header fields a 200 would have sent that describe it, and the cache's own (X-Cache, Age)."""
+    kept = [(k, v) for k, v in hit.entry.headers if k.lower() in _VALIDATOR_FIELDS]
+    extra = [
+        ("X-Cache", hit.x_cache),
+        ("Age", str(int(hit.entry.age()))),
+        ("Server-Timing", timing.header()),
+    ]
+    return web.Response(status=304, headers=[*kept, *extra])
+
+
 async def fresh(
     request: web.Request, answer: Fresh, timing: Timing, on_cut: Callable[[], None]
 ) -> web.StreamResponse:
