@@ -19,7 +19,8 @@ class KeySettings(_Frozen):
 
     # Extra credential headers (e.g. X-Tenant) on top of the built-in set that always partitions
     # the cache: Authorization, api-key, x-api-key, OpenAI-Organization, OpenAI-Project,
-    # anthropic-workspace-id, anthropic-user-profile-id.
+    # anthropic-workspace-id, anthropic-user-profile-id, Cookie, x-goog-api-key,
+    # x-goog-user-project, Ocp-Apim-Subscription-Key.
     tenant_headers: list[str] = []
     ignore_fields: list[str] = []
 

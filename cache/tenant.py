@@ -1,8 +1,9 @@
 """Tenant identity: which client a cached answer belongs to, hashed with a deployment secret.
 
 A tenant is the set of credential headers a request carries: the ones every client of these
-APIs sends (Authorization, api-key, x-api-key, OpenAI-Organization, OpenAI-Project, and the
-Anthropic SDK's anthropic-workspace-id and anthropic-user-profile-id), Cookie (a session cookie
+APIs sends (Authorization, api-key, x-api-key, OpenAI-Organization, OpenAI-Project, the
+Anthropic SDK's anthropic-workspace-id and anthropic-user-profile-id, Google's x-goog-api-key
+and x-goog-user-project, Azure API Management's Ocp-Apim-Subscription-Key), Cookie (a session cookie
 is a browser's or an auth proxy's credential) plus a route's configured
 extras (e.g. X-Tenant). Two requests share cached answers only when all of
 them are equal; a request with none of them is the anonymous tenant. The identity is only ever
@@ -38,6 +39,13 @@ BUILTIN_HEADERS = (
     # of passthrough routes): an answer to sid=alice without Vary or private was served to
     # sid=bob. RFC 9111 allows it; a gateway that promises tenants never share must not.
     "cookie",
+    # Gemini's key header (google-genai sends it; the key picks the project whose files, cached
+    # contents and tuned models a request reads), the project an OAuth token acts in (google-auth
+    # sends a credential's quota project so), and Azure API Management's subscription key (Azure
+    # OpenAI behind APIM: the subscription picks the product, quota and deployment)
+    "x-goog-api-key",
+    "x-goog-user-project",
+    "ocp-apim-subscription-key",
 )
 SECRET_ENV = "LATENTGATE_TENANT_SECRET"
 _MIN_SECRET_BYTES = 16
