@@ -66,6 +66,21 @@ def _values(headers: Mapping[str, str], name: str) -> list[str]:
     return [v for k, v in headers.items() if k.lower() == name]
 
 
+def _underscored(headers: Mapping[str, str], wanted: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """Headers spelled with "_" where a credential header has "-" (`x_api_key`), under their own
+    lower-case names. A CGI-style server (a WSGI bridge such as a2wsgi, cheroot, uWSGI) reads
+    both spellings as one variable, HTTP_X_API_KEY, so its upstream may take either as the
+    credential; counted under its own name, the odd spelling is a tenant of its own."""
+    found: dict[str, list[str]] = {}
+    for k in headers:  # names only (a multidict yields a repeated one again)
+        if "_" not in k:
+            continue
+        name = k.lower()
+        if name not in found and name not in wanted and name.replace("_", "-") in wanted:
+            found[name] = _values(headers, name)
+    return list(found.items())
+
+
 def _safe(value: str) -> str:
     # aiohttp keeps undecodable header bytes as surrogates; this maps them one-to-one onto
     # characters that encode anywhere (latin-1 of the raw bytes), so no caller can fail on them.
@@ -87,6 +102,9 @@ def tenant_of(
         present = [(name, getall(name)) for name in wanted if name in headers]
     else:
         present = [(name, _values(headers, name)) for name in wanted]
+    respelled = _underscored(headers, wanted)
+    if respelled:
+        present = sorted([*present, *respelled], key=lambda item: item[0])
     parts = []
     for name, values in present:
         for value in values:

@@ -82,6 +82,16 @@ def test_purge_identity_matches_what_requests_produce() -> None:
     assert identity_from_purge(["a"]) is None and identity_from_purge({"a": 1}) is None
 
 
+def test_an_underscored_credential_header_is_its_own_tenant_and_purges_as_sent() -> None:
+    """`x_api_key` reaches a CGI-style upstream as x-api-key does (tests/integration/cache/
+    test_underscored_credentials.py); it counts under its own spelling, and a purge naming it
+    as the client sent it finds it, beside the headers spelled as usual."""
+    sent = {"X_Api_Key": "k", "Authorization": "Bearer k", "x-goog_api-key": "g"}
+    assert tenant_of(CIMultiDict(sent)) not in (tenant_of({}), tenant_of({"x-api-key": "k"}))
+    assert identity_from_purge(sent) == tenant_of(CIMultiDict(sent))
+    assert tenant_of({"x_tenant": "t"}) == tenant_of({})  # only credential headers' spellings
+
+
 def test_secret_from_config_then_env_then_generated(caplog: pytest.LogCaptureFixture) -> None:
     assert resolve_secret("c" * 20, {SECRET_ENV: "e" * 20}) == b"c" * 20
     assert resolve_secret(None, {SECRET_ENV: "e" * 20}) == b"e" * 20
