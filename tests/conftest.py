@@ -6,13 +6,14 @@ import contextlib
 import os
 import tempfile
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import openai
 import pytest
+from redis.asyncio import Redis
 
 from gateway.app import build_app
 from gateway.codings import SERVER_OPTIONS
@@ -125,6 +126,18 @@ def gateway(upstream: ServerThread, start_gateway: Callable[..., ServerThread]) 
 def redis_server() -> Iterator[RedisServer]:
     server = RedisServer().start()
     yield server
+    server.stop()
+
+
+@pytest.fixture
+async def own_redis() -> AsyncIterator[tuple[RedisServer, Redis]]:
+    """A Redis server of the test's own, and an admin client on it: for a test that pauses it,
+    or makes it refuse writes, which would stall or fail every test on the shared one."""
+    server = RedisServer().start()
+    admin = Redis.from_url(server.url)
+    yield server, admin
+    await admin.client_unpause()
+    await admin.aclose()
     server.stop()
 
 

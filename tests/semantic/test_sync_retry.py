@@ -7,7 +7,6 @@ failover), then lifted."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -20,15 +19,6 @@ from tests.semantic.test_sync import PARA, Q, new_stage, wait_for
 from tests.support.servers import RedisServer
 
 
-@pytest.fixture
-async def own() -> AsyncIterator[Redis]:
-    server = RedisServer().start()  # its own: the refusal would fail other tests' writes
-    admin = Redis.from_url(server.url)
-    yield admin
-    await admin.aclose()
-    server.stop()
-
-
 async def _refused_then_lifted(admin: Redis, sync: RedisSync) -> None:
     """Writes refused until the publisher has failed once, then taken again."""
     m = sync.publisher._m
@@ -37,10 +27,13 @@ async def _refused_then_lifted(admin: Redis, sync: RedisSync) -> None:
 
 
 async def test_a_bar_and_a_removal_redis_refused_reach_the_fleet_once_it_takes_writes(
-    own: Redis, embedder: Embedder, verifier: MlpVerifier, monkeypatch: pytest.MonkeyPatch
+    own_redis: tuple[RedisServer, Redis],
+    embedder: Embedder,
+    verifier: MlpVerifier,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(publisher_module, "RETRY_S", 0.05)
-    admin = own
+    _, admin = own_redis
     prefix = f"r{time.monotonic_ns()}:"
     url = admin.get_connection_kwargs()
     r1 = Redis(host=url["host"], port=url["port"])
@@ -83,12 +76,12 @@ async def test_a_bar_and_a_removal_redis_refused_reach_the_fleet_once_it_takes_w
 
 
 async def test_a_refusal_that_lasts_is_dropped_after_its_tries_not_held_for_good(
-    own: Redis, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+    own_redis: tuple[RedisServer, Redis], embedder: Embedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An ACL that never lets the publisher write must not hold the outbox for good: each
     batch is tried SEND_TRIES times, then dropped (counted), and the publisher goes idle."""
     monkeypatch.setattr(publisher_module, "RETRY_S", 0.01)
-    admin = own
+    _, admin = own_redis
     url = admin.get_connection_kwargs()
     r1 = Redis(host=url["host"], port=url["port"])
     a = new_stage(embedder)

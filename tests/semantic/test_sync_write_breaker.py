@@ -9,9 +9,7 @@ while it stays open lands and is counted."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 
-import pytest
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
@@ -28,25 +26,15 @@ from tests.unit.cache.test_tiers import _entry
 WRITES = ("hset", "zadd", "xadd", "eval", "evalsha", "hdel", "zrem")
 
 
-@pytest.fixture
-async def own() -> AsyncIterator[tuple[RedisServer, Redis]]:
-    server = RedisServer().start()  # its own: a pause would stall every test on a shared one
-    admin = Redis.from_url(server.url)
-    yield server, admin
-    await admin.client_unpause()
-    await admin.aclose()
-    server.stop()
-
-
 async def _writes(admin: Redis) -> int:
     stats = await admin.info("commandstats")
     return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in WRITES)
 
 
 async def test_the_publisher_holds_while_writes_stall_and_sends_everything_after(
-    own: tuple[RedisServer, Redis], embedder: Embedder
+    own_redis: tuple[RedisServer, Redis], embedder: Embedder
 ) -> None:
-    server, admin = own
+    server, admin = own_redis
     settings = RedisSettings(
         url=server.url,
         key_prefix=f"w{time.monotonic_ns()}:",

@@ -7,10 +7,8 @@ it stayed there until its TTL."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
@@ -27,25 +25,15 @@ from tests.unit.cache.test_purge_fanout_unprimed import _until as until
 BOB = {"Authorization": "Bearer sk-bob"}
 
 
-@pytest.fixture
-async def paused() -> AsyncIterator[tuple[RedisServer, Redis]]:
-    server = RedisServer().start()  # its own: a pause would stall every test on a shared one
-    admin = Redis.from_url(server.url)
-    yield server, admin
-    await admin.client_unpause()
-    await admin.aclose()
-    server.stop()
-
-
 def _settings(url: str, journal: Path) -> CacheSettings:
     redis = {"url": url, "key_prefix": f"t{uuid.uuid4().hex[:8]}:", "journal_dir": str(journal)}
     return CacheSettings.model_validate({"tenant_secret": "t" * 32, "redis": redis})
 
 
 async def test_a_waiting_purge_outlives_its_process(
-    paused: tuple[RedisServer, Redis], tmp_path: Path
+    own_redis: tuple[RedisServer, Redis], tmp_path: Path
 ) -> None:
-    server, admin = paused
+    server, admin = own_redis
     settings = _settings(server.url, tmp_path)
     prefix = settings.redis.key_prefix if settings.redis is not None else ""
     a = Cache(settings, CollectorRegistry())

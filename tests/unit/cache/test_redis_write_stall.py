@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -19,16 +18,6 @@ from cache.tiers.redis import RedisTier
 from tests.support.servers import RedisServer
 from tests.unit.cache.conftest import redis_settings
 from tests.unit.cache.test_tiers import _entry
-
-
-@pytest.fixture
-async def paused() -> AsyncIterator[tuple[RedisServer, Redis]]:
-    server = RedisServer().start()  # its own: a pause would stall every test on a shared one
-    admin = Redis.from_url(server.url)
-    yield server, admin
-    await admin.client_unpause()
-    await admin.aclose()
-    server.stop()
 
 
 async def _miss(tier: RedisTier, key: str) -> str | None:
@@ -46,11 +35,11 @@ def _timeouts(metrics: CacheMetrics, *ops: str) -> float:
 
 
 async def test_a_write_stall_opens_the_write_breaker_and_keeps_deletes(
-    paused: tuple[RedisServer, Redis],
+    own_redis: tuple[RedisServer, Redis],
     metrics: CacheMetrics,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    server, admin = paused
+    server, admin = own_redis
     # four writes in a row: (with three, a miss's lease, store and release opened the tier's
     # breaker before too, and its reads stopped)
     settings = redis_settings(server.url, breaker={"failures": 4, "open_s": 600})
