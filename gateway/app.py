@@ -158,7 +158,11 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     app = web.Application(client_max_size=settings.limits.max_body_bytes, handler_args=None)
     app[STATE] = state
     app.on_response_prepare.append(_name_the_server)
-    listener_roles.install(app, separate=settings.admin.listener is not None)
+    listener_roles.install(
+        app,
+        separate=settings.admin.listener is not None,
+        metrics_on_admin=settings.admin.metrics == "admin_listener",
+    )
     request_target.install(app)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:

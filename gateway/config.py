@@ -61,6 +61,16 @@ class AdminSettings(_Frozen):
     token: str | None = None
     # Where /admin/* is served; None keeps it on the main listeners (probes stay on every listener).
     listener: ListenerSettings | None = None
+    # Where /metrics answers. Its per-route counters (requests, hits, semantic budgets) describe
+    # every tenant's traffic in aggregate: a multi-tenant deployment can keep them off the
+    # listeners its clients reach (`admin_listener`, which needs `listener`).
+    metrics: Literal["every_listener", "admin_listener"] = "every_listener"
+
+    @model_validator(mode="after")
+    def _metrics_has_a_home(self) -> AdminSettings:
+        if self.metrics == "admin_listener" and self.listener is None:
+            raise ValueError("admin.metrics: admin_listener needs admin.listener")
+        return self
 
 
 class LimitSettings(_Frozen):

@@ -1,6 +1,6 @@
 """Keeps the admin API on its own listener: with `admin.listener` set, /admin/* answers only
 there, the admin listener serves no model traffic, and the probes (/healthz /readyz /metrics)
-answer on both.
+answer on both, unless `admin.metrics: admin_listener` keeps /metrics on the admin one alone.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 class ListenerRoles:
     """Addresses (TCP port or unix path) of the admin listener, filled in once bound."""
 
-    def __init__(self) -> None:
+    def __init__(self, metrics_on_admin: bool = False) -> None:
         self.admin: set[int | str] = set()
+        self.metrics_on_admin = metrics_on_admin
 
     def add_admin_site(self, site: web.BaseSite) -> None:
         server = getattr(site, "_server", None)
@@ -86,16 +87,18 @@ def admin_stays_here(handler: Handler) -> Handler:
 @web.middleware
 async def split_admin(request: web.Request, handler: Handler) -> web.StreamResponse:
     path = request.path
-    if path in PROBES:
+    roles = request.app[ROLES]
+    kept = is_admin_path(path) or (roles.metrics_on_admin and path == "/metrics")
+    if path in PROBES and not kept:
         return await handler(request)
-    on_admin = request.app[ROLES].on_admin(request)
-    if is_admin_path(path) != on_admin:
+    if kept != roles.on_admin(request):
         return _not_found(path)
     return await handler(request)
 
 
-def install(app: web.Application, separate: bool) -> None:
-    """Register the roles (always, so the server can fill them) and the split when separate."""
-    app[ROLES] = ListenerRoles()
+def install(app: web.Application, separate: bool, metrics_on_admin: bool = False) -> None:
+    """Register the roles (always, so the server can fill them) and the split when separate
+    (metrics_on_admin: /metrics answers on the admin listener alone)."""
+    app[ROLES] = ListenerRoles(metrics_on_admin)
     if separate:
         app.middlewares.append(split_admin)
