@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import NamedTuple, cast
 
+import orjson
+
 from backends import MSGPACK_TYPES
 from cache import CacheEntry
 from gateway.protocols import openai_sse
@@ -94,10 +96,18 @@ class Framing(NamedTuple):
 
 
 def _parses(data: bytes) -> bool:
+    """Does the answer parse as the clients' json.loads reads it? Checked on the event loop for
+    every stored miss: json.loads held it for a median 29.7 ms on a 2 MB embeddings answer (64
+    vectors of 1,536; every other request waited), orjson 3.2 ms in the same run. orjson
+    refuses what json.loads takes beside JSON proper (NaN, a lone surrogate's escape): those
+    few are asked again of json.loads, so the verdict is the same."""
     try:
-        json.loads(data)
-    except ValueError:  # JSONDecodeError and UnicodeDecodeError both
-        return False
+        orjson.loads(data)
+    except orjson.JSONDecodeError:
+        try:
+            json.loads(data)
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError both
+            return False
     return True
 
 
