@@ -63,10 +63,11 @@ class TensorModel:
                 raise BadInput(
                     f"model {self.name} has no input '{name}' (it takes {', '.join(want)})"
                 )
+        missing = [s.name for s in self.inputs if s.name not in inputs]
+        if missing:  # (before the rows check below reads them all)
+            raise BadInput(f"model {self.name} needs input '{missing[0]}'")
         feeds: Feeds = {}
         for spec in self.inputs:
-            if spec.name not in inputs:
-                raise BadInput(f"model {self.name} needs input '{spec.name}'")
             datatype, shape, value = inputs[spec.name]
             if datatype != spec.datatype:
                 raise BadInput(f"input '{spec.name}' must be {spec.datatype}, got {datatype}")

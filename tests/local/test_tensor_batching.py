@@ -145,3 +145,9 @@ async def test_a_model_whose_output_has_no_batch_dimension(gw: ServerThread) -> 
     for x, (st, d) in zip(xs, got, strict=True):
         assert st == 200, d
         assert float(np.asarray(d["outputs"][0]["data"]).ravel()[0]) == float(x.sum())
+
+
+async def test_a_missing_second_input_is_a_400_naming_it(gw: ServerThread) -> None:
+    async with aiohttp.ClientSession() as s:
+        status, doc = await _infer(s, gw.url, "twoin", x=np.ones((1, 4), np.float32))
+    assert status == 400 and doc["error"] == "model twoin needs input 'y'", doc
