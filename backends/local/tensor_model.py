@@ -4,6 +4,7 @@ engine's own specs, optional image preprocessing, requests batched along dimensi
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from backends.preprocess.cpu import images_to_nchw
 from backends.settings import BatcherSettings, ImagePreprocess
 
 Feeds = dict[str, NDArray[Any]]
+log = logging.getLogger("latentgate.local")
 
 
 class TensorModel:
@@ -50,6 +52,9 @@ class TensorModel:
         self.joinable = all(s.shape and s.shape[0] == -1 for s in engine.inputs) and all(
             s.shape and s.shape[0] == -1 for s in engine.outputs
         )
+        # Cleared the first time a shared run's outputs are not one row per input row: the
+        # graph's dimension 0 is then not (only) the batch, and later runs go request by request.
+        self._joins = self.joinable
         self._batcher: Batcher[Feeds, Feeds | Exception] = Batcher(
             name, self._run_batch, batching, metrics=metrics
         )
@@ -117,7 +122,7 @@ class TensorModel:
         groups: dict[tuple[Any, ...], list[int]] = {}
         for i, feeds in enumerate(batch):
             key: tuple[Any, ...] = (
-                tuple((k, v.shape[1:]) for k, v in sorted(feeds.items())) if self.joinable else (i,)
+                tuple((k, v.shape[1:]) for k, v in sorted(feeds.items())) if self._joins else (i,)
             )
             groups.setdefault(key, []).append(i)
         for idx in groups.values():
@@ -126,15 +131,27 @@ class TensorModel:
                 continue
             names = batch[idx[0]].keys()
             joined = {n: _concat([batch[i][n] for i in idx]) for n in names}
+            rows = [len(next(iter(batch[i].values()))) for i in idx]
+            result: Feeds | None
             try:
                 result = self.engine.run(joined)
             except Exception:
+                result = None
+            # A dynamic dimension 0 is not always the batch: a flattened output, or one row per
+            # detection, holds another count, and slicing it by request would hand one request
+            # its neighbour's values, cut to its own length.
+            if result is not None and any(
+                tuple(v.shape[:1]) != (sum(rows),) for v in result.values()
+            ):
+                log.warning("model %s: an output is not one row per input row; "
+                            "requests now run one at a time", self.name)  # fmt: skip
+                self._joins, result = False, None
+            if result is None:
                 for i in idx:
                     out[i] = self._alone(batch[i])
                 continue
             start = 0
-            for i in idx:
-                n = len(next(iter(batch[i].values())))
+            for i, n in zip(idx, rows, strict=True):
                 out[i] = {k: v[start : start + n] for k, v in result.items()}
                 start += n
         return out

@@ -60,6 +60,17 @@ def build_models(d: Path) -> dict[str, Path]:
         [helper.make_tensor_value_info("total", f, [])],
         [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0)],
     )
+    # a dynamic dimension 0 that is not the batch: flat = reshape(x, [-1]), x [N, 4] → [4N]
+    out["flat"] = d / "flat.onnx"
+    _save(
+        out["flat"],
+        [helper.make_tensor_value_info("x", f, ["N", 4])],
+        [helper.make_tensor_value_info("flat", f, ["M"])],
+        [
+            helper.make_node("Constant", [], ["s"], value=helper.make_tensor("s", 7, [1], [-1])),
+            helper.make_node("Reshape", ["x", "s"], ["flat"]),
+        ],
+    )
     return out
 
 
@@ -145,6 +156,29 @@ async def test_a_model_whose_output_has_no_batch_dimension(gw: ServerThread) -> 
     for x, (st, d) in zip(xs, got, strict=True):
         assert st == 200, d
         assert float(np.asarray(d["outputs"][0]["data"]).ravel()[0]) == float(x.sum())
+
+
+async def test_an_output_whose_dimension_0_is_not_the_batch_is_each_requests_own(
+    gw: ServerThread,
+) -> None:
+    import tritonclient.http.aio as aioclient
+
+    xs = [np.arange(4 * i, 4 * i + 4, dtype=np.float32)[None] for i in range(12)]
+
+    async def infer(c: aioclient.InferenceServerClient, x: np.ndarray) -> np.ndarray:
+        inp = aioclient.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        got: np.ndarray = (await c.infer("flat", [inp])).as_numpy("flat")
+        return got
+
+    c = aioclient.InferenceServerClient(gw.url.removeprefix("http://"))
+    try:
+        for _ in range(3):  # (the first batch finds out; later ones must not mix either)
+            got = await asyncio.gather(*(infer(c, x) for x in xs))
+            for x, y in zip(xs, got, strict=True):
+                np.testing.assert_array_equal(y, x.ravel())
+    finally:
+        await c.close()
 
 
 async def test_a_missing_second_input_is_a_400_naming_it(gw: ServerThread) -> None:
