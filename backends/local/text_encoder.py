@@ -64,7 +64,7 @@ class TextEncoder:
         if spec is None:
             raise EngineError(f"model {name} has no output {output!r}")
         self.dim: int = spec.shape[-1] if spec.shape and spec.shape[-1] > 0 else 0
-        self._batcher: Batcher[Tokens, NDArray[np.float32]] = Batcher(
+        self._batcher: Batcher[Tokens, NDArray[np.float32] | Exception] = Batcher(
             name,
             self._run_rows,
             batching or BatcherSettings(),
@@ -114,8 +114,15 @@ class TextEncoder:
         hidden = self.engine.run(feeds)[self._output]
         return mean_pool_normalise(hidden.astype(np.float32, copy=False), mask)
 
-    def _run_rows(self, batch: list[Tokens]) -> list[NDArray[np.float32]]:
-        return list(self.encode_tokens(batch))
+    def _run_rows(self, batch: list[Tokens]) -> list[NDArray[np.float32] | Exception]:
+        """A batch that fails runs again text by text: a text the model refuses (a token id past
+        its embedding table, say) fails the request that sent it, not its batch mates."""
+        try:
+            return list(self.encode_tokens(batch))
+        except Exception as exc:
+            if len(batch) == 1:
+                return [exc]
+        return [self._run_rows([t])[0] for t in batch]
 
     async def atokenize(self, texts: Sequence[str]) -> list[Tokens]:
         """tokenize, off the event loop when the batch is large."""
@@ -129,7 +136,10 @@ class TextEncoder:
         return await self.aencode_tokens(await self.atokenize(texts))
 
     async def aencode_tokens(self, tokens: Sequence[Tokens]) -> NDArray[np.float32]:
-        rows = await self._batcher.submit(tokens)
+        got = await self._batcher.submit(tokens)
+        rows = [r for r in got if not isinstance(r, Exception)]
+        if len(rows) < len(got):
+            raise next(r for r in got if isinstance(r, Exception))  # this request's own text
         if len(rows) > 64:  # stacking thousands of rows is milliseconds of loop time
             return await asyncio.to_thread(_stack, rows)
         return _stack(rows)
