@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,9 @@ class TrtEngine:
             raise EngineError(f"TensorRT could not deserialize the engine for {name}")
         self._ctx = self._engine.create_execution_context()
         self._stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        # One context and one set of buffers: two runs at once (batching off runs requests on
+        # the default executor's threads) would write each other's rows. Engines are thread-safe.
+        self._lock = threading.Lock()
         self.inputs: list[TensorSpec] = []
         self.outputs: list[TensorSpec] = []
         self._buffers: dict[str, Any] = {}
@@ -192,13 +196,16 @@ class TrtEngine:
         return cls(path.read_bytes(), art.name, max_batch, max_tokens, metrics)
 
     def run(self, feeds: dict[str, Any]) -> dict[str, NDArray[Any]]:
+        with self._lock:
+            return self._run(feeds)
+
+    def _run(self, feeds: dict[str, Any]) -> dict[str, NDArray[Any]]:
         torch = self._torch
         with torch.cuda.stream(self._stream):
             for spec in self.inputs:
                 value = feeds[spec.name]
                 src = value if hasattr(value, "data_ptr") else torch.from_numpy(np.asarray(value))
-                buf = self._buffers[spec.name]
-                view = buf[tuple(slice(0, n) for n in src.shape)]
+                view = dense_prefix(self._buffers[spec.name], tuple(src.shape))
                 view.copy_(src, non_blocking=True)
                 self._ctx.set_input_shape(spec.name, tuple(src.shape))
                 self._ctx.set_tensor_address(spec.name, view.data_ptr())
@@ -209,13 +216,20 @@ class TrtEngine:
             out = {}
             for spec in self.outputs:
                 shape = tuple(self._ctx.get_tensor_shape(spec.name))
-                flat = self._buffers[spec.name].view(-1)[: int(np.prod(shape))]
-                out[spec.name] = flat.view(shape).float().cpu().numpy()
+                out[spec.name] = dense_prefix(self._buffers[spec.name], shape).float().cpu().numpy()
         self._stream.synchronize()
         return out
 
     def close(self) -> None:
         self._buffers.clear()
+
+
+def dense_prefix(buf: Any, shape: tuple[int, ...]) -> Any:
+    """The first elements of a buffer allocated at the profile's maximum, as a dense tensor of
+    `shape`: TensorRT reads and writes a tensor densely from its address. (A slice
+    `buf[:b, :s]` is strided by the maximum width, so with s under it, row 1 on was read from
+    row 0's tail and stale tokens of earlier batches.)"""
+    return buf.view(-1)[: int(np.prod(shape))].view(shape)
 
 
 def build_plan(

@@ -79,3 +79,17 @@ def test_trt_engine_cache_is_keyed_by_gpu_and_version() -> None:
                              tensorrt.__version__, "fp16", 64, 256)  # fmt: skip
     assert tensorrt.__version__ in path.name and art.model_hash[:16] in str(path)
     assert np.all([path.suffix == ".plan"])
+
+
+def test_a_batch_narrower_than_the_profile_reaches_tensorrt_row_by_row() -> None:
+    """TensorRT reads an input densely from its address; a batch of 2 rows of 3 tokens staged in
+    a buffer of 4 x 8 must be those 6 values in order (the device does not matter: CPU torch)."""
+    torch = pytest.importorskip("torch")
+    from backends.local.tensorrt import dense_prefix
+
+    buf = torch.full((4, 8), -1, dtype=torch.int64)  # what an earlier, longer batch left
+    src = torch.tensor([[101, 7, 102], [101, 9, 102]])
+    view = dense_prefix(buf, tuple(src.shape))
+    view.copy_(src)
+    assert view.data_ptr() == buf.data_ptr()  # the address TensorRT is given
+    assert buf.view(-1)[:6].tolist() == [101, 7, 102, 101, 9, 102]  # what it reads there
