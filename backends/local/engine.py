@@ -47,6 +47,9 @@ class Engine(Protocol):
     providers: list[str]
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
+    # False when a row's output depends on the other rows of its run (a dynamically quantized
+    # graph takes its activation scales over the whole input): callers then run rows one by one.
+    batch_invariant: bool
 
     def run(self, feeds: dict[str, NDArray[Any]]) -> dict[str, NDArray[Any]]: ...
 

@@ -6,6 +6,7 @@ Foreign errors (onnxruntime's) are translated to EngineError here; callers never
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 from typing import Any
 
@@ -74,6 +75,13 @@ class OrtEngine:
         self.inputs = [_spec(a) for a in self._sess.get_inputs()]
         self.outputs = [_spec(a) for a in self._sess.get_outputs()]
         self._input_names = {s.name for s in self.inputs}
+        self.batch_invariant = not dynamically_quantized(path)
+        if not self.batch_invariant:
+            log.warning(
+                "engine %s: dynamically quantized (activation scales are taken over a whole "
+                "run), so requests never share a run; a calibrated (static) INT8 graph batches",
+                name,
+            )
         asked_device = device_of(wanted)
         if asked_device != self.device:
             log.warning(
@@ -145,6 +153,20 @@ class OrtEngine:
 
     def close(self) -> None:
         del self._sess
+
+
+# The op types (all named DynamicQuantize*: ...Linear, ...MatMul, ...LSTM) that quantize an
+# activation with a scale taken from the whole tensor, every row of every request in the run;
+# onnxruntime.quantization.quantize_dynamic writes them.
+_DYNAMIC_QUANTIZE = b"DynamicQuantize"
+
+
+def dynamically_quantized(path: str) -> bool:
+    """The graph has a DynamicQuantize* node. The file's bytes are searched for the op type
+    rather than parsed: the serving process does not depend on the onnx package, and a false
+    positive (the name in a doc string) costs throughput, never a wrong answer."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        return m.find(_DYNAMIC_QUANTIZE) != -1
 
 
 def _invalid_argument_class() -> type[Exception]:

@@ -31,6 +31,7 @@ class SharedEngine:
         self.providers: list[str] = inner.providers
         self.inputs: list[TensorSpec] = inner.inputs
         self.outputs: list[TensorSpec] = inner.outputs
+        self.batch_invariant: bool = inner.batch_invariant
         self._release: Callable[[], None] | None = release
 
     def run(self, feeds: dict[str, NDArray[Any]]) -> dict[str, NDArray[Any]]:

@@ -52,9 +52,10 @@ class TensorModel:
         self.joinable = all(s.shape and s.shape[0] == -1 for s in engine.inputs) and all(
             s.shape and s.shape[0] == -1 for s in engine.outputs
         )
-        # Cleared the first time a shared run's outputs are not one row per input row: the
-        # graph's dimension 0 is then not (only) the batch, and later runs go request by request.
-        self._joins = self.joinable
+        # Off for a graph whose rows depend on each other (dynamic quantization), and cleared
+        # the first time a shared run's outputs are not one row per input row: the graph's
+        # dimension 0 is then not (only) the batch. Either way requests run one by one.
+        self._joins = self.joinable and engine.batch_invariant
         self._batcher: Batcher[Feeds, Feeds | Exception] = Batcher(
             name, self._run_batch, batching, metrics=metrics
         )

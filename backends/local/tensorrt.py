@@ -96,6 +96,7 @@ def _calibrator(
 
 class TrtEngine:
     kind = "tensorrt"
+    batch_invariant = True  # (its INT8 is calibrated: fixed scales)
 
     def __init__(
         self,

@@ -105,6 +105,9 @@ class TextEncoder:
         return self.encode_tokens(self.tokenize(texts))
 
     def encode_tokens(self, tokens: Sequence[Tokens]) -> NDArray[np.float32]:
+        if not self.engine.batch_invariant and len(tokens) > 1:
+            # a text's vector must not depend on the texts run beside it (nor on their padding)
+            return np.concatenate([self.encode_tokens([t]) for t in tokens])
         if self._gpu_pre is not None:
             feeds = self._gpu_pre.pad_tokens(tokens)
             mask = self._gpu_pre.to_numpy(feeds["attention_mask"])

@@ -18,6 +18,7 @@ class CountingEngine:
         self.name, self.device, self.providers = "m", "cpu", ["CPUExecutionProvider"]
         self.inputs = [TensorSpec("x", "FP32", (-1,))]
         self.outputs = [TensorSpec("y", "FP32", (-1,))]
+        self.batch_invariant = True
         self.closed = 0
 
     def run(self, feeds: dict[str, NDArray[Any]]) -> dict[str, NDArray[Any]]:
