@@ -57,6 +57,7 @@ class TextEncoder:
         self.preprocessor = preprocessor
         self.max_tokens = preprocessor.max_tokens
         self._output = output
+        self._masked = any(s.name == "attention_mask" for s in engine.inputs)
         self._gpu_pre: Any = None
         if self.device == "cuda":
             self._gpu_pre = _gpu_preprocessor()
@@ -105,9 +106,11 @@ class TextEncoder:
         return self.encode_tokens(self.tokenize(texts))
 
     def encode_tokens(self, tokens: Sequence[Tokens]) -> NDArray[np.float32]:
+        # A text's vector must not depend on the texts run beside it, nor on their padding.
         if not self.engine.batch_invariant and len(tokens) > 1:
-            # a text's vector must not depend on the texts run beside it (nor on their padding)
             return np.concatenate([self.encode_tokens([t]) for t in tokens])
+        if not self._masked and len({len(t.ids) for t in tokens}) > 1:
+            return self._by_length(tokens)
         if self._gpu_pre is not None:
             feeds = self._gpu_pre.pad_tokens(tokens)
             mask = self._gpu_pre.to_numpy(feeds["attention_mask"])
@@ -116,6 +119,17 @@ class TextEncoder:
             mask = feeds["attention_mask"]
         hidden = self.engine.run(feeds)[self._output]
         return mean_pool_normalise(hidden.astype(np.float32, copy=False), mask)
+
+    def _by_length(self, tokens: Sequence[Tokens]) -> NDArray[np.float32]:
+        """A model without an attention mask reads padding as text: only texts of one length
+        share a run (no padding at all), and the rows go back in their order."""
+        groups: dict[int, list[int]] = {}
+        for i, t in enumerate(tokens):
+            groups.setdefault(len(t.ids), []).append(i)
+        rows: dict[int, NDArray[np.float32]] = {}
+        for idx in groups.values():
+            rows.update(zip(idx, self.encode_tokens([tokens[i] for i in idx]), strict=True))
+        return np.stack([rows[i] for i in range(len(tokens))])
 
     def _run_rows(self, batch: list[Tokens]) -> list[NDArray[np.float32] | Exception]:
         """A batch that fails runs again text by text: a text the model refuses (a token id past

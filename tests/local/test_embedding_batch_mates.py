@@ -1,6 +1,7 @@
 """Texts batched into one engine run through /v1/embeddings: a text the model refuses fails only
-the request that sent it. A real ONNX graph (a token embedding table smaller than the tokenizer's
-vocabulary) run by ONNX Runtime, called with the openai SDK."""
+the request that sent it, and padding never reaches a model that cannot mask it. Real ONNX graphs
+(a token embedding table smaller than the tokenizer's vocabulary; one without an attention mask)
+run by ONNX Runtime, called with the openai SDK."""
 
 from __future__ import annotations
 
@@ -44,22 +45,43 @@ def table_model(path: Path) -> None:
     onnx.save(model, str(path))
 
 
+def unmasked_model(path: Path) -> None:
+    """input_ids [B, S] only → token_embeddings = e + mean(e over S), e = table[input_ids]: each
+    token reads the whole sequence, padding included, as unmasked attention does."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    table = np.random.default_rng(8).standard_normal((ROWS, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "input_ids"], ["e"]),
+         helper.make_node("ReduceMean", ["e"], ["m"], axes=[1], keepdims=1),
+         helper.make_node("Add", ["e", "m"], ["token_embeddings"])],
+        "unmasked",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["B", "S"])],
+        [helper.make_tensor_value_info("token_embeddings", TensorProto.FLOAT, ["B", "S", 8])],
+        initializer=[helper.make_tensor("table", TensorProto.FLOAT, [ROWS, 8], table.ravel())],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, str(path))
+
+
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    path = tmp_path_factory.mktemp("models") / "table.onnx"
-    table_model(path)
+    d = tmp_path_factory.mktemp("models")
+    table_model(d / "table.onnx")
+    unmasked_model(d / "unmasked.onnx")
     tokenizer = builtin_dir("all-MiniLM-L6-v2") / "tokenizer.json"
-    cfg: dict[str, Any] = {
-        "backends": {"table": {
-            "kind": "onnxruntime", "model": str(path), "served_name": "table",
+    cfg: dict[str, Any] = {"backends": {}, "routes": []}
+    for name in ("table", "unmasked"):
+        cfg["backends"][name] = {
+            "kind": "onnxruntime", "model": str(d / f"{name}.onnx"), "served_name": name,
             "providers": ["CPUExecutionProvider"], "warmup": False,
             "preprocess": {"kind": "text", "tokenizer": str(tokenizer), "max_tokens": 64},
             # a window wide enough that concurrent requests do share a batch
             "batching": {"max_delay_ms": 20},
-        }},
-        "routes": [{"name": "table", "match": {"path": "/v1/embeddings"}, "protocol": "openai",
-                    "backend": "table"}],
-    }  # fmt: skip
+        }  # fmt: skip
+        cfg["routes"].append({"name": name, "protocol": "openai", "backend": name,
+                              "match": {"path": "/v1/embeddings", "model": name}})  # fmt: skip
     server = ServerThread(lambda: build_app(Settings.model_validate(cfg))).start()
     wait_ready(server.url)
     yield server
@@ -84,5 +106,24 @@ async def test_a_refused_text_fails_only_its_own_request(gw: ServerThread) -> No
             for text, mine, own in zip(GOOD, got[1:], alone, strict=True):
                 assert not isinstance(mine, str), (text, mine)
                 np.testing.assert_allclose(mine, own, atol=1e-6)
+    finally:
+        await client.close()
+
+
+async def test_a_model_without_an_attention_mask_never_reads_padding(gw: ServerThread) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+
+    async def embed(text: str | list[str]) -> list[list[float]]:
+        got = await client.embeddings.create(model="unmasked", input=text)
+        return [d.embedding for d in got.data]
+
+    try:
+        alone = [(await embed(t))[0] for t in GOOD]
+        for _ in range(3):
+            got = await asyncio.gather(*(embed(t) for t in GOOD))
+            for text, mine, own in zip(GOOD, got, alone, strict=True):
+                np.testing.assert_allclose(mine[0], own, atol=1e-6, err_msg=text)
+        # one request of texts of many lengths: each as it is alone
+        np.testing.assert_allclose(await embed(GOOD), alone, atol=1e-6)
     finally:
         await client.close()
