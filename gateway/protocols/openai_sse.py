@@ -100,18 +100,40 @@ def _payloads(events: list[bytes]) -> list[dict[str, Any]]:
 
 
 def _merge_tool_calls(acc: list[dict[str, Any]], deltas: list[dict[str, Any]]) -> None:
+    """Each delta onto the call at its index: the text of an object's fields joined in order
+    (a function's name and arguments, a custom tool's name and input: a call's type says
+    which object it has, so none is assumed), its id and type as said."""
     for d in deltas:
         i = d.get("index", 0)
         while len(acc) <= i:
-            acc.append({"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+            acc.append({"id": None})
         tc = acc[i]
-        if d.get("id"):
-            tc["id"] = d["id"]
-        if d.get("type"):
-            tc["type"] = d["type"]
-        fn = d.get("function") or {}
-        tc["function"]["name"] += fn.get("name") or ""
-        tc["function"]["arguments"] += fn.get("arguments") or ""
+        for k, v in d.items():
+            if k == "index":
+                continue
+            if isinstance(v, dict):
+                part = tc.setdefault(k, {})
+                for name, piece in v.items():
+                    if isinstance(piece, str):
+                        part[name] = (part.get(name) or "") + piece
+                    elif piece is not None:
+                        part[name] = piece
+            elif v:  # (a later chunk's null or "" id or type repeats nothing)
+                tc[k] = v
+
+
+def _whole_tool_calls(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The assembled calls as the API's body has them: a call that did not say its type is a
+    function's (as the API's deltas after the first), and a function call has a name and
+    arguments even when its stream sent none."""
+    for tc in tools:
+        objects = [k for k, v in tc.items() if isinstance(v, dict)]
+        tc["type"] = tc.get("type") or (objects[0] if objects else "function")
+        if tc["type"] == "function":
+            fn = tc.setdefault("function", {})
+            fn.setdefault("name", "")
+            fn.setdefault("arguments", "")
+    return tools
 
 
 # What the whole answer says beside its choices, repeated on every chunk of its stream
@@ -191,7 +213,7 @@ def _events_to_body(events: list[bytes], kind: str) -> bytes | None:
     for c in choices.values():
         tools = c.pop("_tools", None)
         if tools:
-            c["message"]["tool_calls"] = tools
+            c["message"]["tool_calls"] = _whole_tool_calls(tools)
         calls = tools or c.get("message", {}).get("function_call")
         if calls and c["message"]["content"] == "":  # only the opening "" delta: null, as a
             c["message"]["content"] = None  # tool or function call's message has
