@@ -140,6 +140,9 @@ def _whole_tool_calls(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # (`service_tier`: the tier that served it, "flex", "priority" or "default", where the request
 # may have said "auto").
 _ANSWER_FIELDS = ("system_fingerprint", "service_tier")
+# What the answer says about its prompt, once, on its stream's first chunk: Azure's prompt
+# filter results, vLLM's `prompt_token_ids` (return_token_ids) and `prompt_text`.
+_PROMPT_FIELDS = ("prompt_filter_results", "prompt_token_ids", "prompt_text")
 
 
 # A chunk's choice fields the conversion reads itself; any other is the server's own.
@@ -207,8 +210,15 @@ def _events_to_body(events: list[bytes], kind: str) -> bytes | None:
             if ch.get("finish_reason") is not None:
                 c["finish_reason"] = ch["finish_reason"]
             for k, v in ch.items():  # a server's own per-choice fields (vLLM's stop_reason,
-                # Azure's content_filter_results): as the last chunk that has one says it
-                if k not in _CHOICE_FIELDS and k != "message" and v not in (None, {}, []):
+                # Azure's content_filter_results): as the last chunk that says one (a null or
+                # empty one only when none did); a list is the chunk's own part of it (vLLM's
+                # token_ids), joined in order
+                if k in _CHOICE_FIELDS or k == "message":
+                    continue
+                prev = c.get(k)
+                if isinstance(v, list) and isinstance(prev, list):
+                    c[k] = [*prev, *v]
+                elif v not in (None, {}, []) or k not in c:
                     c[k] = v
     for c in choices.values():
         tools = c.pop("_tools", None)
@@ -224,7 +234,7 @@ def _events_to_body(events: list[bytes], kind: str) -> bytes | None:
         "model": first.get("model"),
         "choices": [choices[i] for i in sorted(choices)],
     }
-    for name in (*_ANSWER_FIELDS, "prompt_filter_results"):  # the first chunk that says it
+    for name in (*_ANSWER_FIELDS, *_PROMPT_FIELDS):  # the first chunk that says it
         value = next((c[name] for c in chunks if c.get(name) is not None), None)
         if value is not None:
             out[name] = value
@@ -302,9 +312,11 @@ def _body_to_events(body: bytes, kind: str, include_usage: bool) -> list[bytes] 
     for name in _ANSWER_FIELDS:
         if doc.get(name) is not None:
             base[name] = doc[name]
+    prompt = {name: doc[name] for name in _PROMPT_FIELDS if doc.get(name) is not None}
     events: list[bytes] = []
     for ch in doc["choices"]:
         i = ch.get("index", 0)
+        head = base if events else {**base, **prompt}  # (the stream's first chunk)
         if kind == "chat":
             msg = ch.get("message") or {}
             # the API opens a text answer with content "" and a tool call's or a refusal's
@@ -314,7 +326,7 @@ def _body_to_events(body: bytes, kind: str, include_usage: bool) -> list[bytes] 
             events.append(
                 _event(
                     {
-                        **base,
+                        **head,
                         "choices": [
                             {"index": i, "delta": first, "logprobs": None, "finish_reason": None}
                         ],
@@ -366,7 +378,7 @@ def _body_to_events(body: bytes, kind: str, include_usage: bool) -> list[bytes] 
             events.append(
                 _event(
                     {
-                        **base,
+                        **head,
                         "choices": [
                             {
                                 "index": i,
