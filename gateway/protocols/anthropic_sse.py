@@ -104,15 +104,25 @@ def _event(kind: str, doc: dict[str, Any]) -> bytes:
     return f"event: {kind}\ndata: ".encode() + json.dumps({"type": kind, **doc}).encode()
 
 
+# Blocks whose input the API streams as input_json_delta (the SDK's TRACKS_TOOL_INPUT).
+_TOOL_INPUT_BLOCKS = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
+
+
 def _block_events(index: int, block: dict[str, Any]) -> list[bytes]:
-    """content_block_start, its deltas, content_block_stop: what the API streams per block."""
+    """content_block_start, its deltas, content_block_stop: what the API streams per block.
+    What the API streams as deltas goes as deltas, not in the start: stream readers (the SDK's
+    `citation` and `input_json` events, tracing and agent frameworks) read them there."""
     kind = block.get("type")
     start, deltas = dict(block), []
     if kind == "text":
         start["text"] = ""
         if block.get("text"):
             deltas.append({"type": "text_delta", "text": block["text"]})
-    elif kind == "tool_use":
+        citations = block.get("citations")
+        if isinstance(citations, list) and citations:
+            start["citations"] = []
+            deltas += [{"type": "citations_delta", "citation": c} for c in citations]
+    elif kind in _TOOL_INPUT_BLOCKS:
         start["input"] = {}
         deltas.append({"type": "input_json_delta", "partial_json": json.dumps(block.get("input"))})
     elif kind == "thinking":
