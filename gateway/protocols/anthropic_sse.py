@@ -44,7 +44,8 @@ def completed(events: list[bytes]) -> bool:
 
 
 def _apply_delta(block: dict[str, Any], delta: dict[str, Any], json_buf: list[str]) -> None:
-    """One content_block_delta onto its block; tool input JSON is collected, parsed at the end."""
+    """One content_block_delta onto its block; tool input JSON is collected, parsed at the end.
+    A delta of a type it does not know raises: its block would be built without it."""
     kind = delta.get("type")
     if kind == "text_delta":
         block["text"] = block.get("text", "") + delta.get("text", "")
@@ -57,6 +58,11 @@ def _apply_delta(block: dict[str, Any], delta: dict[str, Any], json_buf: list[st
     elif kind == "citations_delta":
         block.setdefault("citations", None)
         block["citations"] = [*(block["citations"] or []), delta.get("citation")]
+    elif kind == "compaction_delta":  # (beta) the summary and its opaque state, said whole
+        block["content"] = delta.get("content")
+        block["encrypted_content"] = delta.get("encrypted_content")
+    else:  # a delta this gateway does not know: the block it builds is not the API's
+        raise ValueError(f"unknown delta type {kind!r}")
 
 
 def events_to_body(events: list[bytes], kind: str = "messages") -> bytes | None:
@@ -90,6 +96,9 @@ def _build(events: list[bytes]) -> bytes | None:
             for field in ("stop_reason", "stop_sequence", "stop_details", "container"):
                 if field in delta:
                     message[field] = delta[field]
+            for field in ("context_management", "input_transformations"):  # (beta)
+                if p.get(field) is not None:
+                    message[field] = p[field]
             usage = {k: v for k, v in (p.get("usage") or {}).items() if v is not None}
             message["usage"] = {**(message.get("usage") or {}), **usage}
     if message is None:

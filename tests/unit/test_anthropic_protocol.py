@@ -203,3 +203,13 @@ def test_unconvertible_bodies_are_refused() -> None:
     assert anthropic_sse.events_to_body([start, odd]) is None
     # a content block given as text: not a message the SDK could read
     assert anthropic_sse.body_to_events(b'{"type": "message", "content": ["x"]}') is None
+
+
+def test_a_stream_with_a_delta_of_unknown_type_is_not_converted() -> None:
+    """Its block would be built without what the delta said: the stored stream then answers
+    streaming clients only, and a plain client's miss stores the message."""
+    events = anthropic_sse.split_events(b"".join(stream_events(message_for(BASE, "up"))))
+    odd = b'data: {"type": "content_block_delta", "index": 0, "delta": {"type": "novel_delta"}}'
+    at = next(i for i, e in enumerate(events) if b"content_block_stop" in e)
+    assert anthropic_sse.events_to_body(events) is not None
+    assert anthropic_sse.events_to_body([*events[:at], odd, *events[at:]]) is None
