@@ -372,15 +372,12 @@ _DEFAULT = RequestDirectives()
 
 
 class Flows:
-    """Every cached route's flow, by route name; swapped whole on reload."""
+    """Every cached route's flow, by route name; a reload builds a new set (with no remembered
+    request → key aliases: a changed key policy could make one point at an entry the new one
+    would not match)."""
 
     def __init__(self, flows: Mapping[str, CacheFlow] | None = None) -> None:
         self._flows: dict[str, CacheFlow] = dict(flows or {})
 
     def get(self, route: str) -> CacheFlow | None:
         return self._flows.get(route)
-
-    def replace(self, flows: Mapping[str, CacheFlow]) -> None:
-        """A reload's new policies; aliases go with the old flows (a changed key policy could
-        make a remembered request → key mapping point at an entry the new one would not match)."""
-        self._flows = dict(flows)

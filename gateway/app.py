@@ -132,18 +132,19 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
         semantic=semantic,
     )
 
-    def swap_policies(new: Settings) -> None:
-        """A reload's cache policies: each route's cache rebuilt from its new exact policy."""
+    def swap_policies(new: Settings) -> Flows:
+        """A reload's cache policies: each route's cache rebuilt from its new exact policy (the
+        reload puts them in the new runtime, beside the routes they belong to)."""
         new_flows = build_flows(new.routes)
         for name in [n for n in cache.routes if n not in new_flows]:
             del cache.routes[name]
-        flows.replace(new_flows)
         if semantic is not None:
             # a route's semantic stage serves only through its exact cache's flow: a reload that
             # turns the exact cache off turns the semantic one off too (and its bar says so)
             semantic.serve_only(
                 {r.name for r in new.routes if r.cache.semantic.enabled and r.name in new_flows}
             )
+        return Flows(new_flows)
 
     def pool_source() -> dict[str, dict[str, dict[str, int]]]:
         out = {}

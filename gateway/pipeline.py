@@ -83,10 +83,10 @@ class Pipeline:
         limits: LimitSettings,
         flows: Flows | None = None,
     ) -> None:
-        self.flows = flows if flows is not None else Flows()
-        # Routes and backends live in one swappable Runtime (gateway/reload.py swaps it); each
-        # request pins the generation it started on, so in-flight work finishes on the old one.
-        self.runtime = Runtime(router, backends)
+        # Routes, backends and route caches live in one swappable Runtime (gateway/reload.py
+        # swaps it); each request pins the generation it started on, so in-flight work finishes
+        # on the old one.
+        self.runtime = Runtime(router, backends, flows=flows if flows is not None else Flows())
         self._pinned: ContextVar[Runtime] = ContextVar("latentgate_runtime")
         self.metrics = metrics
         self.limits = limits
@@ -105,12 +105,16 @@ class Pipeline:
     def backends(self) -> Mapping[str, Backend]:
         return self._pinned.get(self.runtime).backends
 
+    @property
+    def flows(self) -> Flows:
+        return self._pinned.get(self.runtime).flows
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
         tracing = self.tracing
         span = tracing.start(request)  # (first: every stage, the lane's too, lies inside it)
         timing = Timing()
         lane = hit_lane.answer(
-            request, timing, self.runtime.router, self.flows, self.limits, self.metrics
+            request, timing, self.runtime.router, self.runtime.flows, self.limits, self.metrics
         )
         if isinstance(lane, web.StreamResponse):
             tracing.finish(span, timing, lane.status)

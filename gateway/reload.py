@@ -22,7 +22,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 
 from backends import Backend, BackendSettings
-from cache import SECRET_ENV, SemanticSetup
+from cache import SECRET_ENV, Flows, SemanticSetup
 from gateway.admin import guarded
 from gateway.config import ConfigError, Settings, load_settings
 from gateway.routing import Router
@@ -36,7 +36,7 @@ _START_ONLY = ("listeners", "limits", "logging", "tracing", "cache")
 
 RouterFactory = Callable[[Settings], Router]
 BackendsFactory = Callable[[Mapping[str, BackendSettings]], dict[str, Backend]]
-PolicySwap = Callable[[Settings], None]
+PolicySwap = Callable[[Settings], Flows]
 
 
 @dataclass
@@ -166,13 +166,13 @@ class Reloader:
                 [{"path": "backends", "line": None, "message": f"{type(exc).__name__}: {exc}"}],
             )
         backends: dict[str, Backend] = {**reused, **fresh}
-        runtime = Runtime(router, backends, generation=current.generation + 1)
+        # the route caches' policies, in the same step
+        flows = self.swap_policies(merged) if self.swap_policies is not None else current.flows
+        runtime = Runtime(router, backends, generation=current.generation + 1, flows=flows)
         # One assignment each, no await between them: a request sees all old or all new.
         self.state.pipeline.runtime = runtime
         self.state.backends = backends
         self.state.settings = merged
-        if self.swap_policies is not None:
-            self.swap_policies(merged)  # the route caches' policies, in the same step
         retired = [b for name, b in current.backends.items() if reused.get(name) is not b]
         if retired:
             task = asyncio.create_task(self._retire(current, retired))

@@ -119,8 +119,8 @@ class InferFlow:
                 return await self.service.forward(rt, route, "ModelInfer", request, ctx)
             return await self._via_http_v2(rt, route, msg, tensors, metadata, ctx)
 
-        # The pipeline's flows: what a reload swaps, so the policy is always the current one.
-        flow = self.service.state.pipeline.flows.get(route.name)
+        # The pinned generation's route cache: its key and policy are the route's own.
+        flow = rt.flows.get(route.name)
         if flow is None:
             return await fetch(), route.name, "-"
         headers = CIMultiDict(metadata)

@@ -6,12 +6,16 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.support.servers import GatewayProcess, ServerThread
 from tests.support.upstream import build_upstream
+
+if TYPE_CHECKING:
+    from tests.ops.reload_support import InProcess
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
 
@@ -69,3 +73,21 @@ def second_upstream() -> Iterator[ServerThread]:
     server = ServerThread(lambda: build_upstream("second")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def in_process() -> Iterator[Callable[[dict[str, Any]], InProcess]]:
+    """in_process(config_dict) → a gateway served in-process from a config file it reloads."""
+    from tests.ops.reload_support import InProcess  # (it imports this module's helpers)
+
+    made: list[InProcess] = []
+
+    def make(config: dict[str, Any]) -> InProcess:
+        gw = InProcess(config)
+        made.append(gw)
+        return gw
+
+    yield make
+    for gw in made:
+        gw.server.stop()
+        Path(gw.path).unlink(missing_ok=True)

@@ -6,57 +6,25 @@ from __future__ import annotations
 
 import json
 import signal
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
-from gateway.app import build_app
-from gateway.config import load_settings
 from gateway.state import STATE
 from tests.conftest import base_config
 from tests.ops.conftest import ADMIN_TOKEN, http, http_json
-from tests.ops.reload_support import CHAT, chat_cache, chat_upstream, two_backend_config
+from tests.ops.reload_support import (
+    CHAT,
+    InProcess,
+    chat_cache,
+    chat_upstream,
+    two_backend_config,
+)
 from tests.support.servers import GatewayProcess, ServerThread
-
-
-class InProcess:
-    """A gateway built from a config file on disk, served in-process."""
-
-    def __init__(self, config: dict[str, Any]) -> None:
-        _fd, self.path = tempfile.mkstemp(suffix=".yaml", prefix="lg-reload-")
-        self.write(config)
-        settings = load_settings(self.path)
-        self.server = ServerThread(lambda: build_app(settings, config_path=self.path)).start()
-
-    def write(self, config: dict[str, Any] | str) -> None:
-        text = config if isinstance(config, str) else yaml.safe_dump(config)
-        Path(self.path).write_text(text)
-
-    def reload(self, token: str = ADMIN_TOKEN) -> tuple[int, Any]:
-        return http_json(
-            "POST", self.server.url + "/admin/reload", headers={"Authorization": f"Bearer {token}"}
-        )
-
-
-@pytest.fixture
-def in_process() -> Iterator[Callable[[dict[str, Any]], InProcess]]:
-    made: list[InProcess] = []
-
-    def make(config: dict[str, Any]) -> InProcess:
-        gw = InProcess(config)
-        made.append(gw)
-        return gw
-
-    yield make
-    for gw in made:
-        gw.server.stop()
-        Path(gw.path).unlink(missing_ok=True)
 
 
 def test_admin_reload_swaps_the_routes_backend(
