@@ -63,13 +63,14 @@ class Cache:
         # Called with each purge's selector (the semantic index drops the matching vectors).
         self.purge_listeners: list[Callable[[Selector], Awaitable[object]]] = []
 
-    def for_route(self, name: str, policy: ExactPolicy) -> RouteCache | None:
-        """The route's cache, or None when its exact cache is off."""
+    def for_route(self, name: str, policy: ExactPolicy, upstream: str = "") -> RouteCache | None:
+        """The route's cache, or None when its exact cache is off. upstream: what its answers
+        come from (keys.key_scope)."""
         if not policy.enabled:
             return None
         l1 = self.memory if "memory" in policy.tiers else None
         l2 = self.redis if "redis" in policy.tiers else None
-        rc = RouteCache(self, name, policy, LayeredTier(l1, l2, self.metrics))
+        rc = RouteCache(self, name, policy, LayeredTier(l1, l2, self.metrics), upstream)
         self.routes[name] = rc
         return rc
 

@@ -92,9 +92,15 @@ class CacheKey:
         return f"{self.tenant_h}.{self.scope_h}" if self.scope_h else self.tenant_h
 
 
-def key_scope(tenant_headers: Iterable[str], ignore_fields: Iterable[str]) -> str:
-    """What a route's key policy adds to its keys: "" for the default policy (no
-    extra credential header, no ignored field), so those keys never changed.
+def key_scope(
+    tenant_headers: Iterable[str], ignore_fields: Iterable[str], upstream: str = ""
+) -> str:
+    """What a route's key policy and upstream add to its keys: "" for the default policy (no
+    extra credential header, no ignored field) with no upstream named.
+
+    upstream: what the route's answers come from (the gateway names its backend, and a local
+    engine's model): a reload or a sidecar that sends the route to another backend shares no
+    entry with it, so one model's answers are not served as another's.
 
     Two gateways on one Redis (a rollout, a config drift) or one reloaded with a new policy
     build one key for two requests when their policies differ: with `tenant_headers:
@@ -103,9 +109,12 @@ def key_scope(tenant_headers: Iterable[str], ignore_fields: Iterable[str]) -> st
     likewise a field one ignores and the other keys. Keyed, the two policies share nothing."""
     extra = sorted(set(credential_headers(tenant_headers)) - set(BUILTIN_HEADERS))
     ignored = sorted(set(ignore_fields))
-    if not extra and not ignored:
+    if not extra and not ignored and not upstream:
         return ""
-    return json.dumps({"tenant_headers": extra, "ignore_fields": ignored}, sort_keys=True)
+    scope: dict[str, Any] = {"tenant_headers": extra, "ignore_fields": ignored}
+    if upstream:  # (absent otherwise: scopes without one kept their keys)
+        scope["upstream"] = upstream
+    return json.dumps(scope, sort_keys=True)
 
 
 class KeyBuilder:
@@ -127,15 +136,17 @@ class KeyBuilder:
         tenant_headers: Sequence[str],
         hasher: TenantHasher,
         ignore_fields: Iterable[str] = (),
+        upstream: str = "",
     ) -> None:
         """tenant_headers: the route's extra credential headers (the built-in ones always count);
-        ignore_fields: the body fields its adapter leaves out of the key."""
+        ignore_fields: the body fields its adapter leaves out of the key; upstream: what its
+        answers come from (key_scope)."""
         self._route = route
         self._route_h = short_hash(route)
         self._tenant_headers = tuple(tenant_headers)
         self._identity_names = credential_headers(self._tenant_headers)
         self._hasher = hasher
-        self._scope = key_scope(self._tenant_headers, ignore_fields).encode()
+        self._scope = key_scope(self._tenant_headers, ignore_fields, upstream).encode()
         self._scope_h = short_hash(self._scope.decode()) if self._scope else ""
 
     def build(

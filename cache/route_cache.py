@@ -55,13 +55,21 @@ class Claim:
 class RouteCache:
     """One route's exact cache: its key layout, tier stack and policy, all resolved once."""
 
-    def __init__(self, cache: Cache, route: str, policy: ExactPolicy, tiers: LayeredTier) -> None:
+    def __init__(
+        self,
+        cache: Cache,
+        route: str,
+        policy: ExactPolicy,
+        tiers: LayeredTier,
+        upstream: str = "",
+    ) -> None:
+        """upstream: what the route's answers come from, part of its keys (keys.key_scope)."""
         self.cache = cache
         self.route = route
         self.policy = policy
         self.tiers = tiers
         self.keys = KeyBuilder(
-            route, policy.key.tenant_headers, cache.tenants, policy.key.ignore_fields
+            route, policy.key.tenant_headers, cache.tenants, policy.key.ignore_fields, upstream
         )
         self.tenant_headers = tuple(policy.key.tenant_headers)
         # a response may Vary on these and still be stored: the key holds them

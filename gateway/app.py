@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -60,6 +61,22 @@ def build_router(settings: Settings) -> Router:
     return Router([Route.from_settings(r, build_adapter(r)) for r in settings.routes])
 
 
+# What a local engine's answers depend on (its batching, threads and providers do not change them).
+_ENGINE_ANSWERS = ("kind", "model", "served_name", "task", "precision", "preprocess")
+
+
+def answers_from(name: str, spec: BackendSettings) -> str:
+    """What a route's answers come from, for its keys (cache.keys.key_scope): the backend's name,
+    and for a local engine its model and what reads the input. A remote pool is its name: its
+    replicas serve one model, and scaling it (another replica) keeps its entries."""
+    if spec.kind == "remote":
+        return name
+    return json.dumps(
+        {"backend": name, **spec.model_dump(mode="json", include=set(_ENGINE_ANSWERS))},
+        sort_keys=True,
+    )
+
+
 def build_app(settings: Settings, config_path: str | None = None) -> web.Application:
     metrics = Metrics()
     remote_metrics = RemoteMetrics(metrics.registry)  # one set per registry; reloads reuse it
@@ -108,11 +125,12 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     no_semantic = NoSemantic()
     flights: SingleFlight[CacheEntry | None] = cache.flights
 
-    def build_flows(routes: list[RouteSettings]) -> dict[str, CacheFlow]:
+    def build_flows(config: Settings) -> dict[str, CacheFlow]:
         """Each cached route's flow; routes share the process's single flight."""
         flows = {}
-        for r in routes:
-            rc = cache.for_route(r.name, r.cache.exact)
+        for r in config.routes:
+            upstream = answers_from(r.backend, config.backends[r.backend])
+            rc = cache.for_route(r.name, r.cache.exact, upstream)
             if rc is not None:
                 # a reload that turns a route's semantic cache off takes effect at once (its
                 # other semantic settings need a restart: reload.semantic_kept)
@@ -120,7 +138,7 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
                 flows[r.name] = CacheFlow(rc, sr, flights)
         return flows
 
-    flows = Flows(build_flows(settings.routes))
+    flows = Flows(build_flows(settings))
     pipeline = Pipeline(router, backends, metrics, settings.limits, flows)
     pipeline.tracing = build_tracing(settings.tracing)
     state = AppState(
@@ -135,7 +153,7 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
     def swap_policies(new: Settings) -> Flows:
         """A reload's cache policies: each route's cache rebuilt from its new exact policy (the
         reload puts them in the new runtime, beside the routes they belong to)."""
-        new_flows = build_flows(new.routes)
+        new_flows = build_flows(new)
         for name in [n for n in cache.routes if n not in new_flows]:
             del cache.routes[name]
         if semantic is not None:

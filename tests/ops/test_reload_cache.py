@@ -13,7 +13,7 @@ from typing import Any
 from gateway.state import STATE
 from tests.conftest import base_config
 from tests.ops.conftest import ADMIN_TOKEN, http
-from tests.ops.reload_support import CHAT, InProcess, chat_cache
+from tests.ops.reload_support import CHAT, InProcess, chat_cache, two_backend_config
 from tests.support.servers import ServerThread
 
 
@@ -66,3 +66,42 @@ def test_a_call_whose_body_arrives_after_a_reload_is_stored_under_its_own_routes
     assert answer.startswith(b"HTTP/1.1 200") and b"X-Cache: miss" in answer
     # no client of the new policy is served the answer to top_p 0.1 for a request without it
     assert _chat(gw.server.url, CHAT)[0] == "miss"
+
+
+def test_a_route_sent_to_another_backend_is_not_served_the_old_backends_answers(
+    upstream: ServerThread, second_upstream: ServerThread, in_process: Callable[..., InProcess]
+) -> None:
+    """The key held the route, model and tenant, not where the answer came from: pointed at
+    another backend (another model behind it), the route answered from the first one's
+    entries, for their TTL."""
+    gw = in_process(_cached(two_backend_config(upstream.url, second_upstream.url, "upstream")))
+    assert _chat(gw.server.url, CHAT) == ("miss", "up")
+    assert _chat(gw.server.url, CHAT) == ("hit", "up")
+    gw.write(_cached(two_backend_config(upstream.url, second_upstream.url, "second")))
+    assert gw.reload()[0] == 200
+    assert _chat(gw.server.url, CHAT) == ("miss", "second")
+    assert _chat(gw.server.url, CHAT) == ("hit", "second")
+    # and back: the first backend's entries are its own again
+    gw.write(_cached(two_backend_config(upstream.url, second_upstream.url, "upstream")))
+    assert gw.reload()[0] == 200
+    assert _chat(gw.server.url, CHAT) == ("hit", "up")
+
+
+def test_what_a_routes_answers_come_from() -> None:
+    """A local engine's model and input reading are part of it, a remote pool's replicas not
+    (scaling a pool keeps its entries)."""
+    from backends.settings import OnnxBackendSettings, RemoteBackendSettings
+    from gateway.app import answers_from
+
+    pool = RemoteBackendSettings(replicas=["http://a:1"])
+    scaled = RemoteBackendSettings(replicas=["http://b:1", "http://c:1"])
+    assert answers_from("p", pool) == answers_from("p", scaled)
+    assert answers_from("p", pool) != answers_from("q", pool)
+    engine = OnnxBackendSettings(model="builtin:all-MiniLM-L6-v2")
+
+    def with_(**change: Any) -> str:
+        return answers_from("e", engine.model_copy(update=change))
+
+    assert answers_from("e", engine) == with_(warmup=False)
+    assert answers_from("e", engine) != with_(model="/m.onnx")
+    assert answers_from("e", engine) != with_(precision="int8")

@@ -108,8 +108,9 @@ def test_sidecars_that_ignore_other_fields_share_no_entries(
 
 
 def test_the_default_policy_keeps_its_keys() -> None:
-    """Routes without extra credential headers or ignored fields key as before (no miss after
-    the upgrade); a built-in header listed among tenant_headers changes nothing."""
+    """A key builder without extra credential headers, ignored fields or an upstream keys as
+    before; a built-in header listed among tenant_headers changes nothing. (The gateway names
+    every route's upstream: tests/ops/test_reload_cache.py.)"""
     assert key_scope([], []) == key_scope(["Authorization", " cookie "], []) == ""
     assert key_scope(["X-Tenant"], []) == key_scope(["x-tenant", "Authorization"], [])
     hasher = TenantHasher(b"s" * 32)
@@ -125,3 +126,6 @@ def test_the_default_policy_keeps_its_keys() -> None:
     assert other.value != key and other.tenant_h == plain.tenant_h  # purges by tenant match
     # the semantic stage's namespaces and tenant labels are the policy's own too
     assert plain.tenant_scope == plain.tenant_h and other.tenant_scope != plain.tenant_scope
+    # what the answers come from is scoped the same way
+    a, b = (KeyBuilder("chat", [], hasher, (), up).build("m", fields, {}) for up in ("a", "b"))
+    assert len({a.value, b.value, key}) == 3 and len({a.tenant_scope, b.tenant_scope}) == 2
