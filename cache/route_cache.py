@@ -91,6 +91,19 @@ class RouteCache:
         # is not stored after it (store)
         return self.keys.build(model, key_fields, headers, self.cache.memory.generation)
 
+    def serves(self, entry: CacheEntry, directives: RequestDirectives) -> bool:
+        """A stored entry answers this request: fresh by this route's policy and the request's
+        directives. One another policy stored (before a reload or restart, or by a sidecar
+        with another config) lives at most this policy's TTL from its creation: a TTL
+        shortened in the config shortens what is already stored too (it was served for the
+        TTL it was stored with)."""
+        expires_at = entry.expires_at
+        if entry.policy_version != self.policy_version:
+            expires_at = min(expires_at, entry.created_at + self.policy.ttl)
+            if expires_at <= time.time():
+                return False
+        return directives.acceptable(entry.age(), expires_at)
+
     def not_stored(self, reason: str) -> None:
         """A 2xx answer the upstream's headers kept out of the cache (counted by reason)."""
         self.cache.metrics.stores.labels("all", reason).inc()
@@ -102,7 +115,7 @@ class RouteCache:
     def lookup_l1(self, key: CacheKey, directives: RequestDirectives) -> CacheEntry | None:
         """The synchronous memory lookup the hit path tries first (no await, no task switch)."""
         entry = self.tiers.get_l1(key.value)
-        if entry is None or not directives.acceptable(entry.age(), entry.expires_at):
+        if entry is None or not self.serves(entry, directives):
             return None
         self._counts["lookups"] += 1
         self._counts["memory"] += 1
@@ -118,7 +131,7 @@ class RouteCache:
         except Exception:  # the cache boundary: a broken tier is a miss, never a failed request
             log.exception("cache lookup failed on route %s", self.route)
             found = None
-        if found is not None and directives.acceptable(found[0].age(), found[0].expires_at):
+        if found is not None and self.serves(found[0], directives):
             self._counts[found[1]] += 1
             self._hit[found[1]].inc()
             return found
@@ -231,7 +244,7 @@ class RouteCache:
         except Exception:  # the cache boundary: a broken tier is a miss
             log.exception("cache peek failed on route %s", self.route)
             return None
-        if found is None or not directives.acceptable(found[0].age(), found[0].expires_at):
+        if found is None or not self.serves(found[0], directives):
             return None
         return found[0]
 
@@ -250,7 +263,7 @@ class RouteCache:
             return None, False
         if found is None:
             return None, True
-        if not directives.acceptable(found[0].age(), found[0].expires_at):
+        if not self.serves(found[0], directives):
             return None, False
         return found[0], False
 
@@ -301,9 +314,7 @@ class RouteCache:
 
         def takes(entry: CacheEntry | None) -> bool:
             return (
-                entry is not None
-                and entry.created_at != before
-                and directives.acceptable(entry.age(), entry.expires_at)
+                entry is not None and entry.created_at != before and self.serves(entry, directives)
             )
 
         while time.monotonic() < deadline:

@@ -87,6 +87,21 @@ def test_a_route_sent_to_another_backend_is_not_served_the_old_backends_answers(
     assert _chat(gw.server.url, CHAT) == ("hit", "up")
 
 
+def test_a_shortened_ttl_applies_to_answers_stored_before_it(
+    upstream: ServerThread, in_process: Callable[..., InProcess]
+) -> None:
+    """An entry lived the TTL it was stored with: an hour after the reload to 50 ms, it was
+    still served."""
+    cfg = _cached(base_config(upstream.url, admin={"token": ADMIN_TOKEN}), ttl=3600)
+    gw = in_process(cfg)
+    assert _chat(gw.server.url, CHAT)[0] == "miss"
+    assert _chat(gw.server.url, CHAT)[0] == "hit"
+    gw.write(_cached(cfg, ttl=0.05))
+    assert gw.reload()[0] == 200
+    time.sleep(0.1)  # the stored answer is now older than the new TTL
+    assert _chat(gw.server.url, CHAT)[0] == "miss"
+
+
 def test_what_a_routes_answers_come_from() -> None:
     """A local engine's model and input reading are part of it, a remote pool's replicas not
     (scaling a pool keeps its entries)."""
