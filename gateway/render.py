@@ -106,7 +106,10 @@ def _parses(data: bytes) -> bool:
     except orjson.JSONDecodeError:
         try:
             json.loads(data)
-        except ValueError:  # JSONDecodeError and UnicodeDecodeError both
+        # JSONDecodeError and UnicodeDecodeError both; RecursionError for nesting past orjson's
+        # 1,024 levels, which json.loads cannot read either (it escaped to the pipeline as the
+        # client's "request body is nested too deeply", the flight it led never settled)
+        except (ValueError, RecursionError):
             return False
     return True
 
