@@ -11,7 +11,8 @@ from cache.asks import AnswerIncomplete, Answers, Ask, Fresh, Hit
 from cache.cache import Cache
 from cache.codec import CacheEntry
 from cache.errors import CacheError, CodecError, TierError, TierTimeout
-from cache.flow import CacheFlow, Flows
+from cache.flow import CacheFlow
+from cache.flows import Flows
 from cache.keys import CacheKey, KeyBuilder, Selector, canonical, tenant_of
 from cache.live_streams import StreamCut
 from cache.policy import (

@@ -297,6 +297,31 @@ class CacheFlow:
             if claim is not None:
                 await claim.release()
             raise
+        try:
+            return await self._answer(ask, up, x_cache, vector, lead, claim)
+        except BaseException as exc:
+            # a fault between the answer and its recording (building, sealing or storing the
+            # entry) left the flight open for good: every later identical request waited out
+            # coalesce_wait_s on it, then fetched its own (review of this session's change)
+            if lead is not None:
+                lead.fail(exc)  # (nothing once settled)
+            await claim.release()
+            close = getattr(up.stream, "aclose", None)  # (a recording would own it: not begun)
+            if close is not None:
+                await close()
+            raise
+
+    async def _answer(
+        self,
+        ask: Ask,
+        up: UpstreamResponse,
+        x_cache: str,
+        vector: np.ndarray | None,
+        lead: Lead[CacheEntry | None] | None,
+        claim: Claim,
+    ) -> Result:
+        """The computed answer to the client, and to the cache and the flight's waiters where
+        they may have it: stored whole, or recorded as it streams (Recording)."""
         ttl, why = storable_ttl(up.status, up.headers, self.rc.policy.ttl, self.rc.vary_ok)
         shareable = response_shareable(up.status, up.headers, self.rc.vary_ok)
         if 200 <= up.status < 300 and not ask.answers.keeps(up.header("Content-Type") or ""):
@@ -369,15 +394,3 @@ def _settle(lead: Lead[CacheEntry | None] | None, entry: CacheEntry | None) -> N
 
 
 _DEFAULT = RequestDirectives()
-
-
-class Flows:
-    """Every cached route's flow, by route name; a reload builds a new set (with no remembered
-    request → key aliases: a changed key policy could make one point at an entry the new one
-    would not match)."""
-
-    def __init__(self, flows: Mapping[str, CacheFlow] | None = None) -> None:
-        self._flows: dict[str, CacheFlow] = dict(flows or {})
-
-    def get(self, route: str) -> CacheFlow | None:
-        return self._flows.get(route)
