@@ -121,3 +121,54 @@ async def test_after_an_early_answer_the_next_request_gets_a_fresh_connection(
         assert len(replica.requests) == 2
     finally:
         await replica.stop()
+
+
+@pytest.mark.parametrize("http_client", ["lean", "aiohttp"])
+async def test_an_early_2xx_from_a_replica_that_reads_on_gets_the_whole_upload(
+    start_gateway: StartGateway, http_client: str
+) -> None:
+    """A replica that starts its 200 (with Connection: close) as soon as it has the head, then
+    reads the whole body and answers with what it read: an early success is no refusal, so the
+    upload goes on to its end (RFC 9112 9.5 stops an upload for an error only)."""
+
+    async def answer_as_it_reads(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        replica.seen(head)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
+        )
+        await writer.drain()
+        total = 0
+        while (size := int((await reader.readuntil(b"\r\n")).strip(), 16)) > 0:
+            total += len(await reader.readexactly(size + 2)) - 2
+        await reader.readexactly(2)
+        writer.write(json.dumps({"error": {"type": "none"}, "read": total}).encode())
+        await writer.drain()
+
+    replica = RawReplica(answer_as_it_reads)
+    url = await replica.start()
+    try:
+        gw = start_gateway(pool_config([url], _passthrough(20), pool={"http_client": http_client}))
+        host, port = gw.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /upload HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n")
+        chunk = b"x" * 65536
+        for _ in range(200):
+            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _BOUND_S)
+        assert head.startswith(b"HTTP/1.1 200 "), head
+        # the replica's body ends with its connection: the gateway passes it on chunked
+        assert b"transfer-encoding: chunked" in head.lower(), head
+        framed = await asyncio.wait_for(reader.readuntil(b"\r\n0\r\n\r\n"), _BOUND_S)
+        body, rest = b"", framed
+        while (size := int(rest.split(b"\r\n", 1)[0], 16)) > 0:
+            rest = rest.split(b"\r\n", 1)[1]
+            body, rest = body + rest[:size], rest[size + 2 :]
+        assert json.loads(body)["read"] == 200 * 65536
+        writer.close()
+    finally:
+        await replica.stop()

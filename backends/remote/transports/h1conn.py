@@ -180,9 +180,9 @@ class H1Connection(asyncio.Protocol):
     @property
     def refuses_body(self) -> bool:
         """An answer that ends the request before its body was all sent (RFC 9112 9.5): an
-        error or a redirect, or one that closes the connection. A replica that answers that
-        way (a 413, a 401) may read no more of the body; one that answers 2xx early reads on."""
-        return self.headers_done and (self.status >= 300 or not self.keep_alive)
+        error or a redirect. A replica that answers that way (a 413, a 401) may read no more of
+        the body; one that answers 2xx early (even with `Connection: close`) reads on."""
+        return self.headers_done and self.status >= 300
 
     def start(self, data: bytes | list[bytes]) -> None:
         """Write a request (head and, when whole, body) and get ready for its response."""
