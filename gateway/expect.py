@@ -14,6 +14,7 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 
 from gateway.config import LimitSettings
 from gateway.errors import ExpectationFailed, GatewayError, PayloadTooLarge
+from gateway.middleware.listener_roles import ROLES, is_admin_path, not_found
 from gateway.responses import error
 from gateway.routing import Router
 from gateway.timing import Timing
@@ -27,23 +28,19 @@ def expect_handler(router: Callable[[], Router], limits: LimitSettings) -> Expec
     async def refuse(request: web.Request, err: GatewayError) -> web.StreamResponse:
         candidates, _ = router().resolve(request.method, request.path)
         protocol = candidates[0].protocol if candidates else "passthrough"
-        response = error(protocol, err, Timing())
-        response.force_close()
-        await response.prepare(request)
-        await response.write_eof()
-        # A client that waits for the 100 before it sends its body now never sends it: aiohttp
-        # would hold the connection for its lingering time (10 s) reading a body that is not
-        # coming. The answer is written; the close sends it before it ends the connection.
-        # One that sent its body anyway is left to aiohttp's lingering read: closing on body
-        # bytes not read would reset the connection, and the client could lose the answer.
-        if request.protocol is not None and request.content.total_bytes == 0:
-            request.protocol.force_close()
-        return response
+        return await _final(request, error(protocol, err, Timing()))
 
     async def handle(request: web.Request) -> web.StreamResponse | None:
         expect = request.headers.get("Expect", "")
         if request.version != HttpVersion11:
             return None  # (HTTP/1.0 has no Expect: ignored)
+        roles = request.app.get(ROLES)
+        on_admin = roles is not None and bool(roles.admin) and roles.on_admin(request)
+        if on_admin and not is_admin_path(request.path):
+            # The admin listener serves no model traffic: its 404 (listener_roles.split_admin)
+            # came only after this, which aiohttp runs before the middlewares, had answered a
+            # 100, a 413 or a 417 as if the path were served there.
+            return await _final(request, not_found(request.path))
         if expect.strip().lower() == "100-continue":
             length = request.content_length
             if length is not None and length > limits.max_body_bytes:
@@ -56,3 +53,17 @@ def expect_handler(router: Callable[[], Router], limits: LimitSettings) -> Expec
         )
 
     return handle
+
+
+async def _final(request: web.Request, response: web.Response) -> web.StreamResponse:
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    # A client that waits for the 100 before it sends its body now never sends it: aiohttp
+    # would hold the connection for its lingering time (10 s) reading a body that is not
+    # coming. The answer is written; the close sends it before it ends the connection.
+    # One that sent its body anyway is left to aiohttp's lingering read: closing on body
+    # bytes not read would reset the connection, and the client could lose the answer.
+    if request.protocol is not None and request.content.total_bytes == 0:
+        request.protocol.force_close()
+    return response

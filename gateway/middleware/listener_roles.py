@@ -49,7 +49,8 @@ def _error(
     )
 
 
-def _not_found(path: str) -> web.Response:
+def not_found(path: str) -> web.Response:
+    """The JSON 404 of a path this listener does not serve."""
     return _error(404, "not_found", f"no route for {path} on this listener")
 
 
@@ -92,7 +93,7 @@ async def split_admin(request: web.Request, handler: Handler) -> web.StreamRespo
     if path in PROBES and not kept:
         return await handler(request)
     if kept != roles.on_admin(request):
-        return _not_found(path)
+        return not_found(path)
     return await handler(request)
 
 
