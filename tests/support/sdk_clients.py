@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
+import openai
 import pytest
 
 C = TypeVar("C")
@@ -22,3 +23,10 @@ def close_tracked_clients() -> Iterator[None]:
     yield
     while _OPEN:
         _OPEN.pop().close()
+
+
+def openai_client(url: str) -> openai.OpenAI:
+    """The OpenAI SDK on a gateway (or upstream) at `url`, tracked: closed after the test (an SDK
+    client's pool can sit in a reference cycle, and its socket would be collected, unclosed,
+    during some later test)."""
+    return track(openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0))

@@ -20,7 +20,7 @@ from openai import omit
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from tests.integration.cache.conftest import cache_config
-from tests.support.sdk_clients import close_tracked_clients, track  # noqa: F401 (autouse)
+from tests.support.sdk_clients import close_tracked_clients, openai_client, track  # noqa: F401 (autouse)
 from tests.support.servers import ServerThread, one_route_upstream
 
 TOOLS: list[Any] = [
@@ -87,10 +87,6 @@ def upstream() -> Iterator[ServerThread]:
     server.stop()
 
 
-def _client(url: str) -> openai.OpenAI:
-    return track(openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0))
-
-
 def _streamed(c: openai.OpenAI, **kw: Any) -> tuple[dict[str, Any], list[str], str]:
     """The completion the SDK's stream helper accumulates, its event types, and X-Cache."""
     raw = c.chat.completions.with_raw_response.create(
@@ -123,9 +119,9 @@ def test_a_stored_body_streams_as_the_upstream_streams(
     upstream: ServerThread, start_gateway: Callable[..., ServerThread], tools: Any
 ) -> None:
     gw, kw = _gateway_and_call(upstream, start_gateway, tools)
-    direct = _streamed(_client(upstream.url), **kw)
-    assert _plain(_client(gw.url), **kw)[1] == "miss"
-    final, kinds, x_cache = _streamed(_client(gw.url), **kw)
+    direct = _streamed(openai_client(upstream.url), **kw)
+    assert _plain(openai_client(gw.url), **kw)[1] == "miss"
+    final, kinds, x_cache = _streamed(openai_client(gw.url), **kw)
     assert x_cache == "hit"
     assert final["service_tier"] == "default"
     assert (
@@ -141,9 +137,9 @@ def test_a_stored_stream_is_the_upstreams_body(
     upstream: ServerThread, start_gateway: Callable[..., ServerThread], tools: Any
 ) -> None:
     gw, kw = _gateway_and_call(upstream, start_gateway, tools)
-    assert _streamed(_client(gw.url), **kw)[2] == "miss"
-    body, x_cache = _plain(_client(gw.url), **kw)
-    direct, _ = _plain(_client(upstream.url), **kw)
+    assert _streamed(openai_client(gw.url), **kw)[2] == "miss"
+    body, x_cache = _plain(openai_client(gw.url), **kw)
+    direct, _ = _plain(openai_client(upstream.url), **kw)
     assert x_cache == "hit"
     assert body["service_tier"] == direct["service_tier"] == "default"
     assert body["choices"] == direct["choices"]

@@ -13,12 +13,11 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import openai
 import pytest
 from aiohttp import web
 
 from tests.integration.cache.conftest import cache_config
-from tests.support.sdk_clients import close_tracked_clients, track  # noqa: F401 (autouse)
+from tests.support.sdk_clients import close_tracked_clients, openai_client, track  # noqa: F401 (autouse)
 from tests.support.servers import ServerThread, one_route_upstream
 
 HEAD = {"id": "chatcmpl-c1", "created": 1700000000, "model": "gpt-test"}
@@ -78,10 +77,6 @@ def upstream() -> Iterator[ServerThread]:
     server.stop()
 
 
-def _client(url: str) -> openai.OpenAI:
-    return track(openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0))
-
-
 def test_a_stored_custom_tool_stream_is_the_upstreams_body(
     upstream: ServerThread, start_gateway: Callable[..., ServerThread]
 ) -> None:
@@ -92,15 +87,15 @@ def test_a_stored_custom_tool_stream_is_the_upstreams_body(
         "tools": TOOLS,
         "messages": [{"role": "user", "content": "Say hello, then list /tmp"}],
     }
-    stream = _client(gw.url).chat.completions.with_raw_response.create(
+    stream = openai_client(gw.url).chat.completions.with_raw_response.create(
         **kw, stream=True, stream_options={"include_usage": True}
     )
     assert stream.headers["X-Cache"] == "miss"
     list(stream.parse())  # read to its end: the recording is stored
-    raw = _client(gw.url).chat.completions.with_raw_response.create(**kw)
+    raw = openai_client(gw.url).chat.completions.with_raw_response.create(**kw)
     assert raw.headers["X-Cache"] == "hit"
     served = raw.parse()
-    direct = _client(upstream.url).chat.completions.create(**kw)
+    direct = openai_client(upstream.url).chat.completions.create(**kw)
     calls = served.choices[0].message.tool_calls or []
     assert [(c.type, c.custom.name, c.custom.input) for c in calls if c.type == "custom"] == [
         ("custom", "shell", text) for _, text in CALLS

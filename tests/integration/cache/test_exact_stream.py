@@ -20,7 +20,7 @@ from gateway.protocols import openai_sse
 from gateway.protocols.openai_sse import body_to_events, events_to_body
 from gateway.protocols.stream_codecs import completion_check
 from tests.integration.cache.conftest import cache_config
-from tests.support.sdk_clients import close_tracked_clients, track  # noqa: F401 (autouse)
+from tests.support.sdk_clients import close_tracked_clients, openai_client, track  # noqa: F401 (autouse)
 from tests.support.servers import ServerThread
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there gateway"}]
@@ -33,16 +33,10 @@ def gw(upstream: ServerThread, start_gateway: Callable[..., ServerThread]) -> Se
     return start_gateway(cache_config(upstream.url))
 
 
-def _client(url: str) -> openai.OpenAI:
-    # tracked: closed after each test (an SDK client's pool can sit in a reference cycle, and
-    # its socket would be collected, unclosed, during some later test)
-    return track(openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0))
-
-
 def _stream(
     url: str, headers: dict[str, str] | None = None
 ) -> tuple[str, list[dict[str, object]], dict[str, str]]:
-    raw = _client(url).chat.completions.with_raw_response.create(
+    raw = openai_client(url).chat.completions.with_raw_response.create(
         model="m",
         messages=MESSAGES,
         stream=True,
@@ -60,7 +54,7 @@ def test_stream_miss_then_stream_hit_identical_events(
     x2, c2, h2 = _stream(gw.url)
     direct = [
         c.model_dump()
-        for c in _client(upstream.url).chat.completions.create(
+        for c in openai_client(upstream.url).chat.completions.create(
             model="m", messages=MESSAGES, temperature=0, stream=True
         )
     ]
@@ -73,14 +67,14 @@ def test_stream_miss_then_stream_hit_identical_events(
 
 def test_stored_stream_served_as_json_completion(upstream: ServerThread, gw: ServerThread) -> None:
     # A JSON body always carries usage: a stream stored with its usage chunk can serve it.
-    _client(gw.url).chat.completions.create(
+    openai_client(gw.url).chat.completions.create(
         model="m",
         messages=MESSAGES,
         temperature=0,
         stream=True,
         stream_options={"include_usage": True},
     ).close()
-    raw = _client(gw.url).chat.completions.with_raw_response.create(
+    raw = openai_client(gw.url).chat.completions.with_raw_response.create(
         model="m", messages=MESSAGES, temperature=0
     )
     comp = raw.parse()
@@ -170,7 +164,7 @@ async def test_a_stream_that_failed_mid_generation_is_not_stored(
 
 
 def test_completions_endpoint_both_framings(upstream: ServerThread, gw: ServerThread) -> None:
-    client = _client(gw.url)
+    client = openai_client(gw.url)
     first = client.completions.create(model="m", prompt="say hi", temperature=0)
     raw = client.completions.with_raw_response.create(
         model="m", prompt="say hi", temperature=0, stream=True
@@ -195,21 +189,21 @@ def test_logprobs_survive_a_hit_in_the_other_framing(
     """A stored stream served as one body (and the other way round) keeps the answer's token
     logprobs: what the upstream itself returns in that framing."""
     msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": f"logprobs {first}"}]
-    direct = _client(upstream.url).chat.completions.create(
+    direct = openai_client(upstream.url).chat.completions.create(
         model="m", messages=msgs, temperature=0, logprobs=True
     )
     want = _token_list(direct.choices[0].logprobs)
     assert len(want) > 2
 
     def plain() -> list[tuple[str, float]]:
-        r = _client(gw.url).chat.completions.create(
+        r = openai_client(gw.url).chat.completions.create(
             model="m", messages=msgs, temperature=0, logprobs=True
         )
         return _token_list(r.choices[0].logprobs)
 
     def stream() -> list[tuple[str, float]]:
         out: list[tuple[str, float]] = []
-        for c in _client(gw.url).chat.completions.create(
+        for c in openai_client(gw.url).chat.completions.create(
             model="m",
             messages=msgs,
             temperature=0,
@@ -344,7 +338,7 @@ def test_reasoning_and_legacy_function_calls_survive_either_framing(
     """What vLLM's reasoning parsers add (reasoning_content), a web search's url_citation
     annotations and the legacy functions API's function_call come back from a hit in the other
     framing as the replica sent them."""
-    client = _client(gw.url)
+    client = openai_client(gw.url)
     tag = "s" if stored_as_stream else "j"
     reasoning = {
         "extra_headers": {

@@ -17,16 +17,10 @@ import pytest
 from aiohttp import web
 
 from tests.integration.cache.conftest import cache_config
-from tests.support.sdk_clients import close_tracked_clients, track  # noqa: F401 (autouse)
+from tests.support.sdk_clients import close_tracked_clients, openai_client, track  # noqa: F401 (autouse)
 from tests.support.servers import ServerThread
 
 MESSAGES = [{"role": "user", "content": "replay rules"}]
-
-
-def _client(url: str) -> openai.OpenAI:
-    # tracked: closed after each test (an SDK client's pool can sit in a reference cycle, and
-    # its socket would be collected, unclosed, during some later test)
-    return track(openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0))
 
 
 async def _calls(upstream: ServerThread, path: str = "/v1/chat/completions") -> int:
@@ -49,7 +43,7 @@ async def test_sampled_calls_are_not_replayed_and_say_why(
 ) -> None:
     gw = start_gateway(cache_config(upstream.url, tiers=["memory"]))
     raws = [
-        _client(gw.url).chat.completions.with_raw_response.create(
+        openai_client(gw.url).chat.completions.with_raw_response.create(
             model="m", messages=MESSAGES, temperature=0.7
         )
         for _ in range(2)
@@ -60,7 +54,7 @@ async def test_sampled_calls_are_not_replayed_and_say_why(
     # a seed or temperature 0 determines the answer: replayed
     for extra in ({"seed": 7}, {"temperature": 0}):
         xs = [
-            _client(gw.url)
+            openai_client(gw.url)
             .chat.completions.with_raw_response.create(model="m", messages=MESSAGES, **extra)
             .headers["X-Cache"]
             for _ in range(2)
@@ -69,7 +63,7 @@ async def test_sampled_calls_are_not_replayed_and_say_why(
     # a seed or a zero that is not the integer / number the API defines: sampled, not replayed
     for odd in ({"seed": "7"}, {"seed": True}, {"temperature": False}, {"temperature": "0"}):
         xs = [
-            _client(gw.url)
+            openai_client(gw.url)
             .chat.completions.with_raw_response.create(model="m", messages=MESSAGES, extra_body=odd)
             .headers["X-Cache"]
             for _ in range(2)
@@ -82,7 +76,7 @@ async def test_only_deterministic_false_replays_sampled_calls(
 ) -> None:
     gw = start_gateway(cache_config(upstream.url, tiers=["memory"], only_deterministic=False))
     xs = [
-        _client(gw.url)
+        openai_client(gw.url)
         .chat.completions.with_raw_response.create(model="m", messages=MESSAGES, temperature=0.7)
         .headers["X-Cache"]
         for _ in range(2)
@@ -188,7 +182,7 @@ def test_usage_on_replay_follows_each_clients_stream_options(
     upstream: ServerThread, start_gateway: Callable[..., ServerThread]
 ) -> None:
     gw = start_gateway(cache_config(upstream.url, tiers=["memory"]))
-    client = _client(gw.url)
+    client = openai_client(gw.url)
     kwargs: dict[str, object] = {"model": "m", "messages": MESSAGES, "temperature": 0}
     # stored with its usage chunk ...
     with_usage = list(
@@ -236,7 +230,7 @@ def test_stream_null_is_a_plain_call(
 ) -> None:
     """The API's `stream` is nullable (null: not streamed), and the SDK sends `stream=None` as
     null: an answer, never a 400 the upstream would not give; it shares `stream: false`'s entry."""
-    c = _client(start_gateway(cache_config(upstream.url, tiers=["memory"])).url)
+    c = openai_client(start_gateway(cache_config(upstream.url, tiers=["memory"])).url)
     kw = {"model": "m", "messages": MESSAGES, "temperature": 0}
     first = c.chat.completions.with_raw_response.create(**kw, stream=None)  # type: ignore[call-overload]
     again = c.chat.completions.with_raw_response.create(**kw, stream=False)
@@ -253,7 +247,7 @@ def test_stream_options_without_a_stream_is_the_upstreams_400_cold_and_warm(
     """OpenAI and vLLM refuse stream_options on a call that does not stream. The key leaves
     stream_options out only for a streamed call (where it is framing): before, such a call
     shared the plain call's entry and was a 200 hit once that was stored, a 400 cold."""
-    c = _client(start_gateway(cache_config(upstream.url, tiers=["memory"])).url)
+    c = openai_client(start_gateway(cache_config(upstream.url, tiers=["memory"])).url)
     kw = {"model": "m", "messages": MESSAGES, "temperature": 0}
     usage = {"include_usage": True}
     with pytest.raises(openai.BadRequestError, match="only allowed when 'stream'"):
@@ -272,7 +266,7 @@ def test_stream_options_the_api_refuses_are_its_400_on_a_streamed_call_too(
 ) -> None:
     """On a streamed call stream_options is framing only when it is the API's (booleans):
     {"include_usage": "yes"} is a 400 cold, and was a 200 hit once a streamed call was stored."""
-    c = _client(start_gateway(cache_config(upstream.url, tiers=["memory"])).url)
+    c = openai_client(start_gateway(cache_config(upstream.url, tiers=["memory"])).url)
     kw = {"model": "m", "messages": MESSAGES, "temperature": 0, "stream": True}
     bad = {"include_usage": "yes"}
     with pytest.raises(openai.BadRequestError, match="stream_options"):

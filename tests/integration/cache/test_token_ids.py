@@ -13,12 +13,11 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import openai
 import pytest
 from aiohttp import web
 
 from tests.integration.cache.conftest import cache_config
-from tests.support.sdk_clients import close_tracked_clients, track  # noqa: F401 (autouse)
+from tests.support.sdk_clients import close_tracked_clients, openai_client, track  # noqa: F401 (autouse)
 from tests.support.servers import ServerThread, one_route_upstream
 
 HEAD = {"id": "chatcmpl-v1", "created": 1700000000, "model": "qwen"}
@@ -65,10 +64,6 @@ def upstream() -> Iterator[ServerThread]:
     server.stop()
 
 
-def _client(url: str) -> openai.OpenAI:
-    return track(openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0))
-
-
 KW: dict[str, Any] = {
     "model": "qwen",
     "temperature": 0,
@@ -79,7 +74,7 @@ KW: dict[str, Any] = {
 
 def _streamed(url: str) -> tuple[list[int] | None, list[int], str]:
     """The prompt ids of the stream's first chunk, the output ids of all its chunks, X-Cache."""
-    raw = _client(url).chat.completions.with_raw_response.create(
+    raw = openai_client(url).chat.completions.with_raw_response.create(
         **KW, stream=True, stream_options={"include_usage": True}
     )
     chunks = [c.model_dump() for c in raw.parse()]
@@ -92,10 +87,10 @@ def test_a_stored_stream_served_as_one_body_has_every_token_id(
 ) -> None:
     gw = start_gateway(cache_config(upstream.url, tiers=["memory"]))
     assert _streamed(gw.url)[2] == "miss"
-    raw = _client(gw.url).chat.completions.with_raw_response.create(**KW)
+    raw = openai_client(gw.url).chat.completions.with_raw_response.create(**KW)
     assert raw.headers["X-Cache"] == "hit"
     served = raw.parse().model_dump()
-    direct = _client(upstream.url).chat.completions.create(**KW).model_dump()
+    direct = openai_client(upstream.url).chat.completions.create(**KW).model_dump()
     assert served["choices"][0]["token_ids"] == [9707, 1052, 151645]
     assert served["prompt_token_ids"] == PROMPT_IDS
     assert served == direct
@@ -106,7 +101,8 @@ def test_a_stored_body_served_as_a_stream_has_the_prompts_ids(
 ) -> None:
     gw = start_gateway(cache_config(upstream.url, tiers=["memory"]))
     assert (
-        _client(gw.url).chat.completions.with_raw_response.create(**KW).headers["X-Cache"] == "miss"
+        openai_client(gw.url).chat.completions.with_raw_response.create(**KW).headers["X-Cache"]
+        == "miss"
     )
     prompt, ids, x_cache = _streamed(gw.url)
     assert x_cache == "hit"
