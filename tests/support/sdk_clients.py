@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
+import anthropic
 import openai
 import pytest
 
@@ -30,3 +31,8 @@ def openai_client(url: str) -> openai.OpenAI:
     client's pool can sit in a reference cycle, and its socket would be collected, unclosed,
     during some later test)."""
     return track(openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0))
+
+
+def anthropic_client(url: str) -> anthropic.Anthropic:
+    """The Anthropic SDK on a gateway (or upstream) at `url`, tracked like openai_client."""
+    return track(anthropic.Anthropic(base_url=url, api_key="sk-ant-test", max_retries=0))

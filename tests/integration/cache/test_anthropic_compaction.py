@@ -14,13 +14,15 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import anthropic
 import pytest
 from aiohttp import web
 
 from tests.conftest import base_config
 from tests.integration.cache.conftest import anthropic_route
-from tests.support.sdk_clients import close_tracked_clients, track  # noqa: F401 (autouse)
+from tests.support.sdk_clients import (  # noqa: F401 (autouse)
+    anthropic_client,
+    close_tracked_clients,
+)
 from tests.support.servers import ServerThread, one_route_upstream
 
 BETA = "compact-2026-01-12"
@@ -75,10 +77,6 @@ def upstream() -> Iterator[ServerThread]:
     server.stop()
 
 
-def _client(url: str) -> anthropic.Anthropic:
-    return track(anthropic.Anthropic(base_url=url, api_key="sk-ant-test", max_retries=0))
-
-
 KW: dict[str, Any] = {
     "model": "claude-test",
     "max_tokens": 64,
@@ -93,12 +91,12 @@ def test_a_stored_compacting_stream_is_the_upstreams_message(
     cfg = base_config(upstream.url)
     cfg["routes"].insert(0, anthropic_route())
     gw = start_gateway(cfg)
-    with _client(gw.url).beta.messages.stream(**KW) as s:
+    with anthropic_client(gw.url).beta.messages.stream(**KW) as s:
         assert s.response.headers["X-Cache"] == "miss"
         s.until_done()
-    raw = _client(gw.url).beta.messages.with_raw_response.create(**KW)
+    raw = anthropic_client(gw.url).beta.messages.with_raw_response.create(**KW)
     assert raw.headers["X-Cache"] == "hit"
     served = raw.parse().model_dump()
-    direct = _client(upstream.url).beta.messages.create(**KW).model_dump()
+    direct = anthropic_client(upstream.url).beta.messages.create(**KW).model_dump()
     assert served["content"][0]["content"] == SUMMARY["content"]
     assert served == direct

@@ -13,13 +13,15 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import anthropic
 import pytest
 from aiohttp import web
 
 from tests.conftest import base_config
 from tests.integration.cache.conftest import anthropic_route
-from tests.support.sdk_clients import close_tracked_clients, track  # noqa: F401 (autouse)
+from tests.support.sdk_clients import (  # noqa: F401 (autouse)
+    anthropic_client,
+    close_tracked_clients,
+)
 from tests.support.servers import ServerThread, one_route_upstream
 
 CITATION = {
@@ -91,10 +93,6 @@ def upstream() -> Iterator[ServerThread]:
     server.stop()
 
 
-def _client(url: str) -> anthropic.Anthropic:
-    return track(anthropic.Anthropic(base_url=url, api_key="sk-ant-test", max_retries=0))
-
-
 KW: dict[str, Any] = {
     "model": "claude-test",
     "max_tokens": 64,
@@ -104,7 +102,7 @@ KW: dict[str, Any] = {
 
 def _streamed(url: str) -> tuple[list[Any], dict[str, Any], str]:
     """The SDK's citation and input_json events, its final message, and X-Cache."""
-    with _client(url).messages.stream(**KW) as s:
+    with anthropic_client(url).messages.stream(**KW) as s:
         seen = [
             (e.type, e.citation if e.type == "citation" else e.partial_json)
             for e in s
@@ -119,7 +117,10 @@ def test_a_stored_message_streams_citations_and_tool_input_as_deltas(
     cfg = base_config(upstream.url)
     cfg["routes"].insert(0, anthropic_route())
     gw = start_gateway(cfg)
-    assert _client(gw.url).messages.with_raw_response.create(**KW).headers["X-Cache"] == "miss"
+    assert (
+        anthropic_client(gw.url).messages.with_raw_response.create(**KW).headers["X-Cache"]
+        == "miss"
+    )
     events, final, x_cache = _streamed(gw.url)
     direct_events, direct_final, _ = _streamed(upstream.url)
     assert x_cache == "hit"

@@ -20,7 +20,7 @@ from openai import omit
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from tests.integration.cache.conftest import cache_config
-from tests.support.sdk_clients import close_tracked_clients, openai_client, track  # noqa: F401 (autouse)
+from tests.support.sdk_clients import close_tracked_clients, openai_client  # noqa: F401 (autouse)
 from tests.support.servers import ServerThread, one_route_upstream
 
 TOOLS: list[Any] = [

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from tests.integration.cache.conftest import cache_config
-from tests.support.sdk_clients import close_tracked_clients, openai_client, track  # noqa: F401 (autouse)
+from tests.support.sdk_clients import close_tracked_clients, openai_client  # noqa: F401 (autouse)
 from tests.support.servers import ServerThread, one_route_upstream
 
 HEAD = {"id": "chatcmpl-c1", "created": 1700000000, "model": "gpt-test"}

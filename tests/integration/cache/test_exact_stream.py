@@ -20,7 +20,7 @@ from gateway.protocols import openai_sse
 from gateway.protocols.openai_sse import body_to_events, events_to_body
 from gateway.protocols.stream_codecs import completion_check
 from tests.integration.cache.conftest import cache_config
-from tests.support.sdk_clients import close_tracked_clients, openai_client, track  # noqa: F401 (autouse)
+from tests.support.sdk_clients import close_tracked_clients, openai_client  # noqa: F401 (autouse)
 from tests.support.servers import ServerThread
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there gateway"}]
