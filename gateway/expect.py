@@ -14,7 +14,7 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 
 from gateway.config import LimitSettings
 from gateway.errors import ExpectationFailed, GatewayError, PayloadTooLarge
-from gateway.middleware.listener_roles import ROLES, is_admin_path, not_found
+from gateway.middleware.listener_roles import ROLES, refusal
 from gateway.responses import error
 from gateway.routing import Router
 from gateway.timing import Timing
@@ -35,12 +35,11 @@ def expect_handler(router: Callable[[], Router], limits: LimitSettings) -> Expec
         if request.version != HttpVersion11:
             return None  # (HTTP/1.0 has no Expect: ignored)
         roles = request.app.get(ROLES)
-        on_admin = roles is not None and bool(roles.admin) and roles.on_admin(request)
-        if on_admin and not is_admin_path(request.path):
-            # The admin listener serves no model traffic: its 404 (listener_roles.split_admin)
-            # came only after this, which aiohttp runs before the middlewares, had answered a
-            # 100, a 413 or a 417 as if the path were served there.
-            return await _final(request, not_found(request.path))
+        # The listener split's 404 (a model path on the admin listener) came only after this,
+        # which aiohttp runs before the middlewares, had answered 100, 413 or 417 there.
+        refused = refusal(request) if roles is not None and roles.admin else None
+        if refused is not None:
+            return await _final(request, refused)
         if expect.strip().lower() == "100-continue":
             length = request.content_length
             if length is not None and length > limits.max_body_bytes:

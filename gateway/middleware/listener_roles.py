@@ -85,16 +85,20 @@ def admin_stays_here(handler: Handler) -> Handler:
     return handle
 
 
-@web.middleware
-async def split_admin(request: web.Request, handler: Handler) -> web.StreamResponse:
+def refusal(request: web.Request) -> web.Response | None:
+    """The 404 of a path this listener does not serve, with an admin listener; None: served."""
     path = request.path
     roles = request.app[ROLES]
     kept = is_admin_path(path) or (roles.metrics_on_admin and path == "/metrics")
     if path in PROBES and not kept:
-        return await handler(request)
-    if kept != roles.on_admin(request):
-        return not_found(path)
-    return await handler(request)
+        return None
+    return not_found(path) if kept != roles.on_admin(request) else None
+
+
+@web.middleware
+async def split_admin(request: web.Request, handler: Handler) -> web.StreamResponse:
+    refused = refusal(request)
+    return refused if refused is not None else await handler(request)
 
 
 def install(app: web.Application, separate: bool, metrics_on_admin: bool = False) -> None:
