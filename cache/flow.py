@@ -303,8 +303,11 @@ class CacheFlow:
             # a fault between the answer and its recording (building, sealing or storing the
             # entry) left the flight open for good: every later identical request waited out
             # coalesce_wait_s on it, then fetched its own (review of this session's change)
-            if lead is not None:
-                lead.fail(exc)  # (nothing once settled)
+            if lead is not None:  # (nothing once settled)
+                if isinstance(exc, asyncio.CancelledError | CallerGone):
+                    lead.abandon()  # as before the answer: the waiters take over
+                else:
+                    lead.fail(exc)
             await claim.release()
             close = getattr(up.stream, "aclose", None)  # (a recording would own it: not begun)
             if close is not None:
