@@ -251,8 +251,8 @@ class RedisTier(WaitingDeletes, Leases, PurgeScans):
         full = [self.prefix + k for k in keys]
         try:
             async with self._guard("get"):
-                if self.cluster:  # one MGET per hash slot, sent together
-                    values = await self.client.mget_nonatomic(full)  # type: ignore[union-attr]
+                if self.cluster:
+                    values = await self._cluster_get(full)
                 else:
                     values = await self.client.mget(full)
         except BaseException as exc:
@@ -270,6 +270,27 @@ class RedisTier(WaitingDeletes, Leases, PurgeScans):
             for f in batch[k]:
                 if not f.done():
                     f.set_result(v)
+
+    async def _cluster_get(self, full: list[str]) -> list[Raw]:
+        """One GET per key in one cluster pipeline (a write per node). Not an MGET per slot:
+        while a reshard moves a slot, an MGET of its keys that the move has split between two
+        primaries is refused (TRYAGAIN, which redis-py retries past the op deadline) and the
+        whole batch failed; a GET is redirected (ASK, MOVED) to where its key is. The keys of a
+        batch are in different slots but for a handful, so this costs no extra commands."""
+        client: Any = self.client
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                for k in full:
+                    pipe.get(k)
+                values: list[Raw] = await pipe.execute()
+        except RedisCluster.ERRORS_ALLOW_RETRY:
+            # A plain command that meets a dead node has the client re-read the slot map on its
+            # next call; a pipeline leaves that to redis-py's retries, which are off. A process
+            # whose Redis traffic was lookups (hits; or its breaker's probes, which are always a
+            # lookup) kept sending them to a primary a failover had replaced, and never recovered.
+            client._initialize = True
+            raise
+        return values
 
     async def put(self, key: str, entry: CacheEntry) -> None:
         ttl = int(entry.expires_at - time.time() + 0.999)
