@@ -29,6 +29,13 @@ to its slot) that makes it safe to send again:
 A route with nothing new here is read only every `idle_read` seconds: an idle fleet of sidecars
 does not pull every hash twice a second. A Redis failure is counted once per flush and logged once
 per outage (and when it ends); the counts stay local and go with the next flush.
+
+Every exchange writes (the batch, the hash's TTL), so it goes only when the exact tier's write
+breaker lets writes go (`writes`, cache.tiers.redis_writes) and its verdict counts there: while
+Redis is marked down or stalls writes, no exchange is sent (outcome `held`, once a hold), the
+counts wait here (and count locally), and the first exchange after is one of the breaker's
+probes. Before, a stalled Redis got an exchange every `interval`, each on a new connection
+that waited out the socket timeout.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import uuid
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -49,6 +57,7 @@ from cache.outage import OutageLog
 from cache.redis_client import REDIS_ERRORS, AnyRedis, Command, round_trip, stop_task
 from cache.semantic.budget import BudgetGrid
 from cache.semantic.learn import RouteBudget
+from cache.tiers.redis_writes import WriteGate, settled
 
 log = logging.getLogger("latentgate.semantic.budget")
 
@@ -163,6 +172,7 @@ class _Route:
     pending: tuple[str, Counter[str]] | None = None  # (its id, its counts)
     sent: Counter[str] = field(default_factory=Counter)
     acked: list[str] = field(default_factory=list)  # markers of applied batches, to delete
+    stale: list[str] = field(default_factory=list)  # fields too old to keep, to delete
     gen: str = ""
     read_at: float = -math.inf  # time.monotonic() of the last read
     hold_until: float = -math.inf  # after a lost hash: no load before the fleet has resent
@@ -188,6 +198,8 @@ class BudgetStore:
         self.idle_read = idle_read
         self._routes = {r: _Route() for r in budgets}
         self._task: asyncio.Task[None] | None = None
+        self.writes: WriteGate | None = None  # the exact tier's write breaker; None: not gated
+        self._held = False
         # once an outage, not once a flush: a flush is due every `interval` while a batch waits,
         # so a Redis outage wrote two warnings a second for as long as it lasted
         hint = 'latentgate_semantic_sync_events_total{direction="budget",outcome="error"}'
@@ -231,16 +243,26 @@ class BudgetStore:
         for _ in range(2):  # a second round sends again what a lost hash dropped
             if not due:
                 return True
+            if self.writes is not None and not self.writes.allow():
+                if not self._held:  # counted once a hold, not once a tick
+                    self._held = True
+                    self._count("held")
+                return False
+            self._held = False
             try:
-                replies = await self._exchange(due)
+                exchange = partial(self._exchange, due)
+                replies = await settled(self.writes, "semantic budget", exchange)
             except REDIS_ERRORS as exc:
                 self._log.failed(f"{exc}; counting locally")
-                # one metrics object serves every route: one failed flush counts once
-                next(iter(self.budgets.values())).metrics.sync.labels("budget", "error").inc()
+                self._count("error")  # one failed flush counts once
                 return False
             self._log.ok()
-            due = await self._take(replies, now)
+            due = self._take(replies, now)
         return True
+
+    def _count(self, outcome: str) -> None:
+        # one metrics object serves every route
+        next(iter(self.budgets.values())).metrics.sync.labels("budget", outcome).inc()
 
     async def _exchange(
         self, routes: list[str]
@@ -250,8 +272,8 @@ class BudgetStore:
         commands: list[Command] = []
         for route in routes:
             st, key = self._routes[route], self.key(route)
-            if st.acked:  # (sent again only without a reply: these never are)
-                commands.append(("hdel", (key, *st.acked), {}))
+            if st.acked or st.stale:  # (sent again only without a reply: these never are)
+                commands.append(("hdel", (key, *st.acked, *st.stale), {}))
             if st.pending is not None:
                 marker, counts = st.pending
                 flat = [x for f, n in counts.items() for x in (f, n)]
@@ -264,9 +286,9 @@ class BudgetStore:
         out = []
         for route in routes:
             st = self._routes[route]
-            if st.acked:
+            if st.acked or st.stale:
                 next(res)
-                st.acked = []
+                st.acked, st.stale = [], []
             applied = None
             if st.pending is not None:
                 a, g = next(res)
@@ -275,7 +297,7 @@ class BudgetStore:
             next(res)  # expire
         return out
 
-    async def _take(
+    def _take(
         self, replies: list[tuple[str, tuple[int, str] | None, dict[bytes, bytes]]], now: float
     ) -> list[str]:
         """Apply the replies; the routes whose hash turned out lost (to send again)."""
@@ -319,9 +341,8 @@ class BudgetStore:
             b.publish()
             st.read_at = now
             self._prune(st, b.grid, wall)
-            if stale:
-                with contextlib.suppress(*REDIS_ERRORS):  # the next flush tries again
-                    await self.redis.hdel(self.key(route), *stale)
+            # deleted with the next exchange: a write of its own here went round the breaker
+            st.stale = stale
         return lost
 
     @staticmethod

@@ -114,7 +114,8 @@ class SemanticSetup:
                 sr.budget = self._budget(r.name, p, ver, s.verifier_artifact, s.budget_prior)
             self.routes[r.name] = sr
         self._sync: RedisSync | None = None
-        # the exact tier's write breaker (the app sets it): the index sync writes through it
+        # the exact tier's write breaker (the app sets it): the index sync, the budget store
+        # and the tenant labels write through it
         self.writes: WriteGate | None = None
         self._budget_store: BudgetStore | None = None
         self._tenant_labels: TenantLabelShare | None = None
@@ -313,9 +314,12 @@ class SemanticSetup:
                     redis, socket_timeout=max(redis.timeouts.op, 0.5), max_connections=4
                 )
                 self._owned_redis = client
+            # Both write every flush: only while the exact tier's write breaker lets writes go
             self._budget_store = BudgetStore(client, self.budgets(), redis.key_prefix)
+            self._budget_store.writes = self.writes
             if any(b.guard is not None for b in self.budgets().values()):
                 self._tenant_labels = TenantLabelShare(client, self.budgets(), redis.key_prefix)
+                self._tenant_labels.writes = self.writes
 
     async def _open_cross_encoder(self) -> None:
         """One cross-encoder per process, shared by the routes whose verifier uses it."""

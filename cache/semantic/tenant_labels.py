@@ -18,7 +18,11 @@ Redis failure is logged once per outage and counted (`latentgate_semantic_sync_e
 {direction="tenant_labels", outcome="error"}`); the unsent batch is sent again, under its id,
 with the next flush (an XADD that timed out may have landed: readers count an id once), and
 labels made meanwhile wait behind it (up to `OUTBOX_MAX` per route); the local guard has them
-already.
+already. A flush with labels to send goes only when the exact tier's write breaker lets writes
+go (`writes`, cache.tiers.redis_writes), its verdict counted there; one with none (a read)
+only while that breaker and the tier's are closed. Meanwhile nothing is sent (outcome `held`,
+once a hold) and the labels wait; before, a stalled Redis got a flush every `interval`, each
+on a new connection that waited out the socket timeout, and each XADD landing once it resumed.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import msgpack
 from cache.outage import OutageLog
 from cache.redis_client import REDIS_ERRORS, AnyRedis, Command, round_trip, stop_task
 from cache.semantic.learn import RouteBudget
+from cache.tiers.redis_writes import WriteGate, settled
 
 log = logging.getLogger("latentgate.semantic.budget")
 
@@ -96,6 +101,8 @@ class TenantLabelShare:
         self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._routes = {r: _Route() for r in self.budgets}
         self._task: asyncio.Task[None] | None = None
+        self.writes: WriteGate | None = None  # the exact tier's write breaker; None: not gated
+        self._held = False
         hint = 'latentgate_semantic_sync_events_total{direction="tenant_labels"}'
         self._log = OutageLog(log, "semantic budget: sharing tenant labels", hint)
         for route, b in self.budgets.items():
@@ -127,7 +134,10 @@ class TenantLabelShare:
 
     async def flush(self) -> bool:
         """Send this process's new tenant labels and count the others'; False on a Redis
-        error (the labels wait for the next flush)."""
+        error or while the write breaker holds them (the labels wait for the next flush)."""
+        writing = any(st.pending is not None or st.outbox for st in self._routes.values())
+        if not self._let(writing):
+            return False
         commands: list[Command] = []
         for route, st in self._routes.items():
             key = self.key(route)
@@ -144,8 +154,11 @@ class TenantLabelShare:
                 commands.append(("expire", (key, self._ttl(route)), {}))
             commands.append(("xrange", (key, f"({st.last_id}", "+"), {"count": _READ}))
         sent = {r: st.pending for r, st in self._routes.items()}
+        gate = self.writes if writing else None  # (a read's verdict is not a write's)
         try:
-            replies = iter(await round_trip(self.redis, commands))
+            replies = iter(
+                await settled(gate, "tenant labels", lambda: round_trip(self.redis, commands))
+            )
         except REDIS_ERRORS as exc:
             self._count("error")
             self._log.failed(f"{exc}; kept locally")
@@ -159,6 +172,18 @@ class TenantLabelShare:
                 self._count("published", len(batch[1]))
             self._take(route, next(replies), replay=False)
         return True
+
+    def _let(self, writing: bool) -> bool:
+        """May this flush go to Redis? One that writes asks the write breaker (perhaps as its
+        probe); a read goes only while writes are on (it proves nothing, so it never probes)."""
+        gate = self.writes
+        if gate is None or (gate.allow() if writing else gate.writing()):
+            self._held = False
+            return True
+        if writing and not self._held:  # counted once a hold, not once a tick
+            self._held = True
+            self._count("held")
+        return False
 
     async def _read(self, route: str, replay: bool) -> bool:
         """One page of the route's stream; True when there may be more."""

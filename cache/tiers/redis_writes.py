@@ -17,18 +17,22 @@ verdict is the tier's breaker's alone. In a whole outage both open, each on its 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from redis.exceptions import ResponseError
 
 from cache.breaker import CLOSED, OPEN, Breaker
 from cache.metrics import CacheMetrics
 from cache.outage import OutageLog
+from cache.redis_client import REDIS_ERRORS
 from cache.settings import RedisSettings
 
 log = logging.getLogger("latentgate.cache.redis")
 
 STATES = ("closed", "open", "half-open")
+
+T = TypeVar("T")
 
 
 class WriteGate:
@@ -65,6 +69,12 @@ class WriteGate:
             return True
         self._tier.release()
         return False
+
+    def writing(self) -> bool:
+        """Both breakers closed: for a read beside the writes (tenant labels' XRANGE), which
+        waits while either is open and never takes a probe slot (its success proves no write
+        would land)."""
+        return self._tier.state == CLOSED and self.breaker.state == CLOSED
 
     def allow_probe(self) -> bool:
         """For a waiting purge (RedisTier.purge_ready): whether writes are on or a probe is due
@@ -133,3 +143,22 @@ async def gated(gate: WriteGate | None, write: Awaitable[str | None]) -> None:
         raise
     if gate is not None:
         gate.settle(error)
+
+
+async def settled(gate: WriteGate | None, who: str, call: Callable[[], Awaitable[T]]) -> T:
+    """Run a round trip `gate.allow()` let through and settle it there: a Redis error is what
+    `stalled` makes of it, raised on; its answer, a success; cancelled or another fault (one
+    reading the answer), no verdict."""
+    try:
+        out = await call()
+    except REDIS_ERRORS as exc:
+        if gate is not None:
+            gate.settle(stalled(who, exc))
+        raise
+    except BaseException:
+        if gate is not None:
+            gate.abandon()
+        raise
+    if gate is not None:
+        gate.settle(None)
+    return out
