@@ -42,16 +42,23 @@ def build_backends(
     `remote_metrics`, `local_metrics`: the app's sets when building again (a reload), since
     metric names are unique per registry. `answer_cap`: the largest reply a gRPC replica may
     send (the gateway's limits.max_body_bytes)."""
-    out: dict[str, Backend] = {}
-    remote_metrics = remote_metrics or RemoteMetrics(registry)
+    local: dict[str, Backend] = {}
     for name, spec in settings.items():
         if isinstance(spec, RemoteBackendSettings):
-            out[name] = Pool(name, spec, remote_metrics, answer_cap=answer_cap)
             continue
         from backends.local.backend import LocalBackend
         from backends.local.metrics import LocalMetrics
 
         if local_metrics is None:
             local_metrics = LocalMetrics(registry if registry is not None else CollectorRegistry())
-        out[name] = LocalBackend(name, spec, local_metrics, engines)
+        local[name] = LocalBackend(name, spec, local_metrics, engines)
+    # The pools after the local backends, whose preflight may raise: a pool opens its sessions
+    # when built, and a raise after it left them open for good (nothing held the pool to close).
+    remote_metrics = remote_metrics or RemoteMetrics(registry)
+    out: dict[str, Backend] = {}
+    for name, spec in settings.items():
+        if isinstance(spec, RemoteBackendSettings):
+            out[name] = Pool(name, spec, remote_metrics, answer_cap=answer_cap)
+        else:
+            out[name] = local[name]
     return out

@@ -146,6 +146,8 @@ class Reloader:
             for name, spec in new.backends.items()
             if name in current.backends and old.backends.get(name) == spec
         }
+        fresh: dict[str, Backend] = {}
+        step = "backends"
         try:
             fresh = self.build_backends({n: s for n, s in new.backends.items() if n not in reused})
             router = self.build_router(merged)
@@ -153,21 +155,27 @@ class Reloader:
                 start = getattr(backend, "start", None)  # pools start their health checks
                 if start is not None:
                     await start()
-        except Exception as exc:  # a backend that cannot be built must not take the gateway down
+            step = "routes"  # the route caches' policies, in the same step
+            flows = self.swap_policies(merged) if self.swap_policies is not None else current.flows
+        except Exception as exc:  # a part that cannot be built must not take the gateway down
             self.reloads.labels("error").inc()
             log.exception(
-                "reload failed while building backends; still serving generation %d",
+                "reload failed while building its %s; still serving generation %d",
+                step,
                 current.generation,
             )
+            # What this try built and started goes: before, a failure after the backends were
+            # built left their health checks dialling replicas, and their sessions open, for
+            # the process's life (and a route-cache failure answered 500).
+            for backend in fresh.values():
+                await backend.aclose()
             return ReloadResult(
                 False,
                 current.generation,
                 422,
-                [{"path": "backends", "line": None, "message": f"{type(exc).__name__}: {exc}"}],
+                [{"path": step, "line": None, "message": f"{type(exc).__name__}: {exc}"}],
             )
         backends: dict[str, Backend] = {**reused, **fresh}
-        # the route caches' policies, in the same step
-        flows = self.swap_policies(merged) if self.swap_policies is not None else current.flows
         runtime = Runtime(router, backends, generation=current.generation + 1, flows=flows)
         # One assignment each, no await between them: a request sees all old or all new.
         self.state.pipeline.runtime = runtime
