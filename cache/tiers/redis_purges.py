@@ -61,6 +61,7 @@ class WaitingPurges:
         self._where: dict[Selector, dict[str, int]] = {}  # how far each one's SCAN got
         self.on_late_purge: Callable[[Selector], Awaitable[object]] | None = None
         self._task: asyncio.Task[None] | None = None
+        self._turn = 0  # the index of the waiting purge tried next
         for pattern, announce in list(journal.purges.items() if journal is not None else []):
             selector = Selector.of_pattern(pattern)
             if selector is not None:
@@ -124,12 +125,17 @@ class WaitingPurges:
             await asyncio.sleep(self._retry_s)
             if not await self._ready():
                 continue
-            selector = self.waiting[0]
+            # Each in turn: one Redis keeps failing (an ACL that denies its keys' UNLINK) was
+            # tried again and again at the head, and every purge behind it waited for good
+            # (their keys unread here, and in every process told of them, never deleted).
+            self._turn %= len(self.waiting)
+            selector = self.waiting[self._turn]
             where = self._where.setdefault(selector, {})
             try:
                 removed = await self._purge(selector, where)
             except TierError:
-                continue  # (the next try goes on from `where`)
+                self._turn += 1  # the next one's turn (this one's next try goes on from `where`)
+                continue
             if self._where.get(selector) is not where:
                 continue  # added again meanwhile (or forgotten): run again from the start
             # (still waiting until its keys are gone: a read meanwhile is kept from Redis)

@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from cache import Cache, CacheEntry, request_directives
-from cache.settings import CacheSettings
+from cache.keys import Selector
+from cache.settings import CacheSettings, ExactPolicy
 from cache.tenant import tenant_of
 from tests.support.redis_acl import acl_user
 from tests.support.servers import RedisServer
@@ -103,3 +104,40 @@ async def test_a_client_library_fault_while_announcing_is_a_failed_announcement(
         assert a.redis.purges  # kept: the retry announces it once it lands
     finally:
         await a.aclose()
+
+
+async def test_a_purge_redis_keeps_refusing_holds_none_of_the_others_back(
+    redis_server: RedisServer, user: tuple[str, str, Redis]
+) -> None:
+    """Two purges wait; then Redis takes one (the ACL lets this user delete route b's keys)
+    and keeps refusing the other. Before, the first one was tried again and again at the head
+    of the queue: route b's purge never landed (its entry stayed in Redis, and this process read
+    none of route b's answers from there)."""
+    url, name, admin = user
+    prefix = f"t{uuid.uuid4().hex[:8]}:"
+    a = Cache(_settings(url, prefix), CollectorRegistry())
+    owner = Cache(_settings(redis_server.url, prefix), CollectorRegistry())
+    await a.open()
+    try:
+        policy = ExactPolicy(enabled=True, tiers=["memory", "redis"])
+        keys = {}
+        for r in ("a", "b"):
+            rc = owner.for_route(r, policy)
+            assert rc is not None
+            keys[r] = rc.key("m", FIELDS, ALICE)
+            assert await rc.store(keys[r], CacheEntry(200, [], body=b"answer", ttl=600.0))
+        for r in ("a", "b"):  # SCAN and UNLINK denied: both wait
+            assert isinstance((await a.purge(route=r))["redis"], dict)
+        assert a.redis is not None and len(a.redis.purges.waiting) == 2
+        b = Selector.of("b", None, None, a.tenants)
+        # route a's keys may be read, not deleted; route b's may be (and the purge stream)
+        rules = ("+scan", "+unlink", "resetkeys", "%R~*", f"~{prefix}e:{b.pattern()}")
+        await admin.execute_command("ACL", "SETUSER", name, *rules, f"~{{{prefix}}}purge")
+
+        await until("route b's purge never ran", lambda: len(a.redis.purges.waiting) == 1)
+        assert await admin.exists(f"{prefix}e:{keys['b'].value}") == 0
+        assert await admin.exists(f"{prefix}e:{keys['a'].value}") == 1  # still refused
+        assert a.redis.purges.waiting[0] == Selector.of("a", None, None, a.tenants)
+    finally:
+        await a.aclose()
+        await owner.aclose()
