@@ -90,6 +90,10 @@ class TensorModel:
                     f"model {self.name}'s inputs must agree on dimension 0 (rows): got "
                     + ", ".join(f"{k} {v}" for k, v in rows.items())
                 )
+            if self.image is not None and not value:
+                # (a graph run on no rows: the CPU path answered an empty result and the GPU
+                # path's torch.stack of nothing raised, a 500; neither is what was asked)
+                raise BadInput(f"input '{spec.name}' holds no images; send at least one")
             if self.image is not None and self._gpu is not None:
                 feeds[spec.name] = self._gpu.images_to_nchw(value, self.image)
             elif self.image is not None:

@@ -144,8 +144,8 @@ def decode_image(data: bytes, spec: ImagePreprocess) -> NDArray[np.float32]:
 
 
 def images_to_nchw(images: Sequence[bytes], spec: ImagePreprocess) -> NDArray[np.float32]:
-    return (
-        np.stack([decode_image(b, spec) for b in images])
-        if images
-        else np.zeros((0, 3, *spec.size), np.float32)
-    )
+    """Encoded images → one NCHW batch; no images is BadInput, as on the GPU path (a graph
+    run on no rows answers nothing that was asked)."""
+    if not images:
+        raise BadInput("no images to preprocess; send at least one")
+    return np.stack([decode_image(b, spec) for b in images])

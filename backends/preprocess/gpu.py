@@ -60,6 +60,8 @@ class GpuPreprocessor:
         from torchvision.io import ImageReadMode, decode_image
         from torchvision.transforms.v2 import functional as F
 
+        if not images:  # (torch.stack of nothing raises RuntimeError)
+            raise BadInput("no images to preprocess; send at least one")
         out = []
         for i, data in enumerate(images):
             if len(data) > spec.max_bytes:

@@ -49,6 +49,11 @@ def test_oversized_image_is_bad_input() -> None:
         decode_image(png(8, 8), ImagePreprocess(max_bytes=10))
 
 
+def test_no_images_is_bad_input() -> None:
+    with pytest.raises(BadInput, match="no images"):
+        images_to_nchw([], ImagePreprocess())
+
+
 def test_pad_tokens_masks_the_padding() -> None:
     batch = [Tokens(np.array([101, 7, 102]), np.zeros(3, np.int64)),
              Tokens(np.array([101, 102]), np.zeros(2, np.int64))]  # fmt: skip
@@ -80,3 +85,12 @@ def test_gpu_images_match_cpu_within_tolerance() -> None:
     std = np.array(spec.std, np.float32)[None, :, None, None]
     # Compare in [0, 1] pixel units: the stated tolerance is per value before normalisation.
     assert np.abs((cpu - gpu) * std).mean() < IMAGE_TOLERANCE
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_gpu_no_images_is_bad_input() -> None:
+    from backends.preprocess.gpu import GpuPreprocessor
+
+    with pytest.raises(BadInput, match="no images"):
+        GpuPreprocessor().images_to_nchw([], ImagePreprocess())

@@ -95,6 +95,10 @@ def _infer(gw: ServerThread, model: str, inp: dict[str, Any]) -> tuple[int, Any]
                    "data": [1.0, 2.0, 3.0]}, "has shape [1, 3]; the model takes [-1, 3, -1, -1]"),
         ("vision", {"name": "pixel_values", "datatype": "BYTES", "shape": [1],
                     "data": ["not an image"]}, "image could not be decoded"),
+        # no images: the CPU path answered 200 with no rows, the GPU path 500 (torch.stack
+        # of nothing); the check comes before either
+        ("vision", {"name": "pixel_values", "datatype": "BYTES", "shape": [0], "data": []},
+         "input 'pixel_values' holds no images"),
     ],
 )  # fmt: skip
 def test_bad_tensors_are_400s(
