@@ -227,6 +227,12 @@ def _events_to_body(events: list[bytes], kind: str) -> bytes | None:
         calls = tools or c.get("message", {}).get("function_call")
         if calls and c["message"]["content"] == "":  # only the opening "" delta: null, as a
             c["message"]["content"] = None  # tool or function call's message has
+        if "refusal" in c.get("message", {}):
+            # OpenAI's own stream (and Azure's) names `refusal` on its first delta; its body's
+            # message always has `annotations`, [] when there are none: a client that reads
+            # them (`for a in message.annotations`) failed on None. Other servers (vLLM's
+            # annotations are null) leave it out of their streams and get none.
+            c["message"].setdefault("annotations", [])
     out: dict[str, Any] = {
         "id": first.get("id"),
         "object": "chat.completion" if kind == "chat" else "text_completion",
@@ -259,6 +265,8 @@ def _merge_delta(msg: dict[str, Any], tools: list[dict[str, Any]], delta: dict[s
                 fc = msg.setdefault("function_call", {"name": "", "arguments": ""})
                 fc["name"] += v.get("name") or ""
                 fc["arguments"] += v.get("arguments") or ""
+        elif v is None:  # a field the stream names as null (OpenAI's `refusal`): its body's
+            msg.setdefault(k, None)  # message has it too, null unless another chunk says more
         elif isinstance(v, str):
             msg[k] = (msg.get(k) or "") + v
         elif isinstance(v, list):  # annotations (url citations): each chunk adds its own

@@ -1,8 +1,10 @@
 """A hit in the other framing says what the upstream's own answer in that framing says.
 
 The upstream here answers as OpenAI does: a tool call's message has `content: null`, and its
-stream opens with `content: null` (a text answer's with ""); `service_tier` (the tier that
-served the call, "default" where the request said "auto") is on the body and on every chunk.
+stream opens with `content: null` (a text answer's with ""); every message has `refusal: null`
+and `annotations: []` (its stream says only `refusal: null`, on the first delta);
+`service_tier` (the tier that served the call, "default" where the request said "auto") is on
+the body and on every chunk.
 A stored JSON answer replayed as a stream, accumulated by the SDK's `chat.completions.stream()`,
 and a stored stream replayed as one body must give the SDK what the upstream itself gives.
 """
@@ -40,15 +42,16 @@ USAGE = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
 def _answer(body: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(the message and finish reason, the deltas of its stream) for this request."""
     if body.get("tools"):
-        message = {"role": "assistant", "content": None, "refusal": None}
+        message = {"role": "assistant", "content": None, "refusal": None, "annotations": []}
         message["tool_calls"] = [{**CALL, "function": {**CALL["function"], "arguments": ARGS}}]
+        opening = {"role": "assistant", "content": None, "tool_calls": [{"index": 0, **CALL}]}
         deltas: list[dict[str, Any]] = [
-            {"role": "assistant", "content": None, "tool_calls": [{"index": 0, **CALL}]},
+            {**opening, "refusal": None},
             {"tool_calls": [{"index": 0, "function": {"arguments": ARGS}}]},
         ]
         return {"message": message, "finish_reason": "tool_calls"}, deltas
-    message = {"role": "assistant", "content": "Sunny.", "refusal": None}
-    deltas = [{"role": "assistant", "content": ""}, {"content": "Sunny."}]
+    message = {"role": "assistant", "content": "Sunny.", "refusal": None, "annotations": []}
+    deltas = [{"role": "assistant", "content": "", "refusal": None}, {"content": "Sunny."}]
     return {"message": message, "finish_reason": "stop"}, deltas
 
 
@@ -142,4 +145,6 @@ def test_a_stored_stream_is_the_upstreams_body(
     direct, _ = _plain(openai_client(upstream.url), **kw)
     assert x_cache == "hit"
     assert body["service_tier"] == direct["service_tier"] == "default"
+    # `annotations` is [] as the upstream's own body has it (it was None: iterating failed)
+    assert body["choices"][0]["message"]["annotations"] == []
     assert body["choices"] == direct["choices"]

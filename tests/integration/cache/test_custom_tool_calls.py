@@ -29,7 +29,8 @@ def _body() -> dict[str, Any]:
     calls = [
         {"id": i, "type": "custom", "custom": {"name": "shell", "input": text}} for i, text in CALLS
     ]
-    message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": calls}
+    message = {"role": "assistant", "content": None, "refusal": None, "annotations": []}
+    message["tool_calls"] = calls
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "tool_calls"}
     usage = {"prompt_tokens": 9, "completion_tokens": 8, "total_tokens": 17}
     return {**HEAD, "object": "chat.completion", "choices": [choice], "usage": usage}
