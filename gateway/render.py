@@ -63,6 +63,10 @@ class Framing(NamedTuple):
     stream: bool = False
     include_usage: bool = False
     kind: str = ""  # the call's kind: which stream codec says a recorded stream completed
+    # vLLM's stream_options.continuous_usage_stats: usage on every chunk. Such a call's options
+    # are in its key, so its entry is a stream recorded for the same options: replayed as it
+    # came, never made from a stored body (which has no per-chunk usage to give)
+    continuous_usage: bool = False
 
     def follows_stream(self, leader: object) -> bool:
         """A one-body request may wait out a streamed answer it can be rendered from: an
@@ -115,18 +119,23 @@ def _parses(data: bytes) -> bool:
 
 
 def framing_of(call: Call) -> Framing:
-    return Framing(call.stream, bool(call.extra.get("include_usage")), call.kind)
+    return Framing(
+        call.stream,
+        bool(call.extra.get("include_usage")),
+        call.kind,
+        bool(call.extra.get("continuous_usage")),
+    )
 
 
 def rendered(entry: CacheEntry, framing: Framing) -> Rendered | None:
     """The entry's body and headers in this framing; None when it cannot be converted."""
     out = entry.memo.get(framing)
     if out is None:
-        out = entry.memo[framing] = _render(entry, framing.stream, framing.include_usage) or False
+        out = entry.memo[framing] = _render(entry, framing) or False
     return None if out is False else cast(Rendered, out)
 
 
-def _render(entry: CacheEntry, stream: bool, include_usage: bool) -> Rendered | None:
+def _render(entry: CacheEntry, framing: Framing) -> Rendered | None:
     """Body and headers of the entry in the call's framing (computed once per entry and framing);
     None when this framing cannot be served from it.
 
@@ -137,6 +146,11 @@ def _render(entry: CacheEntry, stream: bool, include_usage: bool) -> Rendered | 
     """
     if not answer_type_fits(entry.kind, _content_type(entry)):
         return None  # (stored by a sidecar of an older version: never replayed)
+    stream, include_usage = framing.stream, framing.include_usage
+    if framing.continuous_usage and framing.kind in _OPENAI_KINDS:
+        if entry.events is None:
+            return None
+        return openai_sse.join_events(entry.events), entry.headers
     body: bytes | None
     ctype: str | None = None
     codec = convertible(entry.kind)  # per kind: openai_sse for chat/completions, anthropic_sse

@@ -73,13 +73,12 @@ class OpenAIAdapter:
         stream = False if stream is None else stream
         require(isinstance(stream, bool), "'stream' must be a boolean or null", "stream")
         options = doc.get("stream_options")
-        # framing only on a streamed call, and only as the API takes it (booleans): other
-        # values the API refuses, so they are keyed
-        framing = options is None or (
-            isinstance(options, dict)
-            and all(v is None or type(v) is bool for v in options.values())
-        )
-        ignored = self._ignored if stream and framing else self._plain_ignored
+        if framing_only(kind, stream, options):
+            ignored = self._ignored
+        elif stream:  # a stream of its own shape: `stream` is keyed too, so a plain call with
+            ignored = self._plain_ignored - {"stream"}  # the same options never shares it
+        else:
+            ignored = self._plain_ignored
         if "user" in doc and not isinstance(doc["user"], str):
             ignored = ignored - {"user"}  # a request the API refuses: never a valid one's key
         fields = {k: v for k, v in doc.items() if k not in ignored}
@@ -89,9 +88,9 @@ class OpenAIAdapter:
         # upstream may refuse or redirect, so it never shares the entry of the path without.
         target = path + ("?" + query if query else "")
         call = Call("openai", model, {"body": fields, "target": target}, stream=stream, kind=kind)
-        call.extra["include_usage"] = isinstance(options, dict) and bool(
-            options.get("include_usage")
-        )
+        asked = options if isinstance(options, dict) else {}
+        call.extra["include_usage"] = bool(asked.get("include_usage"))
+        call.extra["continuous_usage"] = stream and bool(asked.get("continuous_usage_stats"))
         if kind == "chat":
             self._chat(doc, fields, target, call)
         elif kind == "completions":
@@ -144,6 +143,26 @@ class OpenAIAdapter:
         context["last"] = {k: v for k, v in last.items() if k != "content"}
         call.context = {"body": context, "target": target}
         call.deterministic, call.greedy = _deterministic(doc), zero_temperature(doc)
+
+
+def framing_only(kind: str, stream: bool, options: Any) -> bool:
+    """Do `stream` and `stream_options` change only the framing of this call's answer (which
+    the cache renders from a stored answer in either framing), so they stay out of its key?
+
+    Only on a streamed call, with options as the API takes them (booleans:
+    other values it refuses) that do not ask for vLLM's `continuous_usage_stats`: usage on every
+    chunk, which no other call's answer has (and a stored body cannot give), so such a call
+    keys its options.
+    """
+    if not stream:
+        return False
+    if options is None:
+        return True
+    return (
+        isinstance(options, dict)
+        and all(v is None or type(v) is bool for v in options.values())
+        and not options.get("continuous_usage_stats")
+    )
 
 
 def quotes_prompt(doc: dict[str, Any], chat: bool = False) -> bool:
