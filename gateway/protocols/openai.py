@@ -149,12 +149,13 @@ def framing_only(kind: str, stream: bool, options: Any) -> bool:
     """Do `stream` and `stream_options` change only the framing of this call's answer (which
     the cache renders from a stored answer in either framing), so they stay out of its key?
 
-    Only on a streamed call, with options as the API takes them (booleans:
+    Only on a streamed chat or completions call, with options as the API takes them (booleans:
     other values it refuses) that do not ask for vLLM's `continuous_usage_stats`: usage on every
     chunk, which no other call's answer has (and a stored body cannot give), so such a call
-    keys its options.
+    keys its options. An embeddings answer has no stream: OpenAI refuses `stream: true` there
+    (an unrecognised argument) where vLLM ignores it, so it is keyed, never the plain call's.
     """
-    if not stream:
+    if not stream or kind == "embeddings":
         return False
     if options is None:
         return True
