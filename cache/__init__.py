@@ -13,6 +13,7 @@ from cache.codec import CacheEntry
 from cache.errors import CacheError, CodecError, TierError, TierTimeout
 from cache.flow import CacheFlow
 from cache.flows import Flows
+from cache.hit_headers import replayable
 from cache.keys import CacheKey, KeyBuilder, Selector, canonical, tenant_of
 from cache.live_streams import StreamCut
 from cache.policy import (
@@ -74,6 +75,7 @@ __all__ = [
     "evaluated_here",
     "identity_from_purge",
     "not_modified",
+    "replayable",
     "request_directives",
     "semantic_preflight",
     "semantic_routes",

@@ -22,27 +22,6 @@ from cache.semantic.route import CallLike
 if TYPE_CHECKING:
     from cache.recording import Recording
 
-# Response headers an entry never keeps: per-response facts, and what the gateway sets itself.
-NOT_KEPT = frozenset(
-    {
-        "date",
-        "server",
-        "set-cookie",
-        "age",
-        "x-cache",
-        "server-timing",
-        "content-length",
-        "transfer-encoding",
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "te",
-        "trailer",
-        "upgrade",
-    }
-)
-
 
 class Clock(Protocol):
     """Where the flow records its stages (the gateway's Server-Timing)."""
@@ -151,13 +130,3 @@ class Fresh:
 
 
 Result = Hit | Fresh
-
-
-def kept_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The response headers an entry keeps: not NOT_KEPT, nor one the answer's Connection
-    field names (RFC 9110 7.6.1: hop-by-hop, for this hop alone). The miss's writer drops those
-    too; before, the entry kept them and every hit replayed them."""
-    named = {
-        t.strip().lower() for k, v in headers if k.lower() == "connection" for t in v.split(",")
-    }
-    return [(k, v) for k, v in headers if k.lower() not in NOT_KEPT and k.lower() not in named]

@@ -22,8 +22,9 @@ import numpy as np
 
 from backends import UpstreamResponse
 from cache.alias import AliasKey, AliasMap
-from cache.asks import Answers, Ask, Clock, Fresh, Hit, Result, kept_headers
+from cache.asks import Answers, Ask, Clock, Fresh, Hit, Result
 from cache.codec import CacheEntry
+from cache.hit_headers import kept_headers
 from cache.keys import CacheKey
 from cache.live_streams import LiveStreams
 from cache.policy import (
@@ -335,7 +336,7 @@ class CacheFlow:
         if why and 200 <= up.status < 300:
             self.rc.not_stored(why)
         storable = ask.directives.store and ttl > 0
-        kept = kept_headers(up.headers)
+        kept = kept_headers(up.headers, up.status)
         reason = "" if ask.directives.lookup else "no-cache"
         if up.body is not None or up.stream is None:
             body = up.body or b""

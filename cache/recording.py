@@ -22,6 +22,7 @@ import numpy as np
 from backends import UpstreamResponse
 from cache.asks import AnswerIncomplete, Ask
 from cache.codec import CacheEntry
+from cache.hit_headers import replayable
 from cache.live_streams import StreamReader
 from cache.policy import received_age
 from cache.route_cache import Claim
@@ -136,7 +137,8 @@ class Recording:
         return UpstreamResponse(
             up.status,
             up.reason,
-            list(up.headers),
+            # not the leader's request id, timing or rate-limit state (cache.hit_headers)
+            replayable(up.headers, up.status),
             stream=self._reader(bytes(self._copy)),
             replica=up.replica,
             deadline=up.deadline,

@@ -13,7 +13,7 @@ from typing import NamedTuple, cast
 import orjson
 
 from backends import MSGPACK_TYPES
-from cache import CacheEntry
+from cache import CacheEntry, replayable
 from gateway.protocols import openai_sse
 from gateway.protocols.base import Call
 from gateway.protocols.stream_codecs import completion_check, convertible
@@ -178,7 +178,9 @@ def _render(entry: CacheEntry, framing: Framing) -> Rendered | None:
             body, ctype = (openai_sse.join_events(converted) if converted else None), SSE
     if body is None:
         return None
-    headers = entry.headers
+    # (entries stored before these were dropped at store time still hold the upstream's
+    # request id, timing and rate-limit state: never replayed, whatever the hit path)
+    headers = replayable(entry.headers, entry.status)
     if ctype is not None:
         drop = {"content-type", "cache-control"}
         headers = [(k, v) for k, v in headers if k.lower() not in drop]

@@ -12,6 +12,7 @@ Behaviour on demand through request headers:
   X-Test-Cache-Control: v add Cache-Control: v
   X-Test-Age: v           add Age: v (an answer that comes from a cache upstream)
   X-Test-Vary: name       add Vary: name, and X-Varied-Value: the request's value of it
+  X-Test-Vendor-Headers: 1  add OpenAI's and Anthropic's per-answer headers (ids, rate limit)
   X-Test-Reasoning: t     chat answers carry reasoning_content t (as vLLM's reasoning parsers)
   X-Test-Citation: url    chat answers carry a url_citation annotation
 It counts TCP/unix connections and requests per path (GET /_test/stats, POST /_test/reset).

@@ -4,6 +4,7 @@ adds, and the request counters (tests/support/upstream.py builds the app)."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 from aiohttp import web
@@ -55,7 +56,30 @@ def extra_headers(request: web.Request) -> dict[str, str]:
         # the answer depends on that request header: Vary names it, X-Varied-Value shows it
         h["Vary"] = v
         h["X-Varied-Value"] = request.headers.get(v, "")
+    if request.headers.get("X-Test-Vendor-Headers"):
+        h.update(vendor_headers(request.app))
     return h
+
+
+def vendor_headers(app: web.Application) -> dict[str, str]:
+    """What OpenAI and Anthropic send with each answer: facts of that one exchange (its ids,
+    its time, the rate limit left after it: a new id and one fewer request each time) beside
+    facts of the answer (its model, organization, API version)."""
+    served = sum(stats(app)["requests"].values())
+    return {
+        "x-request-id": f"req_{uuid.uuid4().hex}",
+        "request-id": f"req_{uuid.uuid4().hex}",
+        "cf-ray": f"{uuid.uuid4().hex[:16]}-AMS",
+        "openai-processing-ms": "412",
+        "x-envoy-upstream-service-time": "415",
+        "x-ratelimit-limit-requests": "10000",
+        "x-ratelimit-remaining-requests": str(10000 - served),
+        "x-ratelimit-reset-requests": "6ms",
+        "anthropic-ratelimit-requests-remaining": str(4000 - served),
+        "openai-model": "gpt-test-2025",
+        "openai-organization": "org-test",
+        "openai-version": "2020-10-01",
+    }
 
 
 def stream_options_refused(body: dict[str, Any]) -> web.Response | None:
