@@ -87,6 +87,9 @@ class Ask:
     # parsing and the semantic lookup do not.
     budget_s: float | None = None
     waited_s: float = 0.0
+    # set by the flow: from sending the call upstream to its answer's headers (retries and
+    # queueing in the pool included), which its age counts (RFC 9111 4.2.3: response_delay)
+    response_delay: float = 0.0
 
     def wait_s(self, most: float, share: float = 1.0) -> float:
         """How long this request may wait for another's answer: `most`, or less when `share` of

@@ -27,13 +27,7 @@ from cache.codec import CacheEntry
 from cache.hit_headers import kept_headers
 from cache.keys import CacheKey
 from cache.live_streams import LiveStreams
-from cache.policy import (
-    NotCached,
-    RequestDirectives,
-    received_age,
-    response_shareable,
-    storable_ttl,
-)
+from cache.policy import NotCached, RequestDirectives, initial_age, response_shareable, storable_ttl
 from cache.recording import Recording
 from cache.route_cache import Claim, RouteCache
 from cache.semantic import flow_hooks  # issue 14: error budget, semantic single flight
@@ -326,8 +320,9 @@ class CacheFlow:
     ) -> Result:
         """The computed answer to the client, and to the cache and the flight's waiters where
         they may have it: stored whole, or recorded as it streams (Recording)."""
-        ttl, why = storable_ttl(up.status, up.headers, self.rc.policy.ttl, self.rc.vary_ok)
-        shareable = response_shareable(up.status, up.headers, self.rc.vary_ok)
+        age = initial_age(up.headers, ask.response_delay)
+        ttl, why = storable_ttl(up.status, up.headers, self.rc.policy.ttl, self.rc.vary_ok, age=age)
+        shareable = response_shareable(up.status, up.headers, self.rc.vary_ok, age=age)
         if 200 <= up.status < 300 and not ask.answers.keeps(up.header("Content-Type") or ""):
             # not the kind of answer the route serves (a captive portal's login page, a
             # misrouted replica's file): this client gets it, as from the upstream itself; it
@@ -353,7 +348,7 @@ class CacheFlow:
                 model=ask.call.model,
                 kind=ask.kind,
                 ttl=ttl,
-                age=received_age(up.headers),
+                age=age,
             )
             # (an answer over max_entry_bytes is not kept either: RouteCache.store drops it)
             entry.reusable = storable and entry.size() <= self.rc.max_entry_bytes
@@ -371,6 +366,7 @@ class CacheFlow:
     async def _compute(self, ask: Ask, compute: Compute) -> UpstreamResponse:
         t = time.perf_counter()
         up = await compute()
+        ask.response_delay = time.perf_counter() - t
         ask.clock.add(ask.compute_stage, t)
         return up
 

@@ -153,6 +153,7 @@ def response_shareable(
     headers: Iterable[tuple[str, str]],
     keyed: Collection[str] = (),
     now: float | None = None,
+    age: float | None = None,
 ) -> bool:
     """May waiters of a single flight receive this answer? Errors yes; private answers no; nor
     a 206 or a 304, which answer one request's Range or precondition; nor an answer that Varies
@@ -160,14 +161,15 @@ def response_shareable(
     value of it would get an answer chosen for someone else's header. Nor a 2xx the cache may
     not reuse (RFC 9111 4: collapsed requests get an answer only where it could serve them
     from the store): `no-cache` (but on an event stream, where it is the streaming hint), or no
-    freshness left (`max-age=0`, an `Expires` not past its `Date`, an `Age` at its bound)."""
+    freshness left (`max-age=0`, an `Expires` not past its `Date`, an `Age` at its bound).
+    age: the answer's age on arrival (`initial_age`), else its Age as sent."""
     headers = list(headers)
     if varies_unkeyed(headers, keyed):
         return False
     if 200 <= status < 300 or status == 304:
         if not response_storable(status, headers) or _refused(headers) & {"no-cache"}:
             return False
-        fresh = _freshness(headers, time.time() if now is None else now)
+        fresh = _freshness(headers, time.time() if now is None else now, age)
         return fresh is None or fresh > 0
     return not any(k.lower() == "set-cookie" for k, _ in headers)
 
@@ -197,9 +199,12 @@ def varies_unkeyed(headers: Iterable[tuple[str, str]], keyed: Collection[str]) -
     return False
 
 
-def _freshness(headers: Iterable[tuple[str, str]], now: float) -> float | None:
+def _freshness(
+    headers: Iterable[tuple[str, str]], now: float, age_now: float | None = None
+) -> float | None:
     """Seconds the upstream lets a shared cache keep its answer (RFC 9111 4.2.1), or None when
-    it does not say: s-maxage over max-age over Expires, less the Age it already has."""
+    it does not say: s-maxage over max-age over Expires, less the age it already has (age_now,
+    else the Age it was sent with)."""
     bounds: dict[str, list[str | None]] = {}
     expires = date = age = None
     for k, v in headers:
@@ -232,19 +237,26 @@ def _freshness(headers: Iterable[tuple[str, str]], now: float) -> float | None:
         lifetime = 0.0 if at is None else max(0.0, at - (base if base is not None else now))
     if lifetime is None:
         return None
+    if age_now is not None:
+        return max(0.0, lifetime - age_now)
     with contextlib.suppress(ValueError):  # an unreadable Age counts as none
         lifetime -= max(0.0, float(age)) if age is not None else 0.0
     return max(0.0, lifetime)
 
 
-def received_age(headers: Iterable[tuple[str, str]]) -> float:
-    """The Age an upstream answer arrived with (RFC 9111 5.1: delta-seconds); 0 without one or
-    when it is unreadable."""
+def initial_age(headers: Iterable[tuple[str, str]], response_delay: float) -> float:
+    """An upstream answer's age as it arrives (RFC 9111 4.2.3, corrected_age_value): the Age it
+    was sent with (5.1: delta-seconds; 0 without one or when unreadable) plus the response
+    delay, the time from sending the request to its answer: the upstream's Age may have been
+    taken as the request reached it. Date's apparent age is not used (a replica's clock is not
+    the gateway's: skew would age, or expire, every answer)."""
     for k, v in headers:
         if k.lower() == "age":
             v = v.strip()
-            return float(v) if v.isascii() and v.isdigit() else 0.0
-    return 0.0
+            if v.isascii() and v.isdigit():
+                return float(v) + max(0.0, response_delay)
+            break
+    return max(0.0, response_delay)
 
 
 def _http_date(value: str) -> float | None:
@@ -261,6 +273,7 @@ def storable_ttl(
     ttl: float,
     keyed: Collection[str] = (),
     now: float | None = None,
+    age: float | None = None,
 ) -> tuple[float, str]:
     """How long an answer may be stored (the route's TTL bounded by the upstream's freshness),
     or 0 with the reason it may not be.
@@ -271,6 +284,7 @@ def storable_ttl(
     past freshness, a `Content-Encoding` (the gateway asks for identity on cached routes so
     every client can take the entry), and a `Vary` on a request header the key does not hold
     (`keyed`, lower case; Accept-Encoding is neutralised by asking for identity).
+    age: the answer's age on arrival (`initial_age`), else its Age as sent.
     """
     if status not in _STORED_STATUSES:
         return 0.0, "status"
@@ -286,7 +300,7 @@ def storable_ttl(
             return 0.0, "content-encoding"
     if varies_unkeyed(headers, keyed):
         return 0.0, "vary"
-    fresh = _freshness(headers, time.time() if now is None else now)
-    if fresh is not None and fresh < 1.0:
+    fresh = _freshness(headers, time.time() if now is None else now, age)
+    if fresh is not None and fresh <= 0.0:
         return 0.0, "stale"
     return (ttl if fresh is None else min(ttl, fresh)), ""

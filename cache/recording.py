@@ -24,7 +24,7 @@ from cache.asks import AnswerIncomplete, Ask
 from cache.codec import CacheEntry
 from cache.hit_headers import replayable
 from cache.live_streams import StreamReader
-from cache.policy import received_age
+from cache.policy import initial_age
 from cache.route_cache import Claim
 from cache.singleflight import Lead
 
@@ -288,6 +288,6 @@ class Recording:
             model=ask.call.model,
             kind=ask.kind,
             ttl=ttl,
-            age=received_age(up.headers),
+            age=initial_age(up.headers, ask.response_delay),
             **answer,
         )
