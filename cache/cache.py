@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import Any
 
@@ -63,14 +63,16 @@ class Cache:
         # Called with each purge's selector (the semantic index drops the matching vectors).
         self.purge_listeners: list[Callable[[Selector], Awaitable[object]]] = []
 
-    def for_route(self, name: str, policy: ExactPolicy, upstream: str = "") -> RouteCache | None:
+    def for_route(
+        self, name: str, policy: ExactPolicy, upstream: str = "", keyed: Iterable[str] = ()
+    ) -> RouteCache | None:
         """The route's cache, or None when its exact cache is off. upstream: what its answers
-        come from (keys.key_scope)."""
+        come from (keys.key_scope); keyed: the request headers its adapter puts in its keys."""
         if not policy.enabled:
             return None
         l1 = self.memory if "memory" in policy.tiers else None
         l2 = self.redis if "redis" in policy.tiers else None
-        rc = RouteCache(self, name, policy, LayeredTier(l1, l2, self.metrics), upstream)
+        rc = RouteCache(self, name, policy, LayeredTier(l1, l2, self.metrics), upstream, keyed)
         self.routes[name] = rc
         return rc
 

@@ -8,7 +8,7 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from cache.breaker import OPEN
@@ -62,8 +62,11 @@ class RouteCache:
         policy: ExactPolicy,
         tiers: LayeredTier,
         upstream: str = "",
+        keyed: Iterable[str] = (),
     ) -> None:
-        """upstream: what the route's answers come from, part of its keys (keys.key_scope)."""
+        """upstream: what the route's answers come from, part of its keys (keys.key_scope);
+        keyed: the request headers the route's adapter puts in its keys (Anthropic's version and
+        beta set)."""
         self.cache = cache
         self.route = route
         self.policy = policy
@@ -72,8 +75,10 @@ class RouteCache:
             route, policy.key.tenant_headers, cache.tenants, policy.key.ignore_fields, upstream
         )
         self.tenant_headers = tuple(policy.key.tenant_headers)
-        # a response may Vary on these and still be stored: the key holds them
-        self.vary_ok = frozenset(h.lower() for h in credential_headers(self.tenant_headers))
+        # a response may Vary on these and still be stored: the key holds them (RFC 9111 4.1: a
+        # stored answer is only ever selected for requests that sent the same values)
+        held = (*credential_headers(self.tenant_headers), *keyed)
+        self.vary_ok = frozenset(h.lower() for h in held)
         self.max_entry_bytes = policy.max_entry_bytes
         self.policy_version = hashlib.blake2b(
             policy.model_dump_json().encode(), digest_size=4

@@ -130,7 +130,8 @@ def build_app(settings: Settings, config_path: str | None = None) -> web.Applica
         flows = {}
         for r in config.routes:
             upstream = answers_from(r.backend, config.backends[r.backend])
-            rc = cache.for_route(r.name, r.cache.exact, upstream)
+            keyed = build_adapter(r).keyed_headers
+            rc = cache.for_route(r.name, r.cache.exact, upstream, keyed)
             if rc is not None:
                 # a reload that turns a route's semantic cache off takes effect at once (its
                 # other semantic settings need a restart: reload.semantic_kept)

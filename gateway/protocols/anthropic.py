@@ -17,6 +17,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.headers import field
 from gateway.protocols.base import (
+    KEYED_HEADERS,
     Call,
     decode_body,
     odd_body_type,
@@ -97,6 +98,7 @@ def _lines(headers: Mapping[str, str], name: str) -> str | None:
 
 class AnthropicAdapter:
     name = "anthropic"
+    keyed_headers: tuple[str, ...] = KEYED_HEADERS
 
     def __init__(self, extra_ignored: frozenset[str] = frozenset()) -> None:
         self._ignored = IGNORED_FIELDS | extra_ignored

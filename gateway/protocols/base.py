@@ -46,6 +46,8 @@ class Call:
 
 class Adapter(Protocol):
     name: str
+    # request headers (lower case) its keys hold: an answer may Vary on them and be stored
+    keyed_headers: tuple[str, ...]
 
     def parse(
         self,

@@ -38,6 +38,7 @@ def kind_of(path: str) -> str | None:
 
 class OpenAIAdapter:
     name = "openai"
+    keyed_headers: tuple[str, ...] = ()
 
     def __init__(self, extra_ignored: frozenset[str] = frozenset(), max_items: int = 2048) -> None:
         self._ignored = IGNORED_FIELDS | extra_ignored

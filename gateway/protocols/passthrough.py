@@ -11,6 +11,7 @@ from gateway.protocols.base import Call
 
 class PassthroughAdapter:
     name = "passthrough"
+    keyed_headers: tuple[str, ...] = ()
 
     def parse(
         self,

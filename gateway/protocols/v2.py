@@ -95,6 +95,7 @@ def tensor_from_json(
 
 class V2Adapter:
     name = "v2"
+    keyed_headers: tuple[str, ...] = ()
 
     def __init__(self, semantic_field: str | None = None, max_items: int = 2048) -> None:
         self._semantic_field = semantic_field
