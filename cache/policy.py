@@ -246,17 +246,20 @@ def _freshness(
 
 def initial_age(headers: Iterable[tuple[str, str]], response_delay: float) -> float:
     """An upstream answer's age as it arrives (RFC 9111 4.2.3, corrected_age_value): the Age it
-    was sent with (5.1: delta-seconds; 0 without one or when unreadable) plus the response
-    delay, the time from sending the request to its answer: the upstream's Age may have been
-    taken as the request reached it. Date's apparent age is not used (a replica's clock is not
-    the gateway's: skew would age, or expire, every answer)."""
+    was sent with (5.1: delta-seconds) plus the response delay, the time from sending the
+    request to its answer: an upstream cache may have taken its Age as the request reached it.
+    Without an Age (or with an unreadable one) the answer is new: 0. An origin makes its answer
+    as it sends it, so a generation's seconds are not age (the RFC's reading would take them
+    off every answer's freshness, and a 30 s completion under max-age=30 would never be
+    stored). Date's apparent age is not used (a replica's clock is not the gateway's: skew
+    would age, or expire, every answer)."""
     for k, v in headers:
         if k.lower() == "age":
             v = v.strip()
             if v.isascii() and v.isdigit():
                 return float(v) + max(0.0, response_delay)
             break
-    return max(0.0, response_delay)
+    return 0.0
 
 
 def _http_date(value: str) -> float | None:

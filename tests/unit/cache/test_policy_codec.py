@@ -9,7 +9,13 @@ import pytest
 from cache.breaker import CLOSED, HALF_OPEN, OPEN, Breaker
 from cache.codec import CacheEntry, decode, encode
 from cache.errors import CodecError
-from cache.policy import request_directives, response_shareable, response_storable
+from cache.policy import (
+    initial_age,
+    request_directives,
+    response_shareable,
+    response_storable,
+    storable_ttl,
+)
 
 
 def test_request_cache_control() -> None:
@@ -134,3 +140,15 @@ def test_breaker_opens_probes_and_closes() -> None:
     assert b.allow()
     b.success()
     assert b.state == CLOSED and changes == [OPEN, HALF_OPEN, OPEN, HALF_OPEN, CLOSED]
+
+
+def test_an_origins_answer_is_new_however_long_it_took() -> None:
+    """No Age: the origin made its answer as it sent it, so a 30 s generation is not age (the
+    RFC's reading would never store a completion slower than its max-age); with an Age, the
+    answer came from a cache and the delay counts."""
+    origin = [("Cache-Control", "max-age=20")]
+    assert initial_age(origin, 30.0) == 0.0
+    assert storable_ttl(200, origin, 3600, age=initial_age(origin, 30.0)) == (20.0, "")
+    cached = [*origin, ("Age", "5")]
+    assert initial_age(cached, 30.0) == 35.0
+    assert storable_ttl(200, cached, 3600, age=initial_age(cached, 30.0)) == (0.0, "stale")
