@@ -7,7 +7,8 @@ An outage is logged when it starts and when it ends (`OutageLog`), never once pe
 failures are counted in `latentgate_cache_redis_errors_total`.
 
 Modes (cache.redis_client): standalone, sentinel (one primary at a time, found by name) and
-cluster, where a batch of GETs is split by hash slot, and purge and stats visit every primary.
+cluster, where a batch of GETs is one pipeline, purge and stats visit every primary, and an
+op that runs out of its deadline has the slot map checked (cache.tiers.redis_slot_map).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from cache.tiers.redis_leases import RELEASE, Leases
 from cache.tiers.redis_purge_scan import PurgeScans
 from cache.tiers.redis_purges import WaitingPurges
 from cache.tiers.redis_refusals import refusal
+from cache.tiers.redis_slot_map import SlotMapCheck
 from cache.tiers.redis_writes import WriteGate
 from cache.tiers.undeleted import UndeletedKeys
 
@@ -67,6 +69,11 @@ class RedisTier(WaitingDeletes, Leases, PurgeScans):
         # A cluster client first learns the slot map (CLUSTER SLOTS, a connection per node):
         # that gets the connect timeout, not a request's op deadline.
         self._mapped = not self.cluster
+        self._slot_map = (
+            SlotMapCheck(self.client, settings.timeouts.connect * 4)
+            if isinstance(self.client, RedisCluster)
+            else None
+        )
         self._last_error = ""
         self._outage = OutageLog(
             log,
@@ -138,6 +145,9 @@ class RedisTier(WaitingDeletes, Leases, PurgeScans):
                 self.writes.success()
         except TimeoutError as exc:
             verdict = True
+            if self._mapped and self._slot_map is not None:
+                # a frozen primary: only a failure of redis-py's own has it re-read the map
+                self._slot_map.soon()
             self._last_error = f"{op} timed out after {deadline_s or self._op:g}s"
             self._failed(op, "timeout", write)
             raise TierTimeout(f"redis {op} timed out") from exc
@@ -355,6 +365,8 @@ class RedisTier(WaitingDeletes, Leases, PurgeScans):
         # after the tier closed (a reload's old tier kept deleting and announcing)
         await stop_task(self._retrying)
         await stop_task(self.purges.task)
+        if self._slot_map is not None:
+            await self._slot_map.aclose()
         self.undeleted.close()  # (its keys stay in the file for the next process)
         for t in list(self._tasks):
             t.cancel()
