@@ -52,4 +52,3 @@ async def test_an_answer_whose_freshness_ran_out_on_the_way_is_not_stored(
     slow = {"X-Test-Age": "100", "X-Test-Delay": "1", "X-Test-Cache-Control": "max-age=101"}
     assert (await _post(gw.url, "used up", False, slow))["X-Cache"] == "miss"
     assert (await _post(gw.url, "used up", False, {}))["X-Cache"] == "miss"
-
