@@ -2,11 +2,10 @@
 
 Entries hold only a namespace, the text and the exact key of the payload (which lives once, in
 the exact store); the vector lives only in the index, compactly, and the text's features are
-computed when the entry is a candidate (a small LRU keeps the hot ones). The stage is bounded by
-entries and by bytes (`max_bytes`, an estimate calibrated by bench/semantic_memory.py) and
-evicts the oldest entry first. An entry goes when its TTL passes, when the exact entry
-is purged (`remove_key`), or when a lookup finds its payload gone. Adds and removals are also
-published through an optional `Replicator` (cache.semantic.sync) to other gateway processes.
+computed when the entry is a candidate (a small LRU keeps the hot ones). The entries are kept,
+bounded and evicted by cache.semantic.entries. An entry goes when its TTL passes, when the exact
+entry is purged (`remove_key`), or when a lookup finds its payload gone. Adds and removals are
+also published through an optional `Replicator` (cache.semantic.sync) to other gateway processes.
 """
 
 from __future__ import annotations
@@ -14,14 +13,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import sys
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 import numpy as np
 
 from cache.embedder import Embedder
+from cache.semantic.entries import EntryBook
 from cache.semantic.features import TextInfo, text_info
 from cache.semantic.index import VectorIndex
 from cache.semantic.metrics import SemanticMetrics
@@ -42,13 +40,10 @@ log = logging.getLogger("latentgate.semantic")
 TOP_K = 5
 # A wrong-hit report raises that entry's bar to this verifier score (cosine when verifier off).
 TIGHTEN_STEP = 0.03
-# Python's cost of one entry beyond its strings and its vector: the Entry object, its floats, the
-# stage's and the index's dict slots and int keys (measured by bench/semantic_memory.py).
-ENTRY_OVERHEAD = 400
 INFO_CACHE = 4096  # TextInfo of recent candidates (a few KB each, so not kept per entry)
 
 
-class SemanticStage:
+class SemanticStage(EntryBook):
     """One per gateway process; routes share it, namespaces keep them apart."""
 
     enabled = True
@@ -61,15 +56,8 @@ class SemanticStage:
         max_entries: int = 100_000,
         max_bytes: int = 256 << 20,
     ) -> None:
+        super().__init__(index, metrics, max_entries, max_bytes)
         self.embedder = embedder
-        self.index = index
-        self.metrics = metrics
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes
-        self.entries: dict[int, Entry] = {}  # oldest first (insertion order)
-        self.nbytes = 0
-        self._infos: OrderedDict[int, TextInfo] = OrderedDict()
-        metrics.index_bytes.set_function(lambda: self.nbytes)
         self.replicator: Replicator | None = None
         # False while the embedder loads (cache.semantic.setup): routes skip the stage meanwhile.
         self.ready = True
@@ -314,35 +302,6 @@ class SemanticStage:
             self._infos.move_to_end(ident)
         return info
 
-    def _cost(self, entry: Entry) -> int:
-        return ENTRY_OVERHEAD + len(entry.text) + len(entry.exact_key) + self.index.vector_bytes()
-
-    def apply_add(self, entry: Entry) -> None:
-        """Local index only (also what replication calls). The caller's entry keeps its vector;
-        the stored copy does not."""
-        assert entry.vector is not None
-        ident = entry_id(entry.exact_key)
-        bar = entry.bar
-        if (old := self.entries.get(ident)) is not None:
-            # re-added: it becomes the newest, and keeps a bar a wrong-hit report raised (the
-            # report was about which paraphrases this question answers, not about one answer)
-            bar = max(bar, old.bar)
-            self._drop(ident)
-        cost = self._cost(entry)
-        while self.entries and (
-            len(self.entries) >= self.max_entries or self.nbytes + cost > self.max_bytes
-        ):
-            self._drop(next(iter(self.entries)))  # the oldest
-        self.index.add(entry.namespace, ident, entry.vector)
-        self.entries[ident] = dataclasses.replace(
-            entry, namespace=sys.intern(entry.namespace), vector=None, bar=bar
-        )
-        self.nbytes += cost
-        self.metrics.size.set(len(self.entries))
-
-    def apply_remove(self, exact_key: str) -> bool:
-        return self._drop(entry_id(exact_key))
-
     async def add(
         self,
         namespace: str,
@@ -376,27 +335,3 @@ class SemanticStage:
             vec = self.index.vector(entry_id(exact_key))
             await self.replicator.publish_bar(dataclasses.replace(e, vector=vec))
         return True
-
-    def apply_bar(self, exact_key: str, bar: float) -> bool:
-        """Raise (never lower) one entry's bar; local only (also what replication calls)."""
-        e = self.entries.get(entry_id(exact_key))
-        if e is None:
-            return False
-        e.bar = min(max(e.bar, bar), 1.01)
-        return True
-
-    def purge_expired(self) -> int:
-        now = time.time()
-        dead = [i for i, e in self.entries.items() if e.expires_at <= now]
-        for i in dead:
-            self._drop(i)
-        return len(dead)
-
-    def _drop(self, ident: int) -> bool:
-        entry = self.entries.pop(ident, None)
-        self.index.remove(ident)
-        self._infos.pop(ident, None)
-        if entry is not None:
-            self.nbytes -= self._cost(entry)
-        self.metrics.size.set(len(self.entries))
-        return entry is not None
