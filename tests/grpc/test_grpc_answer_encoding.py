@@ -15,48 +15,42 @@ import tritonclient.grpc as grpcclient
 from aiohttp import web
 
 from tests.grpc.conftest import client, grpc_config
-from tests.support.servers import ServerThread
+from tests.support.servers import ServerThread, one_route, running
 
 
-def gzipping_v2_replica() -> web.Application:
-    """One FP32 output, the input doubled; gzipped when the request accepts gzip."""
-
-    async def infer(request: web.Request) -> web.Response:
-        body = await request.read()
-        length = request.headers.get("Inference-Header-Content-Length")
-        doc = json.loads(body[: int(length)] if length else body)
-        (x,) = doc["inputs"]
-        data = x.get("data") or list(np.frombuffer(body[int(length or 0) :], np.float32))
-        answer = json.dumps(
-            {
-                "model_name": "echo",
-                "outputs": [
-                    {
-                        "name": "out",
-                        "datatype": "FP32",
-                        "shape": x["shape"],
-                        "data": [2 * float(v) for v in data],
-                    }
-                ],
-            }
-        ).encode()
-        if "gzip" in request.headers.get("Accept-Encoding", ""):
-            return web.Response(
-                body=gzip.compress(answer),
-                headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
-            )
-        return web.Response(body=answer, content_type="application/json")
-
-    app = web.Application()
-    app.router.add_post("/v2/models/echo/infer", infer)
-    return app
+async def _gzipping_infer(request: web.Request) -> web.Response:
+    """A v2 replica's infer: one FP32 output, the input doubled; gzipped when the request
+    accepts gzip."""
+    body = await request.read()
+    length = request.headers.get("Inference-Header-Content-Length")
+    doc = json.loads(body[: int(length)] if length else body)
+    (x,) = doc["inputs"]
+    data = x.get("data") or list(np.frombuffer(body[int(length or 0) :], np.float32))
+    answer = json.dumps(
+        {
+            "model_name": "echo",
+            "outputs": [
+                {
+                    "name": "out",
+                    "datatype": "FP32",
+                    "shape": x["shape"],
+                    "data": [2 * float(v) for v in data],
+                }
+            ],
+        }
+    ).encode()
+    if "gzip" in request.headers.get("Accept-Encoding", ""):
+        return web.Response(
+            body=gzip.compress(answer),
+            headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+        )
+    return web.Response(body=answer, content_type="application/json")
 
 
 @pytest.fixture
 def replica() -> Iterator[ServerThread]:
-    server = ServerThread(gzipping_v2_replica).start()
-    yield server
-    server.stop()
+    with running(one_route("/v2/models/echo/infer", _gzipping_infer)) as server:
+        yield server
 
 
 @pytest.mark.parametrize("accept", ["gzip", "gzip, deflate", "br;q=1, gzip;q=0.5"])

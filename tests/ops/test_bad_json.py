@@ -25,7 +25,7 @@ from gateway.config import Settings
 from tests.integration.cache.conftest import anthropic_route, cache_config
 from tests.ops.conftest import http
 from tests.ops.test_bad_input import assert_json_error, send
-from tests.support.servers import ServerThread
+from tests.support.servers import ServerThread, one_route, running
 
 
 def _first_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -56,22 +56,15 @@ async def _chat(request: web.Request) -> web.Response:
     )
 
 
-def _upstream() -> web.Application:
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", _chat)
-    return app
-
-
 @pytest.fixture(scope="module")
 def gw() -> Iterator[ServerThread]:
-    up = ServerThread(_upstream).start()
-    cfg = cache_config(up.url, tiers=["memory"])
-    cfg["routes"].insert(0, anthropic_route())
-    settings = Settings.model_validate(cfg)
-    server = ServerThread(lambda: build_app(settings), runner_kwargs=SERVER_OPTIONS).start()
-    yield server
-    server.stop()
-    up.stop()
+    with running(one_route("/v1/chat/completions", _chat)) as up:
+        cfg = cache_config(up.url, tiers=["memory"])
+        cfg["routes"].insert(0, anthropic_route())
+        settings = Settings.model_validate(cfg)
+        server = ServerThread(lambda: build_app(settings), runner_kwargs=SERVER_OPTIONS).start()
+        yield server
+        server.stop()
 
 
 def _ask(gw: ServerThread, text: str) -> str | None:

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from tests.semantic.test_gateway import semantic_config
-from tests.support.servers import ServerThread, one_route_upstream
+from tests.support.servers import ServerThread, one_route, running
 
 SYSTEM = b"Answer in French."
 
@@ -49,9 +49,8 @@ async def chat(request: web.Request) -> web.Response:
 
 @pytest.fixture
 def gw(start_gateway: Callable[..., ServerThread]) -> Iterator[ServerThread]:
-    upstream = one_route_upstream("/v1/chat/completions", chat)
-    yield start_gateway(semantic_config(upstream.url))
-    upstream.stop()
+    with running(one_route("/v1/chat/completions", chat)) as upstream:
+        yield start_gateway(semantic_config(upstream.url))
 
 
 def post(url: str, body: bytes, ctype: str) -> tuple[str, str]:

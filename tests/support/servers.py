@@ -12,7 +12,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -292,13 +292,23 @@ class GatewayProcess:
         return self.proc.returncode
 
 
-def one_route_upstream(path: str, handler: Any) -> ServerThread:
-    """A started stand-in upstream answering POST `path` with `handler` (tests that need an
-    upstream speaking exactly as one real server does)."""
+def one_route(path: str, handler: Any, method: str = "POST") -> Callable[[], web.Application]:
+    """An app answering `method path` with `handler` alone: a stand-in upstream that speaks
+    exactly as one real server does (pass it to `running` or ServerThread)."""
 
     def app() -> web.Application:
         a = web.Application()
-        a.router.add_post(path, handler)
+        a.router.add_route(method, path, handler)
         return a
 
-    return ServerThread(app).start()
+    return app
+
+
+@contextlib.contextmanager
+def running(app: Callable[[], web.Application]) -> Iterator[ServerThread]:
+    """A started ServerThread of `app`, stopped when the block ends (a fixture yields it)."""
+    server = ServerThread(app).start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -62,34 +62,33 @@ def message_for(body: dict[str, Any], name: str) -> dict[str, Any]:
     }
 
 
-def _event(kind: str, doc: dict[str, Any]) -> bytes:
+def event(kind: str, **doc: Any) -> bytes:
+    """One Messages API SSE event: its name, and its data with the `type` the API repeats."""
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **doc})}\n\n".encode()
 
 
 def stream_events(msg: dict[str, Any]) -> list[bytes]:
     start = {**msg, "content": [], "stop_reason": None, "stop_sequence": None}
     start["usage"] = {**msg["usage"], "output_tokens": 1}
-    out = [_event("message_start", {"message": start}), _event("ping", {})]
+    out = [event("message_start", message=start), event("ping")]
     for i, block in enumerate(msg["content"]):
         if block["type"] == "text":
-            out.append(
-                _event("content_block_start", {"index": i, "content_block": {**block, "text": ""}})
-            )
+            out.append(event("content_block_start", index=i, content_block={**block, "text": ""}))
             for n, word in enumerate(block["text"].split(" ")):
                 delta = {"type": "text_delta", "text": word if n == 0 else " " + word}
-                out.append(_event("content_block_delta", {"index": i, "delta": delta}))
+                out.append(event("content_block_delta", index=i, delta=delta))
         else:
             start_block = {**block, "input": {}}
-            out.append(_event("content_block_start", {"index": i, "content_block": start_block}))
+            out.append(event("content_block_start", index=i, content_block=start_block))
             raw = json.dumps(block["input"])
             for part in (raw[: len(raw) // 2], raw[len(raw) // 2 :]):
                 delta = {"type": "input_json_delta", "partial_json": part}
-                out.append(_event("content_block_delta", {"index": i, "delta": delta}))
-        out.append(_event("content_block_stop", {"index": i}))
+                out.append(event("content_block_delta", index=i, delta=delta))
+        out.append(event("content_block_stop", index=i))
     delta = {"stop_reason": msg["stop_reason"], "stop_sequence": None}
     usage = {"output_tokens": msg["usage"]["output_tokens"]}
-    out.append(_event("message_delta", {"delta": delta, "usage": usage}))
-    out.append(_event("message_stop", {}))
+    out.append(event("message_delta", delta=delta, usage=usage))
+    out.append(event("message_stop"))
     return out
 
 
@@ -102,12 +101,12 @@ async def write_stream(
     await resp.prepare(request)
     gap = float(request.headers.get("X-Test-Event-Delay", "0"))
     cut = request.headers.get("X-Test-Cut-Stream")
-    for i, event in enumerate(events):
+    for i, framed in enumerate(events):
         if cut is not None and i >= int(cut):
             assert request.transport is not None
             request.transport.close()
             return resp
-        await resp.write(event)
+        await resp.write(framed)
         if gap:
             await asyncio.sleep(gap)
     await resp.write_eof()

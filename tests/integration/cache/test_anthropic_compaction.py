@@ -10,20 +10,20 @@ non-streaming client built the block with neither (the delta type was skipped) a
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from tests.conftest import base_config
 from tests.integration.cache.conftest import anthropic_route
+from tests.support.replies import json_or_stream
 from tests.support.sdk_clients import (  # noqa: F401 (autouse)
     anthropic_client,
     close_tracked_clients,
 )
-from tests.support.servers import ServerThread, one_route_upstream
+from tests.support.servers import ServerThread, one_route, running
+from tests.support.upstream_anthropic import event
 
 BETA = "compact-2026-01-12"
 SUMMARY = {"content": "The user asked about grass; it is green.", "encrypted_content": "ENC=="}
@@ -32,26 +32,22 @@ USAGE = {"input_tokens": 900, "output_tokens": 20}
 MESSAGE = {"id": "msg_c", "type": "message", "role": "assistant", "model": "claude-test"}
 
 
-def _event(kind: str, **doc: Any) -> bytes:
-    return f"event: {kind}\ndata: {json.dumps({'type': kind, **doc})}\n\n".encode()
-
-
 def _stream() -> list[bytes]:
     start = {**MESSAGE, "content": [], "stop_reason": None, "stop_sequence": None}
-    out = [_event("message_start", message={**start, "usage": {**USAGE, "output_tokens": 1}})]
+    out = [event("message_start", message={**start, "usage": {**USAGE, "output_tokens": 1}})]
     block = {"type": "compaction", "content": None, "encrypted_content": None}
-    out.append(_event("content_block_start", index=0, content_block=block))
+    out.append(event("content_block_start", index=0, content_block=block))
     delta = {"type": "compaction_delta", **SUMMARY}
-    out.append(_event("content_block_delta", index=0, delta=delta))
-    out.append(_event("content_block_stop", index=0))
-    out.append(_event("content_block_start", index=1, content_block={"type": "text", "text": ""}))
+    out.append(event("content_block_delta", index=0, delta=delta))
+    out.append(event("content_block_stop", index=0))
+    out.append(event("content_block_start", index=1, content_block={"type": "text", "text": ""}))
     text = {"type": "text_delta", "text": "Still green."}
-    out.append(_event("content_block_delta", index=1, delta=text))
-    out.append(_event("content_block_stop", index=1))
+    out.append(event("content_block_delta", index=1, delta=text))
+    out.append(event("content_block_stop", index=1))
     stop = {"stop_reason": "end_turn", "stop_sequence": None}
     done = {"delta": stop, "usage": {"output_tokens": 20}, "context_management": APPLIED}
-    out.append(_event("message_delta", **done))
-    return [*out, _event("message_stop")]
+    out.append(event("message_delta", **done))
+    return [*out, event("message_stop")]
 
 
 def _message() -> dict[str, Any]:
@@ -60,21 +56,10 @@ def _message() -> dict[str, Any]:
     return {**MESSAGE, "content": content, **done, "context_management": APPLIED}
 
 
-async def _messages(request: web.Request) -> web.StreamResponse:
-    if not (await request.json()).get("stream"):
-        return web.json_response(_message())
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await resp.prepare(request)
-    for event in _stream():
-        await resp.write(event)
-    return resp
-
-
 @pytest.fixture
 def upstream() -> Iterator[ServerThread]:
-    server = one_route_upstream("/v1/messages", _messages)
-    yield server
-    server.stop()
+    with running(one_route("/v1/messages", json_or_stream(_message, _stream))) as server:
+        yield server
 
 
 KW: dict[str, Any] = {

@@ -9,20 +9,20 @@ readers that build citations from the deltas (tracing plugins, agent frameworks)
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from tests.conftest import base_config
 from tests.integration.cache.conftest import anthropic_route
+from tests.support.replies import json_or_stream
 from tests.support.sdk_clients import (  # noqa: F401 (autouse)
     anthropic_client,
     close_tracked_clients,
 )
-from tests.support.servers import ServerThread, one_route_upstream
+from tests.support.servers import ServerThread, one_route, running
+from tests.support.upstream_anthropic import event
 
 CITATION = {
     "type": "char_location",
@@ -39,31 +39,27 @@ USAGE = {"input_tokens": 40, "output_tokens": 12}
 MESSAGE = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test"}
 
 
-def _event(kind: str, **doc: Any) -> bytes:
-    return f"event: {kind}\ndata: {json.dumps({'type': kind, **doc})}\n\n".encode()
-
-
 def _stream() -> list[bytes]:
     """As the API streams it: the search's input and the text's citation as deltas."""
     start = {**MESSAGE, "content": [], "stop_reason": None, "stop_sequence": None}
-    out = [_event("message_start", message={**start, "usage": {**USAGE, "output_tokens": 1}})]
-    out.append(_event("content_block_start", index=0, content_block={**SEARCH, "input": {}}))
+    out = [event("message_start", message={**start, "usage": {**USAGE, "output_tokens": 1}})]
+    out.append(event("content_block_start", index=0, content_block={**SEARCH, "input": {}}))
     for part in ('{"query": "gra', 'ss colour"}'):
         delta = {"type": "input_json_delta", "partial_json": part}
-        out.append(_event("content_block_delta", index=0, delta=delta))
-    out.append(_event("content_block_stop", index=0))
-    out.append(_event("content_block_start", index=1, content_block=RESULT))
-    out.append(_event("content_block_stop", index=1))
+        out.append(event("content_block_delta", index=0, delta=delta))
+    out.append(event("content_block_stop", index=0))
+    out.append(event("content_block_start", index=1, content_block=RESULT))
+    out.append(event("content_block_stop", index=1))
     block = {"type": "text", "text": "", "citations": []}
-    out.append(_event("content_block_start", index=2, content_block=block))
+    out.append(event("content_block_start", index=2, content_block=block))
     text = {"type": "text_delta", "text": "The grass is green."}
-    out.append(_event("content_block_delta", index=2, delta=text))
+    out.append(event("content_block_delta", index=2, delta=text))
     cited = {"type": "citations_delta", "citation": CITATION}
-    out.append(_event("content_block_delta", index=2, delta=cited))
-    out.append(_event("content_block_stop", index=2))
+    out.append(event("content_block_delta", index=2, delta=cited))
+    out.append(event("content_block_stop", index=2))
     stop = {"stop_reason": "end_turn", "stop_sequence": None}
-    out.append(_event("message_delta", delta=stop, usage={"output_tokens": 12}))
-    return [*out, _event("message_stop")]
+    out.append(event("message_delta", delta=stop, usage={"output_tokens": 12}))
+    return [*out, event("message_stop")]
 
 
 def _message() -> dict[str, Any]:
@@ -76,21 +72,10 @@ def _message() -> dict[str, Any]:
     return {**MESSAGE, "content": content, **done}
 
 
-async def _messages(request: web.Request) -> web.StreamResponse:
-    if not (await request.json()).get("stream"):
-        return web.json_response(_message())
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await resp.prepare(request)
-    for event in _stream():
-        await resp.write(event)
-    return resp
-
-
 @pytest.fixture
 def upstream() -> Iterator[ServerThread]:
-    server = one_route_upstream("/v1/messages", _messages)
-    yield server
-    server.stop()
+    with running(one_route("/v1/messages", json_or_stream(_message, _stream))) as server:
+        yield server
 
 
 KW: dict[str, Any] = {

@@ -19,7 +19,7 @@ from aiohttp import web
 from tests.conftest import base_config
 from tests.integration.cache.conftest import anthropic_route
 from tests.support.sdk_clients import close_tracked_clients, track  # noqa: F401 (autouse)
-from tests.support.servers import ServerThread
+from tests.support.servers import ServerThread, running
 
 # what each Workspace's file `file_report` says (another Workspace has no such file)
 CALLS = web.AppKey("calls", list)
@@ -57,9 +57,8 @@ def _upstream() -> web.Application:
 
 @pytest.fixture
 def upstream() -> Iterator[ServerThread]:
-    server = ServerThread(_upstream).start()
-    yield server
-    server.stop()
+    with running(_upstream) as server:
+        yield server
 
 
 @pytest.fixture

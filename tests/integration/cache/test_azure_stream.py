@@ -10,7 +10,6 @@ dropped the filter results; a stored body served as a stream dropped the choice'
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,8 +18,9 @@ import pytest
 from aiohttp import web
 
 from tests.integration.cache.conftest import cache_config
+from tests.support.replies import openai_sse
 from tests.support.sdk_clients import close_tracked_clients, track  # noqa: F401 (autouse)
-from tests.support.servers import ServerThread, one_route_upstream
+from tests.support.servers import ServerThread, one_route, running
 
 HEAD = {"id": "chatcmpl-az1", "created": 1700000000, "model": "gpt-4o-2024-11-20"}
 FILTERS = [{"prompt_index": 0, "content_filter_results": {"hate": {"filtered": False}}}]
@@ -36,8 +36,6 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         choice["content_filter_results"] = SAFE
         doc = {**HEAD, "object": "chat.completion", "choices": [choice], "usage": USAGE}
         return web.json_response({**doc, "prompt_filter_results": FILTERS})
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await resp.prepare(request)
     opening = {"choices": [], "created": 0, "id": "", "model": "", "object": ""}
     chunks: list[dict[str, Any]] = [{**opening, "prompt_filter_results": FILTERS}]
     deltas = [({"role": "assistant", "content": ""}, None), ({"content": "Hi there"}, None)]
@@ -47,17 +45,13 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         choice["content_filter_results"] = SAFE if delta.get("content") else {}
         chunks.append({**HEAD, "object": "chat.completion.chunk", "choices": [choice]})
     chunks.append({**HEAD, "object": "chat.completion.chunk", "choices": [], "usage": USAGE})
-    for chunk in chunks:
-        await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-    await resp.write(b"data: [DONE]\n\n")
-    return resp
+    return await openai_sse(request, chunks)
 
 
 @pytest.fixture
 def upstream() -> Iterator[ServerThread]:
-    server = one_route_upstream("/openai/deployments/{name}/chat/completions", _chat)
-    yield server
-    server.stop()
+    with running(one_route("/openai/deployments/{name}/chat/completions", _chat)) as server:
+        yield server
 
 
 def _azure(url: str) -> openai.AzureOpenAI:

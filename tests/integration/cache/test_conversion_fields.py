@@ -11,7 +11,6 @@ and a stored stream replayed as one body must give the SDK what the upstream its
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,8 +21,9 @@ from openai import omit
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from tests.integration.cache.conftest import cache_config
+from tests.support.replies import openai_sse
 from tests.support.sdk_clients import close_tracked_clients, openai_client  # noqa: F401 (autouse)
-from tests.support.servers import ServerThread, one_route_upstream
+from tests.support.servers import ServerThread, one_route, running
 
 TOOLS: list[Any] = [
     {
@@ -69,25 +69,19 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         choice = {"index": 0, "logprobs": None, **answer}
         doc = {**head, "object": "chat.completion", "choices": [choice], "usage": USAGE}
         return web.json_response(doc)
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await resp.prepare(request)
     head = {**head, "object": "chat.completion.chunk"}
     finish = {"delta": {}, "finish_reason": answer["finish_reason"]}
-    for part in [*({"delta": d, "finish_reason": None} for d in deltas), finish]:
-        chunk = {**head, "choices": [{"index": 0, "logprobs": None, **part}]}
-        await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+    parts = [*({"delta": d, "finish_reason": None} for d in deltas), finish]
+    chunks = [{**head, "choices": [{"index": 0, "logprobs": None, **part}]} for part in parts]
     if (body.get("stream_options") or {}).get("include_usage"):
-        chunk = {**head, "choices": [], "usage": USAGE}
-        await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-    await resp.write(b"data: [DONE]\n\n")
-    return resp
+        chunks.append({**head, "choices": [], "usage": USAGE})
+    return await openai_sse(request, chunks)
 
 
 @pytest.fixture
 def upstream() -> Iterator[ServerThread]:
-    server = one_route_upstream("/v1/chat/completions", _chat)
-    yield server
-    server.stop()
+    with running(one_route("/v1/chat/completions", _chat)) as server:
+        yield server
 
 
 def _streamed(c: openai.OpenAI, **kw: Any) -> tuple[dict[str, Any], list[str], str]:

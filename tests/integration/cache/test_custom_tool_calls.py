@@ -9,7 +9,6 @@ got a call of type custom with an empty `function` and no `custom` at all, its i
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,8 +16,9 @@ import pytest
 from aiohttp import web
 
 from tests.integration.cache.conftest import cache_config
+from tests.support.replies import openai_sse
 from tests.support.sdk_clients import close_tracked_clients, openai_client  # noqa: F401 (autouse)
-from tests.support.servers import ServerThread, one_route_upstream
+from tests.support.servers import ServerThread, one_route, running
 
 HEAD = {"id": "chatcmpl-c1", "created": 1700000000, "model": "gpt-test"}
 TOOLS: list[Any] = [{"type": "custom", "custom": {"name": "shell"}}]
@@ -54,8 +54,6 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     body = await request.json()
     if not body.get("stream"):
         return web.json_response(_body())
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await resp.prepare(request)
     parts = [({"delta": d, "finish_reason": None}) for d in _deltas()]
     parts.append({"delta": {}, "finish_reason": "tool_calls"})
     chunks = [
@@ -65,17 +63,13 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         chunks.append(
             {**HEAD, "object": "chat.completion.chunk", "choices": [], "usage": _body()["usage"]}
         )
-    for chunk in chunks:
-        await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-    await resp.write(b"data: [DONE]\n\n")
-    return resp
+    return await openai_sse(request, chunks)
 
 
 @pytest.fixture
 def upstream() -> Iterator[ServerThread]:
-    server = one_route_upstream("/v1/chat/completions", _chat)
-    yield server
-    server.stop()
+    with running(one_route("/v1/chat/completions", _chat)) as server:
+        yield server
 
 
 def test_a_stored_custom_tool_stream_is_the_upstreams_body(

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from tests.integration.cache.conftest import cache_config
-from tests.support.servers import ServerThread
+from tests.support.servers import ServerThread, one_route, running
 
 DEEP = b"[" * 5000 + b"]" * 5000
 CALL = {"model": "m", "messages": [{"role": "user", "content": "q"}], "temperature": 0}
@@ -27,14 +27,8 @@ def deep_replica() -> Iterator[tuple[list[int], ServerThread]]:
         calls[0] += 1
         return web.Response(body=DEEP, content_type="application/json")
 
-    def app() -> web.Application:
-        a = web.Application()
-        a.router.add_post("/{tail:.*}", handle)
-        return a
-
-    server = ServerThread(app).start()
-    yield calls, server
-    server.stop()
+    with running(one_route("/{tail:.*}", handle)) as server:
+        yield calls, server
 
 
 async def test_a_json_answer_too_deep_for_json_loads_is_relayed_not_stored(

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from tests.integration.cache.conftest import cache_config
 from tests.support.sdk_clients import close_tracked_clients, track  # noqa: F401 (autouse)
-from tests.support.servers import ServerThread
+from tests.support.servers import ServerThread, running
 
 PORTAL = b"<html><body>Sign in to the hotel Wi-Fi</body></html>"
 CHAT = {
@@ -74,9 +74,8 @@ class Portal:
 @pytest.fixture
 def portal() -> Iterator[tuple[Portal, ServerThread]]:
     up = Portal()
-    server = ServerThread(up.app).start()
-    yield up, server
-    server.stop()
+    with running(up.app) as server:
+        yield up, server
 
 
 def _not_stored(gw: ServerThread) -> float:

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from tests.integration.cache.conftest import cache_config
-from tests.support.servers import ServerThread
+from tests.support.servers import ServerThread, one_route, running
 
 
 async def _answer(request: web.Request) -> web.Response:
@@ -25,17 +25,10 @@ async def _answer(request: web.Request) -> web.Response:
     return resp
 
 
-def _hop_upstream() -> web.Application:
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", _answer)
-    return app
-
-
 @pytest.fixture
 def hop_upstream() -> Iterator[ServerThread]:
-    server = ServerThread(_hop_upstream).start()
-    yield server
-    server.stop()
+    with running(one_route("/{tail:.*}", _answer, method="*")) as server:
+        yield server
 
 
 @pytest.mark.parametrize("tier", ["memory", "redis"])

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from tests.integration.cache.conftest import anthropic_route, cache_config
 from tests.support.sdk_clients import close_tracked_clients, track  # noqa: F401 (autouse)
-from tests.support.servers import ServerThread
+from tests.support.servers import ServerThread, running
 from tests.support.upstream_anthropic import message_for
 
 
@@ -53,9 +53,8 @@ def upstream() -> Iterator[ServerThread]:
         a.router.add_post("/v1/messages", _messages)
         return a
 
-    server = ServerThread(app).start()
-    yield server
-    server.stop()
+    with running(app) as server:
+        yield server
 
 
 @pytest.fixture

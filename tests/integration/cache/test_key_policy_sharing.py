@@ -19,7 +19,7 @@ from cache.keys import KeyBuilder, key_scope
 from cache.tenant import TenantHasher
 from tests.integration.cache.conftest import cache_config
 from tests.ops.conftest import http
-from tests.support.servers import RedisServer, ServerThread, one_route_upstream
+from tests.support.servers import RedisServer, ServerThread, one_route, running
 
 
 async def _answer(request: web.Request) -> web.Response:
@@ -45,9 +45,8 @@ async def _answer(request: web.Request) -> web.Response:
 
 @pytest.fixture
 def upstream_says_whom() -> Iterator[ServerThread]:
-    server = one_route_upstream("/v1/chat/completions", _answer)
-    yield server
-    server.stop()
+    with running(one_route("/v1/chat/completions", _answer)) as server:
+        yield server
 
 
 def _config(upstream: str, redis_url: str, **key: list[str]) -> dict[str, Any]:

@@ -11,24 +11,17 @@ import pytest
 from aiohttp import web
 
 from tests.integration.cache.conftest import cache_config
-from tests.support.servers import ServerThread
+from tests.support.servers import ServerThread, one_route, running
 
 
 async def _no_content(request: web.Request) -> web.Response:
     return web.Response(status=204, headers={"X-Done": "yes"})
 
 
-def _app() -> web.Application:
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", _no_content)
-    return app
-
-
 @pytest.fixture
 def no_content_upstream() -> Iterator[ServerThread]:
-    server = ServerThread(_app).start()
-    yield server
-    server.stop()
+    with running(one_route("/{tail:.*}", _no_content, method="*")) as server:
+        yield server
 
 
 async def _exchange(port: int, requests: list[bytes]) -> list[str]:

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from tests.integration.cache.conftest import cache_config
 from tests.support.sdk_clients import close_tracked_clients, openai_client  # noqa: F401 (autouse)
-from tests.support.servers import ServerThread
+from tests.support.servers import ServerThread, one_route, running
 
 MESSAGES = [{"role": "user", "content": "replay rules"}]
 
@@ -116,20 +116,12 @@ async def test_past_expires_and_vary_on_an_unkeyed_header_are_not_stored(
         doc = {"object": "chat.completion", "choices": [], "usage": {"total_tokens": 1}}
         return web.json_response(doc, headers=headers)
 
-    def build() -> web.Application:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", chat)
-        return app
-
-    up = ServerThread(build).start()
-    try:
+    with running(one_route("/v1/chat/completions", chat)) as up:
         gw = start_gateway(cache_config(up.url, tiers=["memory"]))
         for mode, expected in (("expires", "miss"), ("vary", "miss"), ("vary-ae", "hit")):
             body = {"model": mode, "messages": MESSAGES, "temperature": 0}
             xs = [(await _post(gw.url, body, {"X-Mode": mode}))[1]["X-Cache"] for _ in range(2)]
             assert xs == ["miss", expected], mode
-    finally:
-        up.stop()
 
 
 async def test_one_stored_encoding_serves_every_client(
@@ -147,13 +139,7 @@ async def test_one_stored_encoding_serves_every_client(
             )
         return web.Response(body=raw, content_type="application/json")
 
-    def build() -> web.Application:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", chat)
-        return app
-
-    up = ServerThread(build).start()
-    try:
+    with running(one_route("/v1/chat/completions", chat)) as up:
         gw = start_gateway(cache_config(up.url, tiers=["memory"]))
         body = {"model": "m", "messages": MESSAGES, "temperature": 0}
         _, h1, b1 = await _post(gw.url, body, {"Accept-Encoding": "gzip"})
@@ -162,8 +148,6 @@ async def test_one_stored_encoding_serves_every_client(
         assert seen == ["identity"]  # the gateway asked for what every client can take
         assert "Content-Encoding" not in h2 and json.loads(b2)["object"] == "chat.completion"
         assert b1 == b2
-    finally:
-        up.stop()
 
 
 async def test_set_cookie_reaches_the_client_and_is_never_stored(

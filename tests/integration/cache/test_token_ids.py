@@ -9,7 +9,6 @@ last chunk's ids and no prompt ids; a stored body served as a stream had no prom
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,8 +16,9 @@ import pytest
 from aiohttp import web
 
 from tests.integration.cache.conftest import cache_config
+from tests.support.replies import openai_sse
 from tests.support.sdk_clients import close_tracked_clients, openai_client  # noqa: F401 (autouse)
-from tests.support.servers import ServerThread, one_route_upstream
+from tests.support.servers import ServerThread, one_route, running
 
 HEAD = {"id": "chatcmpl-v1", "created": 1700000000, "model": "qwen"}
 PROMPT_IDS = [151644, 872, 198, 13048]
@@ -37,8 +37,6 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         choice.update(stop_reason=None, token_ids=ids)
         doc = {**HEAD, "object": "chat.completion", "choices": [choice], "usage": USAGE}
         return web.json_response({**doc, "prompt_token_ids": PROMPT_IDS})
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await resp.prepare(request)
     opening = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
     chunks: list[dict[str, Any]] = [{"choices": [opening], "prompt_token_ids": PROMPT_IDS}]
     for n, (text, ids) in enumerate(STEPS):
@@ -50,18 +48,15 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         chunks.append({"choices": [choice]})
     if (body.get("stream_options") or {}).get("include_usage"):
         chunks.append({"choices": [], "usage": USAGE})
-    for chunk in chunks:
-        doc = {**HEAD, "object": "chat.completion.chunk", **chunk}
-        await resp.write(f"data: {json.dumps(doc)}\n\n".encode())
-    await resp.write(b"data: [DONE]\n\n")
-    return resp
+    return await openai_sse(
+        request, ({**HEAD, "object": "chat.completion.chunk", **c} for c in chunks)
+    )
 
 
 @pytest.fixture
 def upstream() -> Iterator[ServerThread]:
-    server = one_route_upstream("/v1/chat/completions", _chat)
-    yield server
-    server.stop()
+    with running(one_route("/v1/chat/completions", _chat)) as server:
+        yield server
 
 
 KW: dict[str, Any] = {

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from tests.integration.cache.conftest import cache_config
-from tests.support.servers import ServerThread
+from tests.support.servers import ServerThread, running
 
 CALLS = web.AppKey("calls", list)
 ACCOUNTS = {"alpha": "alpha's balance is 10", "beta": "beta's balance is 99"}
@@ -46,9 +46,8 @@ def _upstream() -> web.Application:
 
 @pytest.fixture
 def upstream() -> Iterator[ServerThread]:
-    server = ServerThread(_upstream).start()
-    yield server
-    server.stop()
+    with running(_upstream) as server:
+        yield server
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 
 from tests.integration.cache.conftest import cache_config
-from tests.support.servers import ServerThread
+from tests.support.servers import ServerThread, running
 
 CALLS = web.AppKey("calls", list)
 # what the file `report` says in each key's project, and which deployment each subscription's
@@ -73,9 +73,8 @@ def _upstream() -> web.Application:
 
 @pytest.fixture
 def upstream() -> Iterator[ServerThread]:
-    server = ServerThread(_upstream).start()
-    yield server
-    server.stop()
+    with running(_upstream) as server:
+        yield server
 
 
 @pytest.fixture
