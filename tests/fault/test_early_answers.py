@@ -5,7 +5,6 @@ passes the replica's answer on and never reuses the connection, whose request wa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Callable
 
@@ -13,6 +12,7 @@ import pytest
 
 from tests.fault.conftest import pool_config
 from tests.support.raw_replica import RawReplica
+from tests.support.raw_upload import chunked_upload
 from tests.support.servers import ServerThread
 
 StartGateway = Callable[..., ServerThread]
@@ -30,36 +30,6 @@ def _passthrough(total: float) -> list[dict[str, object]]:
             "upstream": {"timeouts": {"total": total}, "retries": {"max": 0}},
         }
     ]
-
-
-async def _upload(url: str, chunks: int) -> tuple[bytes, dict[str, object]]:
-    """A chunked upload of `chunks` x 64 KiB, written while the answer is awaited: (head,
-    JSON body) of the answer, or a timeout past _BOUND_S."""
-    host, port = url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(b"POST /upload HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n")
-
-    async def feed() -> None:
-        chunk = b"x" * 65536
-        for _ in range(chunks):
-            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-            await writer.drain()
-        writer.write(b"0\r\n\r\n")
-
-    feeding = asyncio.create_task(feed())
-    try:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _BOUND_S)
-        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-        body = json.loads(await asyncio.wait_for(reader.readexactly(length), _BOUND_S))
-        # the rest of the upload goes to the gateway, which reads it to the end and drops it
-        # (aiohttp's lingering close); cut off, it would linger on to the test's teardown
-        with contextlib.suppress(ConnectionError):
-            await asyncio.wait_for(feeding, _BOUND_S)
-    finally:
-        feeding.cancel()
-        await asyncio.gather(feeding, return_exceptions=True)
-        writer.transport.abort()
-    return head, body
 
 
 @pytest.mark.parametrize("http_client", ["lean", "aiohttp"])
@@ -85,7 +55,8 @@ async def test_a_replica_that_refuses_an_upload_before_reading_it_is_relayed(
     try:
         # a total far beyond relaying the answer: before, the exchange ended only there
         gw = start_gateway(pool_config([url], _passthrough(20), pool={"http_client": http_client}))
-        head, body = await _upload(gw.url, 200)  # 12.5 MiB: more than loopback's buffers hold
+        # 12.5 MiB: more than loopback's buffers hold
+        head, body = await chunked_upload(gw.url, 200, _BOUND_S)
         assert head.startswith(b"HTTP/1.1 413 "), head
         assert body["error"]["type"] == "too_large"
         assert len(replica.requests) == 1
@@ -115,7 +86,7 @@ async def test_after_an_early_answer_the_next_request_gets_a_fresh_connection(
     try:
         gw = start_gateway(pool_config([url], _passthrough(20)))
         for _ in range(2):
-            head, _body = await _upload(gw.url, 200)
+            head, _body = await chunked_upload(gw.url, 200, _BOUND_S)
             assert head.startswith(b"HTTP/1.1 413 "), head
         assert replica.connections == 2
         assert len(replica.requests) == 2

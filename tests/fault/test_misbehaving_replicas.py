@@ -5,7 +5,6 @@ whole answer, never a hang, and nothing broken is cached."""
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 
 from tests.fault.conftest import pool_config
 from tests.support.raw_replica import RawReplica, json_answer, read_request
+from tests.support.raw_upload import chunked_upload
 from tests.support.servers import ServerThread
 
 StartGateway = Callable[..., ServerThread]
@@ -54,25 +54,8 @@ async def test_an_upload_to_a_replica_that_never_reads_is_a_504_within_the_total
     url = await replica.start()
     try:
         gw = start_gateway(pool_config([url], _passthrough(1), pool={"http_client": http_client}))
-        host, port = gw.url.removeprefix("http://").split(":")
-        reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(b"POST /upload HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n")
-
-        async def upload() -> None:
-            chunk = b"x" * 65536
-            for _ in range(200):  # 12.5 MiB: more than loopback's socket buffers hold
-                writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                await writer.drain()
-
-        feeding = asyncio.create_task(upload())
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _BOUND_S)
-            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-            body = json.loads(await asyncio.wait_for(reader.readexactly(length), _BOUND_S))
-        finally:
-            feeding.cancel()
-            await asyncio.gather(feeding, return_exceptions=True)
-            writer.transport.abort()  # (the upload is not finished: nothing to wait for)
+        # 12.5 MiB: more than loopback's socket buffers hold
+        head, body = await chunked_upload(gw.url, 200, _BOUND_S)
         assert head.startswith(b"HTTP/1.1 504 ")
         assert "timed out" in body["error"]["message"]
     finally:
