@@ -19,7 +19,7 @@ from aiohttp import web
 
 from tests.integration.cache.conftest import cache_config
 from tests.support.sdk_clients import close_tracked_clients, openai_client  # noqa: F401 (autouse)
-from tests.support.servers import ServerThread, one_route_upstream
+from tests.support.servers import ServerThread, one_route, running
 
 HEAD = {"id": "chatcmpl-u1", "created": 1700000000, "model": "qwen"}
 STEPS = ["Hello", " there"]
@@ -64,9 +64,8 @@ async def _chat(request: web.Request) -> web.StreamResponse:
 
 @pytest.fixture
 def upstream() -> Iterator[ServerThread]:
-    server = one_route_upstream("/v1/chat/completions", _chat)
-    yield server
-    server.stop()
+    with running(one_route("/v1/chat/completions", _chat)) as server:
+        yield server
 
 
 KW: dict[str, Any] = {

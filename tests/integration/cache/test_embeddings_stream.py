@@ -15,7 +15,7 @@ from aiohttp import web
 
 from tests.integration.cache.conftest import cache_config
 from tests.support.sdk_clients import close_tracked_clients, openai_client  # noqa: F401 (autouse)
-from tests.support.servers import ServerThread, one_route_upstream
+from tests.support.servers import ServerThread, one_route, running
 
 
 async def _embeddings(request: web.Request) -> web.Response:
@@ -33,9 +33,8 @@ async def _embeddings(request: web.Request) -> web.Response:
 
 @pytest.fixture
 def upstream() -> Iterator[ServerThread]:
-    server = one_route_upstream("/v1/embeddings", _embeddings)
-    yield server
-    server.stop()
+    with running(one_route("/v1/embeddings", _embeddings)) as server:
+        yield server
 
 
 def test_a_streamed_embeddings_call_is_not_the_plain_calls_hit(
