@@ -21,12 +21,12 @@ from cache import Cache, share_generated_secret
 from gateway import access_log, worker_drops, worker_stats
 from gateway.app import build_app
 from gateway.codings import SERVER_OPTIONS
-from gateway.config import Settings
+from gateway.config import ListenerSettings, Settings
 from gateway.connections import ConnectionGuard, GuardedAppRunner
 from gateway.dispatch import model_traffic_handler
 from gateway.early_signals import fork, remember_early
 from gateway.grpc import GRPC
-from gateway.listeners import bind_unix, make_sites
+from gateway.listeners import CannotListen, bind_unix, make_sites
 from gateway.middleware.listener_roles import ROLES
 from gateway.reload import RELOADER
 from gateway.state import STATE
@@ -97,12 +97,13 @@ async def serve(
         await runner.cleanup()
         raise CannotListen(str(exc)) from exc
     _tune_gc()
-    sites = make_sites(runner, settings.listeners, unix_socks or {}, reuse_port)
+    sites = await _sites(runner, settings.listeners, unix_socks or {}, reuse_port)
     for site in sites:
         await _start(site, runner)
         log.info("listening on %s (pid %d)", site.name, os.getpid())
     if settings.admin.listener is not None:
-        for site in make_sites(runner, [settings.admin.listener], unix_socks or {}, reuse_port):
+        admin = [settings.admin.listener]
+        for site in await _sites(runner, admin, unix_socks or {}, reuse_port):
             await _start(site, runner)
             app[ROLES].add_admin_site(site)
             sites.append(site)
@@ -188,9 +189,17 @@ def _drop_memory(cache: Cache | None) -> None:
     log.info("purge in another worker: dropped %d entries from this worker's memory tier", n)
 
 
-class CannotListen(Exception):
-    """A listener could not bind (its port taken, its socket path not writable): said in one
-    line, and the process exits 2, instead of a traceback."""
+async def _sites(
+    runner: web.AppRunner,
+    listeners: list[ListenerSettings],
+    unix_socks: dict[str, socket.socket],
+    reuse_port: bool,
+) -> list[web.BaseSite]:
+    try:
+        return make_sites(runner, listeners, unix_socks, reuse_port)
+    except CannotListen:  # a unix socket that would not bind: what started is stopped first
+        await runner.cleanup()
+        raise
 
 
 async def _start(site: web.BaseSite, runner: web.BaseRunner) -> None:
@@ -234,7 +243,13 @@ def run(
         return 0
     # Unix sockets cannot be shared with SO_REUSEPORT: bind once here, workers inherit the fd.
     every = [*settings.listeners, settings.admin.listener]
-    unix_socks = {lst.unix: bind_unix(lst.unix) for lst in every if lst is not None and lst.unix}
+    try:
+        unix_socks = {
+            lst.unix: bind_unix(lst.unix, lst.name) for lst in every if lst is not None and lst.unix
+        }
+    except CannotListen as exc:
+        log.error("%s", exc)
+        return 2
     children: list[int] = []
     # each worker's own /metrics socket, for its siblings (private: mkdtemp makes it 0700)
     sockets = tempfile.mkdtemp(prefix="latentgate-workers-")

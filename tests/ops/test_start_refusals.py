@@ -1,0 +1,42 @@
+"""`latentgate serve` refusing to start as an operator's supervisor sees it: one line that names
+what is wrong, exit code 2, no traceback (and never a start on something other than was asked)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import base_config
+from tests.support.servers import ROOT, ServerThread
+
+
+def _serve(cfg: dict[str, Any], tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "lg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    # (the timeout only ends a test whose server started: a refusal is over in seconds)
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(path), *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_unix_listener_that_cannot_bind_is_one_line_and_exit_code_2(
+    upstream: ServerThread, tmp_path: Path, workers: str
+) -> None:
+    sock = tmp_path / "no-such-dir" / "lg.sock"
+    cfg = base_config(upstream.url)
+    cfg["listeners"] = [{"name": "sidecar", "unix": str(sock)}]
+    proc = _serve(cfg, tmp_path, "--workers", workers)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"listener 'sidecar': cannot listen on unix socket {sock}" in proc.stderr
+    assert "Traceback" not in proc.stderr
