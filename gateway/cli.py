@@ -37,6 +37,28 @@ def _apply_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     return settings.model_copy(update=update)
 
 
+def _port(text: str) -> int:
+    # the flag is applied past the config's validation: 70000 bound port 4464 (aiohttp wraps it)
+    # and -1 ended in a traceback
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port (0-65535; 0: any free one)")
+    return port
+
+
+def _workers(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of workers") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: at least 1 worker")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="latentgate", description="Caching inference gateway")
     parser.add_argument("--version", action="version", version=f"latentgate {version()}")
@@ -44,9 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="start the gateway")
     serve.add_argument("--config", default=os.environ.get("LATENTGATE_CONFIG", DEFAULT_CONFIG))
     serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
+    serve.add_argument("--port", type=_port)
     serve.add_argument("--uds", help="also listen on this unix socket path")
-    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("--workers", type=_workers, default=1)
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     check = sub.add_parser("check-config", help="validate a config file and print every error")
     check.add_argument("path")

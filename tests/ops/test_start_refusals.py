@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.conftest import base_config
-from tests.support.servers import ROOT, ServerThread
+from tests.support.servers import ROOT, ServerThread, free_port
 
 
 def _serve(cfg: dict[str, Any], tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
@@ -39,4 +39,23 @@ def test_a_unix_listener_that_cannot_bind_is_one_line_and_exit_code_2(
     proc = _serve(cfg, tmp_path, "--workers", workers)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"listener 'sidecar': cannot listen on unix socket {sock}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--port", "70000"], "argument --port: 70000 is not a port"),  # it listened on 4464
+        (["--port", "-1"], "argument --port: -1 is not a port"),
+        (["--workers", "0"], "argument --workers: 0: at least 1 worker"),
+    ],
+)
+def test_a_flag_out_of_range_is_refused_before_anything_starts(
+    upstream: ServerThread, tmp_path: Path, flags: list[str], said: str
+) -> None:
+    cfg = base_config(upstream.url)
+    cfg["listeners"] = [{"name": "main", "host": "127.0.0.1", "port": free_port()}]
+    proc = _serve(cfg, tmp_path, *flags)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert said in proc.stderr
     assert "Traceback" not in proc.stderr
