@@ -59,3 +59,38 @@ def test_a_flag_out_of_range_is_refused_before_anything_starts(
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert said in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _semantic_config(upstream_url: str, artifact: Path) -> dict[str, Any]:
+    cfg = base_config(upstream_url)
+    cfg["cache"] = {"semantic": {"verifier_artifact": str(artifact)}}
+    cfg["routes"][0]["cache"] = {"exact": {"enabled": True}, "semantic": {"enabled": True}}
+    return cfg
+
+
+@pytest.mark.parametrize("kind", ["missing", "not_an_npz"])
+def test_a_verifier_artifact_that_does_not_load_is_refused_naming_the_setting(
+    upstream: ServerThread, tmp_path: Path, kind: str
+) -> None:
+    artifact = tmp_path / "verifier.npz"
+    if kind == "not_an_npz":
+        artifact.write_bytes(b"not an npz\n")
+    cfg = _semantic_config(upstream.url, artifact)
+    proc = _serve(cfg, tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "refusing to start" in line]
+    assert len(said) == 1, proc.stderr[-2000:]
+    assert "route chat" in said[0]
+    assert "cache.semantic.verifier_artifact" in said[0]
+    assert str(artifact) in said[0]
+    check = subprocess.run(
+        [sys.executable, "-m", "gateway", "check-config", str(tmp_path / "lg.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
+    assert check.returncode == 1
+    assert "cache.semantic.verifier_artifact" in check.stderr
