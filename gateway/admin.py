@@ -13,7 +13,7 @@ from gateway import worker_stats
 from gateway.codings import read_body
 from gateway.errors import BadRequest, GatewayError, NotFound, Unauthorized, error_body
 from gateway.readiness import readiness
-from gateway.redact import redact
+from gateway.redact import settings_view
 from gateway.state import STATE, AppState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -79,13 +79,7 @@ async def admin_backends(request: web.Request) -> web.Response:
 
 
 async def admin_config(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    data = state.settings.model_dump(mode="json")
-    if data.get("admin", {}).get("token"):
-        data["admin"]["token"] = "***"
-    if data.get("cache", {}).get("tenant_secret"):
-        data["cache"]["tenant_secret"] = "***"
-    return _json(json.loads(redact(json.dumps(data))))  # e.g. passwords in Redis/replica URLs
+    return _json(settings_view(request.app[STATE].settings))
 
 
 async def admin_cache_stats(request: web.Request) -> web.Response:

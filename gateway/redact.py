@@ -1,14 +1,17 @@
 """Secrets never reach the logs: a logging filter that masks credentials in every record.
 
 Masks Authorization-style headers, bearer tokens, OpenAI-style keys, passwords in URLs, and the
-exact secret values the config holds (the admin token).
+exact secret values the config holds (the admin token). `settings_view` is /admin/config's copy
+of the settings, with the secrets the config holds masked.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Iterable
+from typing import Any
 
 from gateway.config import Settings
 
@@ -18,7 +21,8 @@ _PATTERNS = (
     # Header-like "Name: value" / "name=value" for credential-bearing names (one token, or a
     # scheme and a token).
     re.compile(
-        r"(?i)\b((?:proxy-)?authorization|x-api-key|api[-_]?key|x-admin-token|cookie|set-cookie)"
+        r"(?i)(?<![A-Za-z0-9])((?:proxy-)?authorization|x-api-key|api[-_]?key|x-admin-token|cookie|set-cookie"
+        r"|password|subscription-key)"
         r"(['\"]?\s*[:=]\s*['\"]?)((?:bearer\s+|basic\s+)?[^'\"\s,;&}]+)"
     ),
     re.compile(r"(?i)\b(bearer|basic)(\s+)([A-Za-z0-9._~+/=-]+)"),
@@ -51,6 +55,29 @@ class RedactingFilter(logging.Filter):
         if clean != message:
             record.msg, record.args = clean, None
         return True
+
+
+def settings_view(settings: Settings) -> Any:
+    """The settings as /admin/config shows them: the admin token, the tenant secret and every
+    header value the config sends upstream (a judge's `headers`: its credential, whatever the
+    header is called) masked, then the text masks of the logs (passwords in Redis URLs)."""
+    data = _mask_headers(settings.model_dump(mode="json"))
+    if data.get("admin", {}).get("token"):
+        data["admin"]["token"] = MASK
+    if data.get("cache", {}).get("tenant_secret"):
+        data["cache"]["tenant_secret"] = MASK
+    return json.loads(redact(json.dumps(data)))
+
+
+def _mask_headers(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: {h: MASK for h in v} if k == "headers" and isinstance(v, dict) else _mask_headers(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_mask_headers(v) for v in value]
+    return value
 
 
 def config_secrets(settings: Settings) -> list[str]:
