@@ -50,8 +50,23 @@ def preflight(name: str, spec: LocalSettings) -> str | None:
             builtin_dir(spec.model.removeprefix(BUILTIN_PREFIX))
         elif not Path(spec.model).expanduser().is_file():
             return f"backend {name!r}: model file {spec.model!r} does not exist"
+        elif (problem := _tokenizer_problem(spec)) is not None:
+            return f"backend {name!r}: {problem}"
     except EngineError as exc:
         return f"backend {name!r}: {exc}"
+    return None
+
+
+def _tokenizer_problem(spec: LocalSettings) -> str | None:
+    """An embedder from an ONNX file reads its tokenizer.json while it loads, in the background:
+    one that is not there was never said (/readyz said "load" for good, requests got a 500)."""
+    if spec.task != "embed" or isinstance(spec.preprocess, ImagePreprocess):
+        return None
+    tokenizer = spec.preprocess.tokenizer if spec.preprocess is not None else None
+    if tokenizer is None:
+        return f"model {spec.model!r} needs its tokenizer.json (preprocess.tokenizer)"
+    if not Path(tokenizer).expanduser().is_file():
+        return f"tokenizer file {tokenizer!r} does not exist (preprocess.tokenizer)"
     return None
 
 

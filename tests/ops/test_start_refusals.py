@@ -94,3 +94,28 @@ def test_a_verifier_artifact_that_does_not_load_is_refused_naming_the_setting(
     )
     assert check.returncode == 1
     assert "cache.semantic.verifier_artifact" in check.stderr
+
+
+@pytest.mark.parametrize("tokenizer", [None, "missing"])
+def test_an_onnx_embedder_without_its_tokenizer_file_is_refused_naming_the_setting(
+    upstream: ServerThread, tmp_path: Path, tokenizer: str | None
+) -> None:
+    model = tmp_path / "encoder.onnx"
+    model.write_bytes(b"an ONNX file, as far as the start is concerned")
+    preprocess: dict[str, Any] = {"kind": "text"}
+    if tokenizer is not None:
+        preprocess["tokenizer"] = str(tmp_path / "tokenizer.json")  # not there
+    cfg = base_config(upstream.url)
+    cfg["backends"]["encoder"] = {
+        "kind": "onnxruntime",
+        "model": str(model),
+        "preprocess": preprocess,
+    }
+    cfg["routes"][2]["backend"] = "encoder"  # embeddings
+    proc = _serve(cfg, tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    said = [line for line in proc.stderr.splitlines() if "refusing to start" in line]
+    assert len(said) == 1, proc.stderr[-2000:]
+    assert "backend 'encoder'" in said[0]
+    assert "(preprocess.tokenizer)" in said[0]
+    assert "Traceback" not in proc.stderr
