@@ -111,11 +111,14 @@ class LocalBackend:
     async def _load(self) -> None:
         try:
             await asyncio.to_thread(self._load_sync)
-        except EngineError as exc:
-            self._error = str(exc)
-            self.progress.step("failed", str(exc))
-            log.error("backend %s failed to load: %s", self.name, exc)
-            raise
+        except Exception as exc:  # whatever ended the load, /readyz says it
+            # (a tokenizer.json that does not parse raises the tokenizers library's Exception:
+            # the load was shown as still going, and requests answered 500)
+            error = exc if isinstance(exc, EngineError) else EngineError(f"{exc}")
+            self._error = str(error)
+            self.progress.step("failed", str(error))
+            log.error("backend %s failed to load: %s", self.name, error)
+            raise error from None
         took = self.progress.snapshot()["elapsed_s"]
         self.progress.step("ready")
         log.info("backend %s: %s ready in %.1f s", self.name, self.model_name, took)

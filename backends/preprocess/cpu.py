@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 from tokenizers import Encoding, Tokenizer
 
-from backends.errors import BadInput
+from backends.errors import BadInput, EngineError
 from backends.preprocess.unknown import UnknownSpans
 from backends.settings import ImagePreprocess
 
@@ -59,7 +59,11 @@ class TextPreprocessor:
 
     @classmethod
     def from_file(cls, path: str, max_tokens: int, truncate: bool) -> TextPreprocessor:
-        return cls(Tokenizer.from_file(path), max_tokens, truncate)
+        try:
+            tokenizer = Tokenizer.from_file(path)
+        except Exception as exc:  # the tokenizers library raises a bare Exception
+            raise EngineError(f"tokenizer {path} does not load: {exc}") from None
+        return cls(tokenizer, max_tokens, truncate)
 
     @property
     def max_chars(self) -> int:
