@@ -14,7 +14,7 @@ import orjson
 
 from backends import MSGPACK_TYPES
 from cache import CacheEntry, replayable
-from gateway.protocols import openai_sse
+from gateway.protocols import obfuscation, openai_sse
 from gateway.protocols.base import Call
 from gateway.protocols.stream_codecs import completion_check, convertible
 
@@ -67,6 +67,9 @@ class Framing(NamedTuple):
     # are in its key, so its entry is a stream recorded for the same options: replayed as it
     # came, never made from a stored body (which has no per-chunk usage to give)
     continuous_usage: bool = False
+    # OpenAI's stream_options.include_obfuscation (on unless false): a stored stream's padding
+    # is drawn afresh for each replay, or dropped (gateway/protocols/obfuscation.py)
+    obfuscation: bool = True
 
     def follows_stream(self, leader: object) -> bool:
         """A one-body request may wait out a streamed answer it can be rendered from: an
@@ -78,8 +81,13 @@ class Framing(NamedTuple):
 
     def takes_stream(self, leader: object) -> bool:
         """A streaming request may follow an identical one's stream live when it would render
-        a recording of it unchanged: both stream, with the same usage chunk or none."""
-        return self.stream and isinstance(leader, Framing) and leader == self
+        a recording of it unchanged: both stream, with the same usage chunk or none, and the
+        leader's stream has no padding this request refused (one that asked for no padding
+        waits for the whole answer, unless its leader asked for none too)."""
+        if not self.stream or not isinstance(leader, Framing):
+            return False
+        padding_ok = self.obfuscation or not leader.obfuscation
+        return padding_ok and leader._replace(obfuscation=True) == self._replace(obfuscation=True)
 
     def serves(self, entry: CacheEntry) -> bool:
         return rendered(entry, self) is not None
@@ -124,6 +132,7 @@ def framing_of(call: Call) -> Framing:
         bool(call.extra.get("include_usage")),
         call.kind,
         bool(call.extra.get("continuous_usage")),
+        call.extra.get("obfuscation") is not False,
     )
 
 
@@ -133,6 +142,26 @@ def rendered(entry: CacheEntry, framing: Framing) -> Rendered | None:
     if out is None:
         out = entry.memo[framing] = _render(entry, framing) or False
     return None if out is False else cast(Rendered, out)
+
+
+def repadded(entry: CacheEntry, framing: Framing) -> Rendered | None:
+    """This replay's own body when the entry's OpenAI stream carries obfuscation padding and the
+    client did not refuse it: the same chunks with fresh padding. None: the rendered body as is."""
+    if not (framing.stream and framing.obfuscation and entry.events is not None):
+        return None
+    if framing.kind not in _OPENAI_KINDS:
+        return None
+    key = ("padding", framing)
+    tpl = entry.memo.get(key)
+    if tpl is None:
+        out = rendered(entry, framing)
+        made = obfuscation.template(openai_sse.split_events(out[0])) if out else None
+        tpl = entry.memo[key] = made or False
+    if tpl is False:
+        return None
+    out = rendered(entry, framing)
+    assert out is not None
+    return obfuscation.filled(cast(obfuscation.Template, tpl)), out[1]
 
 
 def _render(entry: CacheEntry, framing: Framing) -> Rendered | None:
@@ -150,7 +179,8 @@ def _render(entry: CacheEntry, framing: Framing) -> Rendered | None:
     if framing.continuous_usage and framing.kind in _OPENAI_KINDS:
         if entry.events is None:
             return None
-        return openai_sse.join_events(entry.events), entry.headers
+        events = entry.events if framing.obfuscation else obfuscation.stripped(entry.events)
+        return openai_sse.join_events(events), entry.headers
     body: bytes | None
     ctype: str | None = None
     codec = convertible(entry.kind)  # per kind: openai_sse for chat/completions, anthropic_sse
@@ -163,6 +193,8 @@ def _render(entry: CacheEntry, framing: Framing) -> Rendered | None:
                     return None
                 if not include_usage:
                     events = openai_sse.without_usage(events)
+                if not framing.obfuscation:
+                    events = obfuscation.stripped(events)
             body = openai_sse.join_events(events)
         else:
             if usage_rules and not openai_sse.has_usage(entry.events):

@@ -24,7 +24,7 @@ from gateway.errors import GatewayError, error_body
 from gateway.headers import downstream_headers
 from gateway.hit_response import HitResponse, header_block, prefer
 from gateway.protocols.v2 import reply_with_id
-from gateway.render import Framing, rendered
+from gateway.render import Framing, rendered, repadded
 from gateway.timing import Timing
 
 log = logging.getLogger("latentgate.responses")
@@ -56,6 +56,8 @@ def cached(
 ) -> web.StreamResponse:
     """A cache entry in the request's framing (the flow only returns hits that render).
     reply: this request's own version of the entry's body and headers (a v2 id), if any."""
+    if reply is None:
+        reply = repadded(hit.entry, framing)  # (its own obfuscation padding, if any)
     out = rendered(hit.entry, framing)
     assert out is not None, "the flow serves only entries this framing renders"
     body, base = out if reply is None else reply
@@ -70,9 +72,9 @@ def cached(
         extra.append(("X-Cache-Score", f"{hit.semantic.score:.4f}"))
         extra.append(("X-Cache-Entry", hit.semantic.exact_key))
     status = hit.entry.status
-    if status in _REASONS and shared and prefer(request):
+    if status in _REASONS and prefer(request):
         memo = hit.entry.memo
-        block = memo.get((_BLOCK, framing))
+        block = memo.get((_BLOCK, framing)) if shared else header_block(base, body, status)
         if block is None:
             block = memo[(_BLOCK, framing)] = header_block(base, body, status)
         assert isinstance(block, str)

@@ -92,6 +92,8 @@ class OpenAIAdapter:
         asked = options if isinstance(options, dict) else {}
         call.extra["include_usage"] = bool(asked.get("include_usage"))
         call.extra["continuous_usage"] = stream and bool(asked.get("continuous_usage_stats"))
+        # OpenAI pads each chunk unless told not to (gateway/protocols/obfuscation.py)
+        call.extra["obfuscation"] = asked.get("include_obfuscation") is not False
         if kind == "chat":
             self._chat(doc, fields, target, call)
         elif kind == "completions":

@@ -16,6 +16,8 @@ Behaviour on demand through request headers:
   X-Test-Vendor-Headers: 1  add OpenAI's and Anthropic's per-answer headers (ids, rate limit)
   X-Test-Reasoning: t     chat answers carry reasoning_content t (as vLLM's reasoning parsers)
   X-Test-Citation: url    chat answers carry a url_citation annotation
+  X-Test-Obfuscation: 1   chat stream chunks carry random `obfuscation` padding, as OpenAI's
+                          do unless stream_options.include_obfuscation is false
 It counts TCP/unix connections and requests per path (GET /_test/stats, POST /_test/reset).
 Run standalone: python -m tests.support.upstream --port 8000 [--uds PATH] [--name NAME]
   [--delay S] [--fail-status N [--retry-after V]]: this process delays / fails every model

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import secrets
 from typing import Any
 
 import numpy as np
@@ -149,6 +150,10 @@ async def chat(request: web.Request) -> web.StreamResponse:
                 n = len(words)
                 usage = {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": 3 + n}
                 chunks.append({**chunks[-1], "choices": [], "usage": usage})
+            options = body.get("stream_options") or {}
+            if request.headers.get("X-Test-Obfuscation") and options.get("include_obfuscation", 1):
+                for c in chunks:
+                    c["obfuscation"] = secrets.token_hex(1 + secrets.randbelow(8))
             return await _sse(request, chunks)
         out = {
             "id": rid,
