@@ -134,11 +134,14 @@ class Recording:
         ):
             return None
         up = self._up
+        # not the leader's request id, timing or rate-limit state (cache.hit_headers); and the
+        # Age a waiter or a hit of this answer is sent (the entry's, whose resident time starts
+        # at the stream's end): the follower's copy, too, was not made for its request
+        age = initial_age(up.headers, self._ask.response_delay)
         return UpstreamResponse(
             up.status,
             up.reason,
-            # not the leader's request id, timing or rate-limit state (cache.hit_headers)
-            replayable(up.headers, up.status),
+            [*_without_age(replayable(up.headers, up.status)), ("Age", str(int(age)))],
             stream=self._reader(bytes(self._copy)),
             replica=up.replica,
             deadline=up.deadline,
@@ -291,3 +294,7 @@ class Recording:
             age=initial_age(up.headers, ask.response_delay),
             **answer,
         )
+
+
+def _without_age(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in headers if k.lower() != "age"]
