@@ -136,3 +136,15 @@ def error_body(protocol: str, err: GatewayError) -> bytes:
         "code": err.status,
     }
     return json.dumps({"error": payload}).encode()
+
+
+def stream_error_event(protocol: str, message: str) -> bytes | None:
+    """The event that ends a stream cut after its headers went out, as the route's SDKs read
+    one (the OpenAI SDK raises on a `data:` object with an `error`, Anthropic's on an `error`
+    event). A close alone looks, to an HTTP/1.0 client (no chunked framing), like the end of
+    a whole answer. The blank lines first end an event the cut left half sent. None where the
+    gateway does not know the stream's framing (passthrough)."""
+    if protocol not in ("openai", "anthropic"):
+        return None
+    head = b"event: error\n" if protocol == "anthropic" else b""
+    return b"\n\n" + head + b"data: " + error_body(protocol, BadGateway(message)) + b"\n\n"

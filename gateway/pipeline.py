@@ -269,7 +269,9 @@ class Pipeline:
             )
         upstream = await self._send(route, upstream_request(), request)
         timing.add(self.backends[route.backend].timing_stage, t)
-        return await responses.upstream(request, upstream, timing, self._count_cut)
+        return await responses.upstream(
+            request, upstream, timing, self._count_cut, protocol=route.protocol
+        )
 
     async def _cached(
         self,
@@ -315,7 +317,7 @@ class Pipeline:
                 and 200 <= passed.response.status < 400
             ):
                 await invalidate_get(self.router, self.flows, request)
-            return await responses.fresh(request, passed, timing, self._count_cut)
+            return await responses.fresh(request, passed, timing, self._count_cut, route.protocol)
         framing = framing_of(call)
         if len(body) > _PARSE_INLINE:  # canonicalising megabytes is as slow as parsing them
             key = await asyncio.to_thread(flow.key, call.model, call.key_fields, headers)
@@ -357,7 +359,7 @@ class Pipeline:
                 # this entry says this id: the alias serves it, and no later refill of the key
                 flow.aliases.remember(alias, key, framing, pin=result.entry.created_at)
             return responses.cached(request, result, framing, timing, own)
-        return await responses.fresh(request, result, timing, self._count_cut)
+        return await responses.fresh(request, result, timing, self._count_cut, route.protocol)
 
     def _count_cut(self) -> None:
         self.metrics.upstream_errors.labels("-", "stream_cut").inc()

@@ -3,14 +3,16 @@ streamed, or recorded for the cache while they stream), and the gateway's own er
 
 One writer, so the rules hold everywhere: the gateway's headers (X-Cache, Age, Server-Timing)
 replace any the upstream sent; hop-by-hop headers never cross; a stream that breaks after its
-headers went out is cut before the terminating chunk, so the client sees an error rather than
-a silently truncated body; a client that goes away mid-stream (or while the gateway drains)
-ends the write quietly, while a recording still reads on for the flight's waiters and the store.
+headers went out ends in the route's error event (OpenAI, Anthropic) and is cut before the
+terminating chunk, so the client sees an error rather than a silently truncated body; a client
+that goes away mid-stream (or while the gateway drains) ends the write quietly, while a
+recording still reads on for the flight's waiters and the store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,7 +22,7 @@ from aiohttp import web
 
 from backends import UpstreamError, UpstreamResponse
 from cache import Fresh, Hit, Recording, StreamCut
-from gateway.errors import GatewayError, error_body
+from gateway.errors import GatewayError, error_body, stream_error_event
 from gateway.headers import downstream_headers
 from gateway.hit_response import HitResponse, header_block, prefer
 from gateway.protocols.v2 import reply_with_id
@@ -34,6 +36,9 @@ log = logging.getLogger("latentgate.responses")
 _OURS = frozenset({"x-cache", "x-cache-bypass-reason", "x-cache-semantic-skip"})
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 _BLOCK = "hit-header-block"  # the entry memo's key for its serialised headers, per framing
+# How long a cut stream's error event may wait on a client that is not reading (it is then
+# closed without it: a chunked client still sees the cut)
+_LAST_WORDS_S = 1.0
 
 
 Reply = tuple[bytes, list[tuple[str, str]]]
@@ -102,7 +107,11 @@ def not_modified(hit: Hit, timing: Timing) -> web.Response:
 
 
 async def fresh(
-    request: web.Request, answer: Fresh, timing: Timing, on_cut: Callable[[], None]
+    request: web.Request,
+    answer: Fresh,
+    timing: Timing,
+    on_cut: Callable[[], None],
+    protocol: str = "",
 ) -> web.StreamResponse:
     """The backend's answer to a cached route's request, with its X-Cache (and, on a bypass,
     X-Cache-Bypass-Reason: sampled, no-store, no-cache or conditional)."""
@@ -111,6 +120,7 @@ async def fresh(
         answer.response,
         timing,
         on_cut,
+        protocol=protocol,
         x_cache=answer.x_cache,
         reason=answer.reason,
         semantic_skip=answer.semantic_skip,
@@ -128,7 +138,9 @@ async def upstream(
     reason: str = "",
     semantic_skip: str = "",
     recording: Recording | None = None,
+    protocol: str = "",
 ) -> web.StreamResponse:
+    """protocol: the route's, whose error event ends an event stream cut mid-way."""
     headers = downstream_headers(up.headers)
     if x_cache is not None:
         headers = [(k, v) for k, v in headers if k.lower() not in _OURS]
@@ -173,11 +185,12 @@ async def upstream(
             if client_ok:
                 await resp.write_eof()
     except (UpstreamError, TimeoutError) as exc:
+        why = str(exc) or "past the route's total timeout"
         if not isinstance(exc, StreamCut):  # (a recording's cut is logged and counted by it)
-            log.warning(
-                "upstream stream cut mid-way: %s", str(exc) or "past the route's total timeout"
-            )
+            log.warning("upstream stream cut mid-way: %s", why)
             on_cut()
+        if client_ok and resp.prepared and "text/event-stream" in (resp.content_type or ""):
+            await _last_words(resp, stream_error_event(protocol, f"stream cut mid-way: {why}"))
         if request.transport is not None:
             request.transport.close()
     except ConnectionError:
@@ -187,6 +200,15 @@ async def upstream(
         if recording is not None:
             await recording.close()
     return resp
+
+
+async def _last_words(resp: web.StreamResponse, event: bytes | None) -> None:
+    """The cut stream's error event, if the client takes it at once; the connection is closed
+    after it either way (no terminating chunk)."""
+    if event is not None:
+        with contextlib.suppress(ConnectionError, TimeoutError):
+            async with asyncio.timeout(_LAST_WORDS_S):
+                await resp.write(event)
 
 
 def error(protocol: str, err: GatewayError, timing: Timing) -> web.Response:

@@ -1,0 +1,120 @@
+"""A stream whose upstream fails after its headers went out ends in the route's error event.
+
+The gateway closed the connection without the terminating chunk: an HTTP/1.1 client saw a
+connection error (the OpenAI SDK's "Connection error."), and an HTTP/1.0 client, whose body
+ends where the connection does, saw what looks like a whole answer, its last events missing.
+Now the cut stream ends in the error event the route's SDK raises (OpenAI: a `data:` object
+with an `error`; Anthropic: an `error` event), for the leader's client and its followers, and
+the connection is still closed early; nothing is stored.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import anthropic
+import openai
+import pytest
+
+from tests.conftest import base_config
+from tests.integration.cache.conftest import anthropic_route, cache_config
+from tests.support.sdk_clients import (  # noqa: F401 (autouse)
+    anthropic_client,
+    close_tracked_clients,
+    openai_client,
+)
+from tests.support.servers import ServerThread
+
+CUT = {"X-Test-Event-Delay": "0.2", "X-Test-Cut-Stream": "4"}
+
+
+def _openai_stream(url: str, text: str) -> tuple[int, str]:
+    """Chunks read, and the error the SDK raised at the end ("" for none)."""
+    stream = openai_client(url).chat.completions.create(
+        model="m",
+        temperature=0,
+        messages=[{"role": "user", "content": text}],
+        stream=True,
+        extra_headers=CUT,
+    )
+    n = 0
+    try:
+        for _ in stream:
+            n += 1
+    except openai.APIConnectionError as exc:
+        return n, f"connection: {exc}"
+    except openai.APIError as exc:
+        return n, exc.message
+    return n, ""
+
+
+def test_the_openai_sdk_raises_the_cut_for_the_leader_and_its_follower(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    gw = start_gateway(cache_config(upstream.url, tiers=["memory"]))
+    text = "a stream the upstream cuts short"
+    with ThreadPoolExecutor(2) as pool:
+        leader = pool.submit(_openai_stream, gw.url, text)
+        time.sleep(0.3)  # the leader's stream is under way (an event every 0.2 s)
+        follower = pool.submit(_openai_stream, gw.url, text).result()
+        got = leader.result()
+    for n, error in (got, follower):
+        assert n == 4 and "stream cut mid-way" in error, error
+    # nothing partial was stored: the next call goes upstream and gets a whole answer
+    again = openai_client(gw.url).chat.completions.with_raw_response.create(
+        model="m", temperature=0, messages=[{"role": "user", "content": text}], stream=True
+    )
+    chunks = list(again.parse())
+    assert again.headers["X-Cache"] == "miss" and chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_an_http_1_0_client_is_told_its_stream_was_cut(
+    upstream: ServerThread, start_gateway: Callable[..., ServerThread]
+) -> None:
+    gw = start_gateway(cache_config(upstream.url, tiers=["memory"]))
+    body = json.dumps(
+        {
+            "model": "m",
+            "temperature": 0,
+            "stream": True,
+            "messages": [{"role": "user", "content": "an old client's stream"}],
+        }
+    ).encode()
+    host, port = gw.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+            b"X-Test-Cut-Stream: 3\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        )
+        data = b""
+        while chunk := s.recv(65536):  # the body ends where the connection does
+            data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") and b"chunked" not in head.lower()
+    events = [e for e in rest.split(b"\n\n") if e.strip()]
+    assert len(events) == 4 and b"[DONE]" not in rest
+    last = json.loads(events[-1].removeprefix(b"data: "))
+    assert "stream cut mid-way" in last["error"]["message"]
+
+
+@pytest.fixture
+def messages_gw(upstream: ServerThread, start_gateway: Callable[..., ServerThread]) -> ServerThread:
+    cfg = base_config(upstream.url)
+    cfg["routes"].insert(0, anthropic_route())
+    return start_gateway(cfg)
+
+
+def test_the_anthropic_sdk_raises_the_cut(messages_gw: ServerThread) -> None:
+    with pytest.raises(anthropic.APIStatusError, match="stream cut mid-way"):  # noqa: SIM117
+        with anthropic_client(messages_gw.url).messages.stream(
+            model="claude-test",
+            max_tokens=64,
+            messages=[{"role": "user", "content": "cut this message short"}],
+            extra_headers=CUT,
+        ) as stream:
+            for _ in stream:
+                pass
