@@ -281,6 +281,21 @@ async def test_admin_stats_and_purge_need_the_token(
     assert out["purged"]["memory"] == 1
 
 
+async def test_a_purge_of_no_credentials_is_the_anonymous_tenants(
+    upstream: ServerThread, gw: ServerThread
+) -> None:
+    """{"tenant": {}}: the headers an anonymous client sends, none. Its entries go, Alice's stay."""
+    async with aiohttp.ClientSession() as s:
+        async with s.post(gw.url + "/v1/chat/completions", json=CHAT) as r:
+            assert r.headers["X-Cache"] == "miss"
+        await _post(gw.url)
+        status, out = await _admin(gw.url, "POST", "/admin/cache/purge", {"tenant": {}})
+        assert status == 200 and out["purged"]["memory"] == 1
+        async with s.post(gw.url + "/v1/chat/completions", json=CHAT) as r:
+            assert r.headers["X-Cache"] == "miss"
+    assert (await _post(gw.url))[1]["X-Cache"] == "hit"
+
+
 async def test_metrics_name_hits_misses_and_tiers(upstream: ServerThread, gw: ServerThread) -> None:
     await _post(gw.url)
     await _post(gw.url)
