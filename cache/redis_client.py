@@ -28,6 +28,7 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError
 
+from cache.sentinel_pool import SentinelPool
 from cache.settings import RedisSettings
 
 log = logging.getLogger("latentgate.cache.redis")
@@ -109,6 +110,8 @@ def connect(
     )
     client: Redis = sentinel.master_for(
         settings.sentinel_master,
+        # (closing it closes its clients of the sentinels: cache.sentinel_pool)
+        connection_pool_class=SentinelPool,
         max_connections=max_connections,
         retry=no_retry,
         **opts,
