@@ -110,7 +110,8 @@ def connect(
     )
     client: Redis = sentinel.master_for(
         settings.sentinel_master,
-        # (closing it closes its clients of the sentinels: cache.sentinel_pool)
+        # the primary asked for off any op's deadline, and closing it closes its clients of
+        # the sentinels (cache.sentinel_pool)
         connection_pool_class=SentinelPool,
         max_connections=max_connections,
         retry=no_retry,
