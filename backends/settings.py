@@ -241,6 +241,10 @@ class ImagePreprocess(_Frozen):
     mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
     max_bytes: int = Field(default=8 << 20, ge=1)
+    # Pixels (width x height, from the header) an image may declare: decoding holds ~4 bytes a
+    # pixel, and a PNG of zeros compresses ~1000:1, so max_bytes alone let a 0.5 MB file take
+    # 700 MB and seconds of CPU. 32 M covers a 24 MP camera; Pillow itself refuses past ~89 M.
+    max_pixels: int = Field(default=32_000_000, ge=1, le=89_478_485)
 
 
 PreprocessSettings = Annotated[TextPreprocess | ImagePreprocess, Field(discriminator="kind")]

@@ -263,7 +263,8 @@ class LocalBackend:
             outputs = {"embedding": ("FP32", vectors)}
         else:
             assert self.tensors is not None
-            result = await self.tensors.arun(self.tensors.check(req.inputs))
+            feeds = await self.tensors.acheck(req.inputs)
+            result = await self.tensors.arun(feeds)
             specs = {s.name: s.datatype for s in self.tensors.outputs}
             outputs = {k: (specs.get(k, "FP32"), v) for k, v in result.items()}
         rows = max((len(v[1]) if np.ndim(v[1]) else 1 for v in outputs.values()), default=0)

@@ -4,6 +4,7 @@ engine's own specs, optional image preprocessing, requests batched along dimensi
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -14,7 +15,7 @@ from backends.batcher import Batcher
 from backends.errors import BadInput
 from backends.local.engine import Engine, TensorSpec
 from backends.local.metrics import LocalMetrics
-from backends.preprocess.cpu import images_to_nchw
+from backends.preprocess.cpu import decode_image, images_to_nchw
 from backends.settings import BatcherSettings, ImagePreprocess
 
 Feeds = dict[str, NDArray[Any]]
@@ -61,8 +62,28 @@ class TensorModel:
         )
         self.ready = False
 
-    def check(self, inputs: dict[str, tuple[str, list[int], Any]]) -> Feeds:
-        """Client tensors → engine feeds; BadInput names the tensor and what does not fit."""
+    async def acheck(self, inputs: dict[str, tuple[str, list[int], Any]]) -> Feeds:
+        """Client tensors → engine feeds; BadInput names the tensor and what does not fit.
+
+        Images are decoded in a worker thread, one at a time: on the loop, a request of large
+        images held every other request (and /healthz) for seconds, and a request whose client
+        has gone (its task cancelled) stops at its next image instead of decoding the rest."""
+        feeds: Feeds = {}
+        for spec, value in self._checked(inputs):
+            if self.image is None:
+                feeds[spec.name] = np.asarray(value, spec.numpy_dtype())
+            elif self._gpu is not None:
+                gpu = self._gpu.images_to_nchw
+                feeds[spec.name] = await asyncio.to_thread(gpu, value, self.image)
+            else:
+                rows = [await asyncio.to_thread(decode_image, b, self.image) for b in value]
+                feeds[spec.name] = np.stack(rows) if rows else images_to_nchw([], self.image)
+        return feeds
+
+    def _checked(
+        self, inputs: dict[str, tuple[str, list[int], Any]]
+    ) -> list[tuple[TensorSpec, Any]]:
+        """The model's inputs with the client's values, once names, datatypes and shapes fit."""
         want = {s.name: s for s in self.inputs}
         for name in inputs:
             if name not in want:
@@ -72,7 +93,7 @@ class TensorModel:
         missing = [s.name for s in self.inputs if s.name not in inputs]
         if missing:  # (before the rows check below reads them all)
             raise BadInput(f"model {self.name} needs input '{missing[0]}'")
-        feeds: Feeds = {}
+        out: list[tuple[TensorSpec, Any]] = []
         for spec in self.inputs:
             datatype, shape, value = inputs[spec.name]
             if datatype != spec.datatype:
@@ -94,13 +115,8 @@ class TensorModel:
                 # (a graph run on no rows: the CPU path answered an empty result and the GPU
                 # path's torch.stack of nothing raised, a 500; neither is what was asked)
                 raise BadInput(f"input '{spec.name}' holds no images; send at least one")
-            if self.image is not None and self._gpu is not None:
-                feeds[spec.name] = self._gpu.images_to_nchw(value, self.image)
-            elif self.image is not None:
-                feeds[spec.name] = images_to_nchw(value, self.image)
-            else:
-                feeds[spec.name] = np.asarray(value, spec.numpy_dtype())
-        return feeds
+            out.append((spec, value))
+        return out
 
     def run(self, feeds: Feeds) -> Feeds:
         return self.engine.run(feeds)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -129,17 +130,49 @@ def mean_pool_normalise(
     return out
 
 
-def decode_image(data: bytes, spec: ImagePreprocess) -> NDArray[np.float32]:
-    """bytes → RGB → resize (bilinear) → scale to [0, 1] → normalise → CHW float32."""
+def open_image(data: bytes, spec: ImagePreprocess) -> Any:
+    """The image with its header read and no pixel decoded (a PIL Image; the caller closes it).
+    BadInput when it is over max_bytes, declares more than max_pixels, or is not an image.
+
+    The pixel count is checked from the header: decoding holds ~4 bytes a pixel whatever the
+    file's size, and Pillow's own guard (Image.MAX_IMAGE_PIXELS, process-wide) only warns below
+    twice its 89 M. Its DecompressionBombError was no OSError: a 500, UNKNOWN over gRPC."""
     from PIL import Image, UnidentifiedImageError
 
     if len(data) > spec.max_bytes:
         raise BadInput(f"image of {len(data)} bytes exceeds the limit of {spec.max_bytes}")
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            rgb = img.convert("RGB").resize(spec.size[::-1], Image.Resampling.BILINEAR)
+        img = Image.open(io.BytesIO(data))
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        # (the warning is raised only where warnings are errors; either way it is too large)
+        raise BadInput(f"image declares {_over_limit(spec)}") from None
     except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise BadInput(f"image could not be decoded: {exc}") from None
+        raise BadInput(f"image could not be decoded: {_reason(exc)}") from None
+    width, height = img.size
+    if width * height > spec.max_pixels:
+        img.close()
+        raise BadInput(f"image of {width}x{height} declares {_over_limit(spec)}")
+    return img
+
+
+def _over_limit(spec: ImagePreprocess) -> str:
+    return f"more pixels than the limit of {spec.max_pixels} (preprocess.max_pixels)"
+
+
+def _reason(exc: Exception) -> str:
+    # Pillow names the stream object it read from ("<_io.BytesIO object at 0x...>"): noise
+    return str(exc).split(" <_io.", 1)[0]
+
+
+def decode_image(data: bytes, spec: ImagePreprocess) -> NDArray[np.float32]:
+    """bytes → RGB → resize (bilinear) → scale to [0, 1] → normalise → CHW float32."""
+    from PIL import Image
+
+    with open_image(data, spec) as img:
+        try:
+            rgb = img.convert("RGB").resize(spec.size[::-1], Image.Resampling.BILINEAR)
+        except (OSError, ValueError, Image.DecompressionBombError) as exc:
+            raise BadInput(f"image could not be decoded: {_reason(exc)}") from None
     arr = np.asarray(rgb, np.float32) / 255.0
     mean = np.asarray(spec.mean, np.float32)
     std = np.asarray(spec.std, np.float32)

@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from backends.errors import BadInput
-from backends.preprocess.cpu import Tokens
+from backends.preprocess.cpu import Tokens, open_image
 from backends.settings import ImagePreprocess
 
 IMAGE_TOLERANCE = 2.0 / 255.0
@@ -64,8 +64,9 @@ class GpuPreprocessor:
             raise BadInput("no images to preprocess; send at least one")
         out = []
         for i, data in enumerate(images):
-            if len(data) > spec.max_bytes:
-                raise BadInput(f"image of {len(data)} bytes exceeds the limit of {spec.max_bytes}")
+            # max_bytes and max_pixels from the header, before torchvision decodes a pixel
+            # (Pillow reads only the header; what it cannot read the CPU path refuses too)
+            open_image(data, spec).close()
             try:
                 raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
                 img = decode_image(raw, mode=ImageReadMode.RGB)
