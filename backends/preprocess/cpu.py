@@ -164,13 +164,24 @@ def _reason(exc: Exception) -> str:
     return str(exc).split(" <_io.", 1)[0]
 
 
+def _rgb(img: Any) -> Any:
+    """The image as 8-bit RGB. Pillow takes 16-bit greyscale to 8 bits by clipping at 255,
+    not by scaling: a mid-grey (32768) came out white, and so did nearly every pixel of a
+    16-bit scan. Its high byte is what Pillow itself keeps of a 16-bit colour PNG."""
+    from PIL import Image
+
+    if img.mode.startswith("I;16"):
+        img = Image.fromarray((np.asarray(img).astype(np.uint16) >> 8).astype(np.uint8))
+    return img.convert("RGB")
+
+
 def decode_image(data: bytes, spec: ImagePreprocess) -> NDArray[np.float32]:
     """bytes → RGB → resize (bilinear) → scale to [0, 1] → normalise → CHW float32."""
     from PIL import Image
 
     with open_image(data, spec) as img:
         try:
-            rgb = img.convert("RGB").resize(spec.size[::-1], Image.Resampling.BILINEAR)
+            rgb = _rgb(img).resize(spec.size[::-1], Image.Resampling.BILINEAR)
         except (OSError, ValueError, Image.DecompressionBombError) as exc:
             raise BadInput(f"image could not be decoded: {_reason(exc)}") from None
     arr = np.asarray(rgb, np.float32) / 255.0

@@ -72,7 +72,9 @@ class GpuPreprocessor:
                 img = decode_image(raw, mode=ImageReadMode.RGB)
             except (RuntimeError, ValueError) as exc:
                 raise BadInput(f"image[{i}] could not be decoded: {exc}") from None
-            img = img.to(self._device, non_blocking=True).float() / 255.0
+            # torchvision gives a 16-bit PNG as uint16: its full scale is 65535, not 255
+            full = 255.0 if img.dtype == torch.uint8 else 65535.0
+            img = img.to(self._device, non_blocking=True).float() / full
             img = F.resize(img, list(spec.size), antialias=True)  # PIL antialiases too
             out.append(F.normalize(img, list(spec.mean), list(spec.std)))
         return torch.stack(out)

@@ -3,6 +3,7 @@ an image's declared size is bounded before it is decoded, and decoding never hol
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 import threading
@@ -107,6 +108,23 @@ def test_an_undecodable_image_names_no_python_object(gw: ServerThread) -> None:
     )  # fmt: skip
     assert status == 400
     assert doc["error"] == "image could not be decoded: cannot identify image file"
+
+
+def test_a_16_bit_greyscale_image_is_read_as_its_8_bit_twin(gw: ServerThread) -> None:
+    """Pillow takes 16-bit greyscale to 8 bits by clipping at 255: a mid-grey 16-bit scan was
+    answered as a white image."""
+    from PIL import Image
+
+    def encoded(img: Any) -> bytes:
+        buf = io.BytesIO()
+        img.save(buf, format="PNG")
+        return buf.getvalue()
+
+    grey16 = encoded(Image.new("I;16", (20, 20), 128 * 257))
+    grey8 = encoded(Image.new("L", (20, 20), 128))
+    c = httpclient.InferenceServerClient(gw.url.removeprefix("http://"))
+    got = c.infer("vision", [_images(httpclient, [grey16, grey8])]).as_numpy("channel_means")
+    np.testing.assert_array_equal(got[0], got[1])
 
 
 def test_healthz_answers_while_large_images_decode(gw: ServerThread) -> None:
