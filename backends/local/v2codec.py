@@ -114,7 +114,7 @@ def decode_infer(
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise BadInput("'parameters' must be an object")
-    binary_default = bool(params.get("binary_data_output", False))
+    binary_default = _flag(params, "binary_data_output", False, "'parameters'")
     outs = doc.get("outputs")
     requested: list[str] | None = None
     bin_outs: set[str] = set()
@@ -132,7 +132,7 @@ def decode_infer(
             if not isinstance(o_params, dict):
                 raise BadInput(f"output '{o['name']}': 'parameters' must be an object")
             _check_output_parameters(o["name"], o_params)
-            if o_params.get("binary_data", binary_default):
+            if _flag(o_params, "binary_data", binary_default, f"output '{o['name']}'"):
                 bin_outs.add(o["name"])
     rid = doc.get("id")
     return InferRequest(rid if isinstance(rid, str) else None, inputs, bin_outs, requested,
@@ -147,6 +147,15 @@ def _shaped(flat: np.ndarray, shape: list[int], name: str) -> np.ndarray:
         return flat.reshape(shape)
     except ValueError:
         raise BadInput(f"input '{name}': shape {shape} is too large for a tensor") from None
+
+
+def _flag(params: dict[Any, Any], name: str, default: bool, where: str) -> bool:
+    """A boolean parameter, as Triton reads it: `"binary_data": "false"` (or 0, or -1) was
+    truthy here, and its client, expecting JSON, got the binary extension it cannot parse."""
+    value = params.get(name, default)
+    if not isinstance(value, bool):
+        raise BadInput(f"{where}: parameter '{name}' must be true or false, got {value!r}")
+    return value
 
 
 def _check_output_parameters(name: str, params: dict[Any, Any]) -> None:

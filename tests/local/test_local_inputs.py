@@ -203,6 +203,27 @@ def test_unhonoured_output_parameters_are_a_json_400(
         assert named in answer["error"], answer
 
 
+@pytest.mark.parametrize(
+    ("where", "parameters", "named"),
+    [("output", {"binary_data": "false"}, "output 'embedding': parameter 'binary_data'"),
+     ("request", {"binary_data_output": 1}, "'parameters': parameter 'binary_data_output'")],
+)  # fmt: skip
+def test_a_binary_data_flag_that_is_no_boolean_is_a_json_400(
+    gw: ServerThread, where: str, parameters: dict[str, Any], named: str
+) -> None:
+    """Triton refuses a binary_data flag that is no JSON boolean; the local codec read it as
+    Python truth, so `"binary_data": "false"` got the binary extension (200, octet-stream) its
+    client, expecting JSON, could not parse."""
+    doc = _v2_doc(_unique("binary flag"))
+    if where == "output":
+        doc["outputs"] = [{"name": "embedding", "parameters": parameters}]
+    else:
+        doc["parameters"] = parameters
+    status, _, answer = _post(gw, INFER, *_as_json(doc))
+    assert status == 400 and isinstance(answer, dict), answer
+    assert answer["error"].startswith(named), answer
+
+
 def test_an_output_asked_for_twice_is_a_400_not_answered_twice(gw: ServerThread) -> None:
     """Each requested output was answered in full, duplicates too: 50,000 of `embedding` in a
     1 MB body were 40 s of the engine's time and a 400 MB answer. Triton refuses the name
