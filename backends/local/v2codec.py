@@ -116,6 +116,9 @@ def decode_infer(
         raise BadInput("'parameters' must be an object")
     binary_default = _flag(params, "binary_data_output", False, "'parameters'")
     outs = doc.get("outputs")
+    if outs is not None and not isinstance(outs, list):
+        # (read as "all outputs" before; Triton refuses it, and the key holds it as sent)
+        raise BadInput("'outputs' must be an array of objects")
     requested: list[str] | None = None
     bin_outs: set[str] = set()
     if isinstance(outs, list):

@@ -224,6 +224,17 @@ def test_a_binary_data_flag_that_is_no_boolean_is_a_json_400(
     assert answer["error"].startswith(named), answer
 
 
+@pytest.mark.parametrize("outputs", [{"name": "embedding"}, "embedding"])
+def test_outputs_that_are_no_array_are_a_json_400(gw: ServerThread, outputs: Any) -> None:
+    """`"outputs": {"name": ...}` was read as no outputs named, and answered with all of them;
+    Triton refuses it."""
+    doc = _v2_doc(_unique("outputs not an array"))
+    doc["outputs"] = outputs
+    status, _, answer = _post(gw, INFER, *_as_json(doc))
+    assert status == 400 and isinstance(answer, dict), answer
+    assert answer["error"] == "'outputs' must be an array of objects"
+
+
 def test_an_output_asked_for_twice_is_a_400_not_answered_twice(gw: ServerThread) -> None:
     """Each requested output was answered in full, duplicates too: 50,000 of `embedding` in a
     1 MB body were 40 s of the engine's time and a 400 MB answer. Triton refuses the name
