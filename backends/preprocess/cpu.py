@@ -6,7 +6,9 @@ shaped for the engine, so the engine never knows where preprocessing ran.
 
 from __future__ import annotations
 
+import base64
 import io
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -147,7 +149,7 @@ def open_image(data: bytes, spec: ImagePreprocess) -> Any:
         # (the warning is raised only where warnings are errors; either way it is too large)
         raise BadInput(f"image declares {_over_limit(spec)}") from None
     except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise BadInput(f"image could not be decoded: {_reason(exc)}") from None
+        raise BadInput(f"image could not be decoded: {_reason(exc)}{_hint(data)}") from None
     width, height = img.size
     if width * height > spec.max_pixels:
         img.close()
@@ -162,6 +164,25 @@ def _over_limit(spec: ImagePreprocess) -> str:
 def _reason(exc: Exception) -> str:
     # Pillow names the stream object it read from ("<_io.BytesIO object at 0x...>"): noise
     return str(exc).split(" <_io.", 1)[0]
+
+
+# What image files start with: a BYTES element that is such a file in base64 was sent encoded
+_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"RIFF", b"BM", b"II*\x00", b"MM\x00*")
+
+
+def _hint(data: bytes) -> str:
+    """What to send instead, when the element is a URL or an image in base64 (standard or
+    URL-safe, wrapped or not): the gateway decodes neither, nor fetches any URL."""
+    if data[:16].lstrip().lower().startswith((b"data:", b"http://", b"https://", b"file:")):
+        return "; send the image file's bytes, not a URL (the gateway fetches nothing)"
+    text = re.sub(rb"\s+", b"", data[:64]).replace(b"-", b"+").replace(b"_", b"/")
+    try:
+        head = base64.b64decode(text[: len(text) // 4 * 4], validate=True)
+    except ValueError:  # (binascii.Error)
+        return ""
+    if head.startswith(_MAGIC):
+        return "; send the image file's bytes (the binary tensor extension), not base64"
+    return ""
 
 
 def _rgb(img: Any) -> Any:

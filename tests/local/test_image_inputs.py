@@ -3,6 +3,7 @@ an image's declared size is bounded before it is decoded, and decoding never hol
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import struct
@@ -108,6 +109,48 @@ def test_an_undecodable_image_names_no_python_object(gw: ServerThread) -> None:
     )  # fmt: skip
     assert status == 400
     assert doc["error"] == "image could not be decoded: cannot identify image file"
+
+
+def test_an_image_sent_as_base64_or_a_url_is_a_400_saying_what_to_send(gw: ServerThread) -> None:
+    """A BYTES element is the file's bytes: base64 and URLs are not decoded, and no URL is
+    fetched (a server-side request to wherever a client points). The 400 said only that Pillow
+    could not identify the file, naming a Python object."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    fetched: list[str] = []
+
+    class Picture(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            fetched.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.end_headers()
+            self.wfile.write(_png(4, 4))
+
+    site = ThreadingHTTPServer(("127.0.0.1", 0), Picture)
+    threading.Thread(target=site.serve_forever, daemon=True).start()
+    try:
+        png64 = base64.b64encode(_png(4, 4)).decode()
+        cases = {
+            f"http://127.0.0.1:{site.server_port}/cat.png": "not a URL",
+            f"data:image/png;base64,{png64}": "not a URL",
+            png64: "not base64",
+            base64.encodebytes(_png(4, 4)).decode().replace("+", "-"): "not base64",
+        }
+        for element, says in cases.items():
+            status, doc = http(
+                "POST",
+                f"{gw.url}/v2/models/vision/infer",
+                {"inputs": [{"name": "pixel_values", "datatype": "BYTES", "shape": [1],
+                             "data": [element]}]},
+            )  # fmt: skip
+            assert status == 400, doc
+            assert doc["error"].startswith("image could not be decoded: cannot identify image")
+            assert says in doc["error"], doc
+    finally:
+        site.shutdown()
+        site.server_close()
+    assert fetched == []
 
 
 def test_a_16_bit_greyscale_image_is_read_as_its_8_bit_twin(gw: ServerThread) -> None:
