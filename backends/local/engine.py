@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from backends.errors import EngineError
 from backends.v2tensors import V2_NUMERIC
 
 # ONNX / TensorRT element types → Open Inference Protocol datatypes.
@@ -26,6 +27,10 @@ V2_DATATYPES: dict[str, str] = {
     "int8": "INT8",
     "uint8": "UINT8",
     "bool": "BOOL",
+    "uint16": "UINT16",
+    "uint32": "UINT32",
+    "uint64": "UINT64",
+    "string": "BYTES",  # (ONNX string tensors: v2 has no STRING; its strings are BYTES)
 }
 
 
@@ -38,7 +43,17 @@ class TensorSpec:
     shape: tuple[int, ...]
 
     def numpy_dtype(self) -> np.dtype[Any]:
-        return V2_NUMERIC[self.datatype].newbyteorder("=")
+        """numpy's dtype for the engine (BYTES: Python str objects, as ONNX Runtime takes and
+        gives string tensors). EngineError for a datatype local models do not serve."""
+        if self.datatype == "BYTES":
+            return np.dtype(object)
+        dtype = V2_NUMERIC.get(self.datatype)
+        if dtype is None:
+            raise EngineError(
+                f"tensor '{self.name}' is {self.datatype}, which local models do not serve "
+                f"(they take {', '.join(V2_NUMERIC)} and BYTES)"
+            )
+        return dtype.newbyteorder("=")
 
 
 class Engine(Protocol):

@@ -37,6 +37,8 @@ class TensorModel:
         self.providers = engine.providers
         self.image = image
         self.outputs = engine.outputs
+        for spec in (*engine.inputs, *engine.outputs):
+            spec.numpy_dtype()  # (EngineError at load for a datatype no request could use)
         # With image preprocessing, clients send encoded images as one BYTES tensor.
         self.inputs = (
             [TensorSpec(engine.inputs[0].name, "BYTES", (-1,))] if image else list(engine.inputs)
@@ -69,8 +71,10 @@ class TensorModel:
         images held every other request (and /healthz) for seconds, and a request whose client
         has gone (its task cancelled) stops at its next image instead of decoding the rest."""
         feeds: Feeds = {}
-        for spec, value in self._checked(inputs):
-            if self.image is None:
+        for spec, shape, value in self._checked(inputs):
+            if self.image is None and spec.datatype == "BYTES":
+                feeds[spec.name] = _strings(spec.name, shape, value)
+            elif self.image is None:
                 feeds[spec.name] = np.asarray(value, spec.numpy_dtype())
             elif self._gpu is not None:
                 gpu = self._gpu.images_to_nchw
@@ -82,7 +86,7 @@ class TensorModel:
 
     def _checked(
         self, inputs: dict[str, tuple[str, list[int], Any]]
-    ) -> list[tuple[TensorSpec, Any]]:
+    ) -> list[tuple[TensorSpec, list[int], Any]]:
         """The model's inputs with the client's values, once names, datatypes and shapes fit."""
         want = {s.name: s for s in self.inputs}
         for name in inputs:
@@ -93,7 +97,7 @@ class TensorModel:
         missing = [s.name for s in self.inputs if s.name not in inputs]
         if missing:  # (before the rows check below reads them all)
             raise BadInput(f"model {self.name} needs input '{missing[0]}'")
-        out: list[tuple[TensorSpec, Any]] = []
+        out: list[tuple[TensorSpec, list[int], Any]] = []
         for spec in self.inputs:
             datatype, shape, value = inputs[spec.name]
             if datatype != spec.datatype:
@@ -115,7 +119,7 @@ class TensorModel:
                 # (a graph run on no rows: the CPU path answered an empty result and the GPU
                 # path's torch.stack of nothing raised, a 500; neither is what was asked)
                 raise BadInput(f"input '{spec.name}' holds no images; send at least one")
-            out.append((spec, value))
+            out.append((spec, shape, value))
         return out
 
     def run(self, feeds: Feeds) -> Feeds:
@@ -131,7 +135,9 @@ class TensorModel:
         feeds = {}
         for spec in self.engine.inputs:
             shape = [1 if d < 0 else d for d in spec.shape]
-            feeds[spec.name] = np.zeros(shape, spec.numpy_dtype())
+            dtype = spec.numpy_dtype()
+            # ("0" for a string: the text a model that parses its strings also reads)
+            feeds[spec.name] = np.full(shape, "0" if spec.datatype == "BYTES" else 0, dtype)
         self.engine.run(feeds)
         self.ready = True
 
@@ -186,6 +192,16 @@ class TensorModel:
     async def aclose(self) -> None:
         await self._batcher.aclose()
         self.engine.close()
+
+
+def _strings(name: str, shape: list[int], elements: list[bytes]) -> NDArray[Any]:
+    """A BYTES tensor for a string input: UTF-8 text, as ONNX Runtime reads string tensors."""
+    out = np.empty(len(elements), object)
+    try:
+        out[:] = [e.decode() for e in elements]
+    except UnicodeDecodeError:
+        raise BadInput(f"input '{name}' must hold UTF-8 strings") from None
+    return out.reshape(shape)
 
 
 def _concat(parts: list[Any]) -> Any:

@@ -10,6 +10,7 @@ shared memory): ignoring it would answer another question than the one asked.
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,9 +191,14 @@ def encode_infer(
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
         binary = name in req.binary_outputs or (req.requested is None and req.binary_default)
         if binary:
-            blob = np.ascontiguousarray(arr, NUMERIC[datatype]).tobytes()
+            if datatype == "BYTES":
+                blob = _bytes_blob(arr)
+            else:
+                blob = np.ascontiguousarray(arr, NUMERIC[datatype]).tobytes()
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
+        elif datatype == "BYTES":
+            entry["data"] = [_text(v) for v in arr.reshape(-1).tolist()]
         else:
             entry["data"] = arr.reshape(-1).tolist()
         entries.append(entry)
@@ -206,3 +212,14 @@ def encode_infer(
         ("Content-Type", "application/octet-stream"),
         ("Inference-Header-Content-Length", str(len(header))),
     ]
+
+
+def _bytes_blob(arr: NDArray[Any]) -> bytes:
+    """A string tensor (ONNX Runtime gives str objects) in the binary extension's BYTES
+    layout: each element a little-endian u32 length, then its UTF-8."""
+    elements = [v.encode() if isinstance(v, str) else bytes(v) for v in arr.reshape(-1).tolist()]
+    return b"".join(struct.pack("<I", len(e)) + e for e in elements)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else bytes(value).decode("utf-8", "replace")
