@@ -189,7 +189,7 @@ async def upstream(
         if not isinstance(exc, StreamCut):  # (a recording's cut is logged and counted by it)
             log.warning("upstream stream cut mid-way: %s", why)
             on_cut()
-        if client_ok and resp.prepared and "text/event-stream" in (resp.content_type or ""):
+        if _ends_in_words(resp, client_ok):
             await _last_words(resp, stream_error_event(protocol, f"stream cut mid-way: {why}"))
         if request.transport is not None:
             request.transport.close()
@@ -200,6 +200,19 @@ async def upstream(
         if recording is not None:
             await recording.close()
     return resp
+
+
+def _ends_in_words(resp: web.StreamResponse, client_ok: bool) -> bool:
+    """Does a cut stream get the error event? An event stream still going out, whose body's
+    end the connection's close or the chunked framing marks. Not one with a Content-Length:
+    aiohttp cuts a write to what the length has left, so the event filled it and the client
+    read every byte promised, a whole body, its last event cut short (which the SDK drops)."""
+    return (
+        client_ok
+        and resp.prepared
+        and resp.content_length is None
+        and "text/event-stream" in (resp.content_type or "")
+    )
 
 
 async def _last_words(resp: web.StreamResponse, event: bytes | None) -> None:

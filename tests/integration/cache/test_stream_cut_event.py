@@ -16,9 +16,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import aiohttp
 import anthropic
 import openai
 import pytest
+from aiohttp import web
 
 from tests.conftest import base_config
 from tests.integration.cache.conftest import anthropic_route, cache_config
@@ -27,7 +29,7 @@ from tests.support.sdk_clients import (  # noqa: F401 (autouse)
     close_tracked_clients,
     openai_client,
 )
-from tests.support.servers import ServerThread
+from tests.support.servers import ServerThread, one_route, running
 
 CUT = {"X-Test-Event-Delay": "0.2", "X-Test-Cut-Stream": "4"}
 
@@ -118,3 +120,37 @@ def test_the_anthropic_sdk_raises_the_cut(messages_gw: ServerThread) -> None:
         ) as stream:
             for _ in stream:
                 pass
+
+
+async def _sized_stream_cut_short(request: web.Request) -> web.StreamResponse:
+    """An event stream with a Content-Length (as a cache in front of the model sends a stored
+    one) whose connection drops 40 bytes short of it."""
+    await request.read()
+    chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    choice = {"index": 0, "delta": {"content": "Hello"}, "finish_reason": None}
+    event = b"data: " + json.dumps({**chunk, "choices": [choice]}).encode() + b"\n\n"
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    resp.content_length = 2 * len(event) + 40
+    await resp.prepare(request)
+    await resp.write(event * 2)
+    assert request.transport is not None
+    request.transport.close()
+    return resp
+
+
+async def test_a_sized_stream_cut_short_is_still_short(
+    start_gateway: Callable[..., ServerThread],
+) -> None:
+    """The error event is not written into what is left of a Content-Length: it was cut to fit,
+    so the client got every byte the length promised (a whole answer to its HTTP library, whose
+    last event, cut short, the SDK drops) instead of a body that ends early."""
+    with running(one_route("/v1/chat/completions", _sized_stream_cut_short)) as up:
+        gw = start_gateway(cache_config(up.url, tiers=["memory"]))
+        body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(gw.url + "/v1/chat/completions", json=body) as r,
+        ):
+            assert r.status == 200 and r.content_length is not None
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await r.read()
