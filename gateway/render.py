@@ -180,7 +180,7 @@ def _render(entry: CacheEntry, framing: Framing) -> Rendered | None:
         if entry.events is None:
             return None
         events = entry.events if framing.obfuscation else obfuscation.stripped(entry.events)
-        return openai_sse.join_events(events), entry.headers
+        return openai_sse.join_events(events), replayable(entry.headers, entry.status)
     body: bytes | None
     ctype: str | None = None
     codec = convertible(entry.kind)  # per kind: openai_sse for chat/completions, anthropic_sse

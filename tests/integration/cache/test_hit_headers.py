@@ -132,3 +132,43 @@ async def test_entries_stored_with_them_do_not_replay_them(
     assert hit["x-cache"] == "hit" and request_id is None
     assert "x-ratelimit-remaining-requests" not in hit
     assert {k: hit.get(k) for k in ANSWER} == ANSWER
+
+
+async def test_a_stored_stream_with_usage_on_every_chunk_does_not_replay_them(
+    upstream: ServerThread,
+    start_gateway: Callable[..., ServerThread],
+    redis_server: RedisServer,
+) -> None:
+    """As above, for a call asking vLLM's usage on every chunk, whose entry is replayed as it
+    was recorded (render.py's own branch for it)."""
+    config = cache_config(upstream.url, redis_server.url)
+    prefix = config["cache"]["redis"]["key_prefix"] + "e:"
+    every: Any = {"include_usage": True, "continuous_usage_stats": True}  # (vLLM's own option)
+
+    def streamed(url: str) -> dict[str, str]:
+        raw = openai_client(url).chat.completions.with_raw_response.create(
+            model="m",
+            messages=[{"role": "user", "content": "usage as it goes"}],
+            temperature=0,
+            stream=True,
+            stream_options=every,
+            extra_headers=VENDOR,
+        )
+        list(raw.parse())
+        return {k.lower(): v for k, v in raw.headers.items()}
+
+    first = start_gateway(config)
+    assert (await asyncio.to_thread(streamed, first.url))["x-cache"] == "miss"
+    admin = Redis.from_url(redis_server.url)
+    try:
+        keys = [k async for k in admin.scan_iter(match=prefix + "*")]
+        assert len(keys) == 1
+        entry = decode(await admin.get(keys[0]))
+        assert entry.events is not None  # (a recorded stream)
+        entry.headers += [("x-request-id", "req_stored"), ("x-ratelimit-remaining-requests", "9")]
+        await admin.set(keys[0], encode(entry), keepttl=True)
+    finally:
+        await admin.aclose()
+    hit = await asyncio.to_thread(streamed, start_gateway(config).url)
+    assert hit["x-cache"] == "hit"
+    assert "x-request-id" not in hit and "x-ratelimit-remaining-requests" not in hit
