@@ -10,17 +10,16 @@ that refused it gets none, and a stream recorded without padding is replayed wit
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tests.integration.cache.conftest import cache_config
+from tests.integration.cache.fleet import until, upstream_calls
 from tests.support.sdk_clients import close_tracked_clients, openai_client  # noqa: F401 (autouse)
 from tests.support.servers import ServerThread
 
+CHAT = "/v1/chat/completions"
 PADDED = {"X-Test-Obfuscation": "1"}  # the test upstream pads, as OpenAI does
 
 
@@ -80,12 +79,13 @@ def test_a_stream_that_refused_padding_does_not_follow_a_padded_leader_live(
     text = "a padded leader and two followers"
     with ThreadPoolExecutor(3) as pool:
         leader = pool.submit(_streamed, gw.url, text, True)
-        time.sleep(0.3)  # the leader is upstream (its ~8 events come 0.2 s apart)
+        # the leader is upstream (its ~8 events come 0.2 s apart): not a fixed sleep, which a
+        # loaded machine's late leader outlasts (the refusing call then leads, unpadded)
+        until(lambda: upstream_calls(upstream, CHAT) == 1, "the leader's call went upstream")
         refused = pool.submit(_streamed, gw.url, text, True, include_obfuscation=False)
         padded = pool.submit(_streamed, gw.url, text, True)
         leader_got, refused_got, padded_got = leader.result(), refused.result(), padded.result()
     assert leader_got[0] == "miss" and all(leader_got[2])
     assert refused_got[1] == leader_got[1] and not any(refused_got[2])
     assert padded_got[1] == leader_got[1] and all(padded_got[2])
-    with urllib.request.urlopen(upstream.url + "/_test/stats") as r:
-        assert json.load(r)["requests"]["/v1/chat/completions"] == 1
+    assert upstream_calls(upstream, CHAT) == 1
