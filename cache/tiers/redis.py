@@ -373,4 +373,11 @@ class RedisTier(WaitingDeletes, Leases, PurgeScans):
         for futs in self._pending.values():
             for f in futs:
                 f.cancel()
+        if self.cluster and getattr(self.client, "_initialize", False):
+            # redis-py's aclose() closes nothing while the client is flagged to re-read its slot
+            # map (a failed command flags it, as _cluster_get does): the tier's connections to
+            # the live nodes stayed open after it closed (a reload's old tier, for good)
+            nodes: Any = self.client.nodes_manager  # type: ignore[union-attr]
+            await nodes.aclose()
+            await nodes.aclose("startup_nodes")
         await self.client.aclose()  # its pool too (cache.redis_client.connect)

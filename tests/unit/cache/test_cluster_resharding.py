@@ -120,3 +120,32 @@ async def test_lookups_alone_find_the_replica_promoted_in_a_failed_primarys_plac
     finally:
         await tier.aclose()
         cluster.stop()
+
+
+async def test_a_closed_tier_leaves_no_connection_after_a_failed_node(
+    metrics: CacheMetrics,
+) -> None:
+    """A failed command flags redis-py's cluster client to re-read its slot map, and its
+    aclose() then closed nothing: the closed tier kept its connections to every live node."""
+    cluster = RedisClusterServers().start()
+    tier = RedisTier(redis_settings(cluster.url, mode="cluster"), metrics)
+    keys = [f"r.m.t.k{i}" for i in range(30)]
+    try:
+        for k in keys:
+            await tier.put(k, _entry(k))
+        dead = cluster.primaries()[0]
+        live = [n for n in cluster.primaries() + cluster.replicas() if n is not dead]
+        dead.kill()
+        await asyncio.gather(*(tier.get(k) for k in keys))  # some meet the dead node
+        await tier.aclose()
+
+        def ours(port: int) -> int:
+            lines = cli(port, "client", "list").splitlines()
+            return sum(1 for ln in lines if " flags=N " in ln and "cmd=client|list" not in ln)
+
+        await until(
+            "the closed tier's connections stayed open",
+            lambda: not any(map(ours, [n.port for n in live])),
+        )
+    finally:
+        cluster.stop()
