@@ -43,12 +43,15 @@ class SlotMapCheck:
         self._clock = clock
         self._last = -every_s
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
 
     def soon(self) -> asyncio.Task[None] | None:
         """An operation ran out of its deadline: check the map, unless a check is running or
         one began less than `every_s` ago. The check it started, if it did."""
-        if (self._task is not None and not self._task.done()) or (
-            self._clock() - self._last < self._every_s
+        if (
+            self._closed
+            or (self._task is not None and not self._task.done())
+            or (self._clock() - self._last < self._every_s)
         ):
             return None
         self._last = self._clock()
@@ -95,4 +98,6 @@ class SlotMapCheck:
         return False
 
     async def aclose(self) -> None:
+        # (an op timing out while the tier closes must not start a check on a closed client)
+        self._closed = True
         await stop_task(self._task)

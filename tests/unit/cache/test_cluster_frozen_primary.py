@@ -220,5 +220,7 @@ async def test_a_slow_cluster_is_asked_for_its_slot_map_at_most_once_a_second(
         )
         assert _stat(cluster.nodes, "commandstats", "cmdstat_cluster|slots") == slots_asked + 2
         await check.aclose()
+        now[0] += 5.0
+        assert check.soon() is None  # a closed tier's client is asked nothing more
     finally:
         await tier.aclose()
