@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,6 +23,7 @@ from aiohttp import web
 
 from tests.conftest import base_config
 from tests.integration.cache.conftest import anthropic_route, cache_config
+from tests.integration.cache.fleet import until, upstream_calls
 from tests.support.sdk_clients import (  # noqa: F401 (autouse)
     anthropic_client,
     close_tracked_clients,
@@ -31,7 +31,8 @@ from tests.support.sdk_clients import (  # noqa: F401 (autouse)
 )
 from tests.support.servers import ServerThread, one_route, running
 
-CUT = {"X-Test-Event-Delay": "0.2", "X-Test-Cut-Stream": "4"}
+CHAT = "/v1/chat/completions"
+CUT = {"X-Test-Event-Delay": "0.4", "X-Test-Cut-Stream": "4"}
 
 
 def _openai_stream(url: str, text: str) -> tuple[int, str]:
@@ -61,11 +62,14 @@ def test_the_openai_sdk_raises_the_cut_for_the_leader_and_its_follower(
     text = "a stream the upstream cuts short"
     with ThreadPoolExecutor(2) as pool:
         leader = pool.submit(_openai_stream, gw.url, text)
-        time.sleep(0.3)  # the leader's stream is under way (an event every 0.2 s)
+        # the leader's stream is under way (an event every 0.4 s): not a fixed sleep, which a
+        # loaded machine's late leader outlasts
+        until(lambda: upstream_calls(upstream, CHAT) == 1, "the leader's call went upstream")
         follower = pool.submit(_openai_stream, gw.url, text).result()
         got = leader.result()
     for n, error in (got, follower):
         assert n == 4 and "stream cut mid-way" in error, error
+    assert upstream_calls(upstream, CHAT) == 1  # the second call followed the leader's
     # nothing partial was stored: the next call goes upstream and gets a whole answer
     again = openai_client(gw.url).chat.completions.with_raw_response.create(
         model="m", temperature=0, messages=[{"role": "user", "content": text}], stream=True
