@@ -91,7 +91,7 @@ class LimitSettings(_Frozen):
 class LoggingSettings(_Frozen):
     level: Literal["debug", "info", "warning", "error"] = "info"
     # One line per request on the `latentgate.access` logger: true or "common" (Apache's common
-    # log format plus the duration), "json" (one object per line); off by default.
+    # log format), "json" (one object per line, with the duration); off by default.
     access_log: bool | Literal["common", "json"] = False
 
 
