@@ -9,7 +9,8 @@ BackendError
 ├── Overloaded                         circuit breaker / admission refused (fast 503)
 └── EngineError                        a local engine failed
     ├── BadInput (ValueError)          the request does not fit the model: a 400
-    └── ModelNotFound (LookupError)    no such model or endpoint on a local engine: a 404
+    ├── ModelNotFound (LookupError)    no such model or endpoint on a local engine: a 404
+    └── LoadStopped                    the process stopped while the model was being built
 """
 
 from __future__ import annotations
@@ -77,4 +78,8 @@ class BadInput(EngineError, ValueError):
 
 
 class ModelNotFound(EngineError, LookupError):
+    pass
+
+
+class LoadStopped(EngineError):
     pass

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends.errors import EngineError
+from backends.errors import EngineError, LoadStopped
 from backends.local.progress import LoadProgress
 
 log = logging.getLogger("latentgate.local")
@@ -108,7 +108,7 @@ def resolve(
         if not onnx_path.exists():
             if progress is not None:
                 progress.step("export", str(onnx_path), EXPORT_EXPECTED_S)
-            export(src, onnx_path)
+            export(src, onnx_path, progress)
         fused_path = fused(onnx_path, src / "config.json", progress)
         return ModelArtifact(
             name, _promoted(model, onnx_path, precision), src / "tokenizer.json", digest,
@@ -142,34 +142,54 @@ def _promoted(model: str, fp32: Path, precision: str) -> Path:
 
 
 def run_export(
-    module_args: list[str], out: Path, what: str, announce: Callable[[], None] | None = None
+    module_args: list[str],
+    out: Path,
+    what: str,
+    announce: Callable[[], None] | None = None,
+    progress: LoadProgress | None = None,
 ) -> bool:
     """`python -m MODULE ARGS... TMP`, then TMP → `out`: once per file, under a file lock, in a
     child process (torch stays out of the serving process). False when another process built
-    `out` while this one waited. `announce` runs only when this call builds (one log line)."""
+    `out` while this one waited. `announce` runs only when this call builds (one log line).
+    A stopped `progress` ends the child and raises LoadStopped, leaving nothing behind."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with (out.parent / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if progress is not None:
+            progress.check()  # (a stop while this waited for another loader's build)
         if out.exists():
             return False
         if announce is not None:
             announce()
         tmp = out.with_suffix(f".tmp{os.getpid()}")
-        proc = subprocess.run(
+        child = subprocess.Popen(
             [sys.executable, "-m", *module_args, str(tmp)],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            check=False,
             env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
         )
-        if proc.returncode != 0 or not tmp.exists():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        if progress is not None:
+            progress.adopt(child)
+        try:
+            stdout, stderr = child.communicate()
+        finally:
+            if progress is not None:
+                progress.adopt(None)
+        if progress is not None and child.returncode != 0:
+            try:
+                progress.check()  # ended by the stop, not failed: nothing to report or mark
+            except LoadStopped:
+                tmp.unlink(missing_ok=True)
+                raise
+        if child.returncode != 0 or not tmp.exists():
+            tail = (stderr or stdout).strip().splitlines()[-5:]
             raise EngineError(f"{what} failed: " + " | ".join(tail))
         os.replace(tmp, out)
         return True
 
 
-def export(src: Path, onnx_path: Path) -> None:
+def export(src: Path, onnx_path: Path, progress: LoadProgress | None = None) -> None:
     """The torch export of a builtin, once per model hash."""
 
     def announce() -> None:
@@ -183,7 +203,7 @@ def export(src: Path, onnx_path: Path) -> None:
 
     t0 = time.perf_counter()
     args = ["backends.local.export", str(src)]
-    if run_export(args, onnx_path, f"ONNX export of {src}", announce):
+    if run_export(args, onnx_path, f"ONNX export of {src}", announce, progress):
         took = time.perf_counter() - t0
         meta = {"source": str(src), "exported_s": round(took, 2)}
         (onnx_path.parent / "meta.json").write_text(json.dumps(meta))
@@ -209,8 +229,10 @@ def fused(onnx_path: Path, config: Path, progress: LoadProgress | None = None) -
     t0 = time.perf_counter()
     try:
         args = ["backends.local.fuse", str(onnx_path), str(config)]
-        if not run_export(args, out, "ONNX Runtime fusion", announce):
+        if not run_export(args, out, "ONNX Runtime fusion", announce, progress):
             return out  # another loader fused it while this one waited
+    except LoadStopped:
+        raise  # fusion did not fail: the next start fuses
     except (EngineError, OSError) as exc:  # OSError: a read-only artifacts dir (an image)
         log.warning("serving the unfused graph of %s: %s", onnx_path.parent.name, exc)
         with contextlib.suppress(OSError):

@@ -291,6 +291,7 @@ class LocalBackend:
             raise BadInput("input 'text' must hold UTF-8 strings") from None
 
     async def aclose(self) -> None:
+        self.progress.stop()  # a load still building its model ends, or the process waits for it
         if self._task is not None and not self._task.done():
             self._task.cancel()
         if self.encoder is not None:

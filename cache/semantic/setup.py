@@ -355,9 +355,11 @@ class SemanticSetup:
         return len(keys)
 
     async def aclose(self) -> None:
+        # A load still building the embedder's model ends (the process would wait for it);
+        # one past that finishes in its thread, and its result is dropped.
+        self.progress.stop()
         if self._task is not None and not self._task.done():
-            # First: an open() still starting must not start what is closed below. (A load
-            # still running in its thread finishes there; its result is dropped.)
+            # First: an open() still starting must not start what is closed below.
             await stop_task(self._task)
         if self._budget_store is not None:
             await self._budget_store.aclose()
