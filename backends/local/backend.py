@@ -267,9 +267,15 @@ class LocalBackend:
             result = await self.tensors.arun(feeds)
             specs = {s.name: s.datatype for s in self.tensors.outputs}
             outputs = {k: (specs.get(k, "FP32"), v) for k, v in result.items()}
+        # by elements, not rows: one row of 4M floats took seconds to write as JSON, on the loop
         rows = max((len(v[1]) if np.ndim(v[1]) else 1 for v in outputs.values()), default=0)
+        elements = sum(int(np.size(v[1])) for v in outputs.values())
         payload, headers = await _maybe_thread(
-            rows > _INLINE_ROWS, encode_infer, self.model_name, req, outputs
+            rows > _INLINE_ROWS or elements > _INLINE_ELEMENTS,
+            encode_infer,
+            self.model_name,
+            req,
+            outputs,
         )
         return UpstreamResponse(200, "OK", headers, body=payload)
 
@@ -304,6 +310,7 @@ class LocalBackend:
 # megabytes (or of thousands of vectors) would otherwise hold the event loop for 10-100s of ms.
 _INLINE_BYTES = 256 << 10
 _INLINE_ROWS = 64
+_INLINE_ELEMENTS = 1 << 16
 _R = TypeVar("_R")
 
 

@@ -21,6 +21,7 @@ from google.protobuf import json_format
 
 from backends import v2tensors
 from gateway.errors import BadRequest
+from gateway.grpc.contents import contents_bytes
 from gateway.grpc.proto import config_pb2, pb2
 
 # Element sizes; BF16 has no numpy type here, BYTES no fixed size.
@@ -59,7 +60,7 @@ def _from_contents(inp: Any, count: int) -> bytes:
     field = _CONTENTS.get(datatype)
     if field is None:
         raise BadRequest(f"input '{name}': {datatype} data must come in raw_input_contents")
-    values = list(getattr(inp.contents, field))
+    values = getattr(inp.contents, field)
     if len(values) != count:
         raise BadRequest(
             f"input '{name}': shape {list(inp.shape)} needs {count} elements, got {len(values)}"
@@ -67,7 +68,7 @@ def _from_contents(inp: Any, count: int) -> bytes:
     if datatype == "BYTES":
         return b"".join(struct.pack("<I", len(v)) + v for v in values)
     try:
-        return np.asarray(values, V2_NUMERIC[datatype]).tobytes()
+        return contents_bytes(inp.contents, field, V2_NUMERIC[datatype])
     except OverflowError:
         raise BadRequest(f"input '{name}': a value does not fit {datatype}") from None
 

@@ -10,9 +10,11 @@ gets this call's id; the initial metadata says `x-cache: hit`, `miss` or `bypass
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from multidict import CIMultiDict
@@ -72,6 +74,15 @@ class _NoClock:
         return time.perf_counter()
 
 
+# Messages past this size are converted and keyed in a worker thread.
+_INLINE_BYTES = 256 << 10
+_R = TypeVar("_R")
+
+
+async def _maybe_thread(big: bool, fn: Callable[..., _R], *args: Any) -> _R:
+    return await asyncio.to_thread(fn, *args) if big else fn(*args)
+
+
 _ANSWERS = _Answers()
 _CLOCK = _NoClock()
 # Headers that describe the translated body, which the gateway writes: call metadata under these
@@ -103,7 +114,10 @@ class InferFlow:
                     f"the request names {len(items)} {what}; this route takes at most "
                     f"{route.max_items} per request",
                 )
-        tensors = codec.input_tensors(msg)
+        # Megabytes of tensors take 10s to 100s of ms to convert and hash: off the event loop,
+        # so health checks and other calls are answered meanwhile (as HTTP's parse is).
+        big = len(request) > _INLINE_BYTES
+        tensors = await _maybe_thread(big, codec.input_tensors, msg)
         for t in tensors:  # the route's rows-per-request limit, as over HTTP (a 413 there)
             if t.shape and t.shape[0] > route.max_items:
                 raise RpcError(
@@ -124,8 +138,9 @@ class InferFlow:
         if flow is None:
             return await fetch(), route.name, "-"
         headers = CIMultiDict(metadata)
+        fields = await _maybe_thread(big, codec.key_fields, msg, tensors)
         ask = Ask(
-            key=flow.key(msg.model_name, codec.key_fields(msg, tensors), headers),
+            key=await _maybe_thread(big, flow.key, msg.model_name, fields, headers),
             directives=request_directives(
                 field(headers, "cache-control"), field(headers, "pragma")
             ),
