@@ -21,6 +21,7 @@ from pathlib import Path
 
 from backends.errors import EngineError, LoadStopped
 from backends.local.progress import LoadProgress
+from backends.local.stamps import stamp_problem
 
 log = logging.getLogger("latentgate.local")
 
@@ -111,15 +112,16 @@ def resolve(
             export(src, onnx_path, progress)
         fused_path = fused(onnx_path, src / "config.json", progress)
         return ModelArtifact(
-            name, _promoted(model, onnx_path, precision), src / "tokenizer.json", digest,
+            name, _promoted(model, onnx_path, precision, digest), src / "tokenizer.json", digest,
             BUILTINS[name][2], src, fused_path,
         )  # fmt: skip
     path = Path(model).expanduser()
     if not path.is_file():
         raise EngineError(f"model file {model!r} does not exist")
+    digest = file_hash(path)
     return ModelArtifact(
-        path.stem, _promoted(model, path, precision), Path(tokenizer) if tokenizer else None,
-        file_hash(path), None, None,
+        path.stem, _promoted(model, path, precision, digest),
+        Path(tokenizer) if tokenizer else None, digest, None, None,
     )  # fmt: skip
 
 
@@ -131,13 +133,19 @@ def promoted_path(fp32: Path, precision: str) -> Path:
     return fp32.with_name(f"{fp32.stem.removesuffix('.fp32')}.{precision}.onnx")
 
 
-def _promoted(model: str, fp32: Path, precision: str) -> Path:
+def _promoted(model: str, fp32: Path, precision: str, source: str) -> Path:
+    """The file `precision` serves, refused when missing or when it was built from another
+    model than `fp32` is now (an ONNX file replaced after its build: its lowered twin would
+    answer for the old weights)."""
     path = promoted_path(fp32, precision)
+    build = f"`latentgate build {model} --precision {precision}`"
     if not path.exists():
         raise EngineError(
-            f"no promoted {precision} artifact for {model}: run `latentgate build {model} "
-            f"--precision {precision}` (it promotes only within the accuracy bound)"
+            f"no promoted {precision} artifact for {model}: run {build} "
+            "(it promotes only within the accuracy bound)"
         )
+    if precision != "fp32" and (problem := stamp_problem(path, source)) is not None:
+        raise EngineError(f"the promoted {precision} artifact {path} {problem}: run {build} again")
     return path
 
 

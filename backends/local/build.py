@@ -24,6 +24,7 @@ from backends.local.artifacts import ModelArtifact, promoted_path, resolve
 from backends.local.build_classifier import agreement, detect_task, logits_runner, model_outputs
 from backends.local.onnx import OrtEngine
 from backends.local.sentences import read_sentences
+from backends.local.stamps import write_stamp
 from backends.local.text_encoder import TextEncoder
 from backends.preprocess.cpu import TextPreprocessor, pad_tokens
 from backends.settings import BatcherSettings
@@ -185,6 +186,8 @@ def run_build(
         return 1
     promoted = promoted_path(art.onnx_path, precision)
     if candidate != promoted:
+        # the stamp first: serving refuses this file once the model it came from changes
+        write_stamp(promoted, candidate.stat().st_size, art.model_hash)
         candidate.replace(promoted)
     report.write_text(json.dumps(record, indent=2))
     emit(f"promoted: {promoted} ({what} ≥ {bound})")

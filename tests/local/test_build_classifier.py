@@ -22,6 +22,7 @@ from backends.local.build import run_build
 from backends.local.build_classifier import detect_task
 from backends.local.engine import TensorSpec
 from gateway.cli import main
+from tests.local.test_tensor_model import channel_means_model
 
 CLASSES = 8
 
@@ -99,6 +100,15 @@ def test_fp16_classifier_is_promoted_with_top1_agreement(clf: Path, validation: 
     assert record["bound"] == 0.99 and record["validation"] == 120
     # The promoted artifact is what `precision: fp16` now serves for this model file.
     assert resolve(str(clf), None, TOKENIZER, "fp16").onnx_path == clf.with_name("clf.fp16.onnx")
+
+
+def test_a_build_is_not_served_once_its_model_file_is_replaced(clf: Path, validation: str) -> None:
+    assert run_build(str(clf), "fp16", validation=validation, tokenizer=TOKENIZER,
+                     emit=lambda _: None) == 0  # fmt: skip
+    channel_means_model(clf)  # another model now under the same name (a retrained one, say)
+    with pytest.raises(EngineError, match=r"clf\.fp16\.onnx was built from another model"):
+        resolve(str(clf), None, TOKENIZER, "fp16")
+    assert resolve(str(clf), None, TOKENIZER, "fp32").onnx_path == clf
 
 
 def test_cli_refuses_an_int8_classifier_that_flips_classes(
