@@ -16,8 +16,8 @@ from backends.local.artifacts import (
     default_artifacts_dir,
     file_hash,
     fused,
-    run_export,
 )
+from backends.local.export_runner import die_with_parent, run_export, usable
 from backends.local.metrics import LocalMetrics
 from backends.local.progress import LoadProgress
 from backends.local.shared import EngineShare
@@ -43,12 +43,14 @@ __all__ = [
     "TextEncoder",
     "builtin_dir",
     "default_artifacts_dir",
+    "die_with_parent",
     "export_text_model",
     "file_hash",
     "fused",
     "load_text_encoder",
     "run_build",
     "run_export",
+    "usable",
 ]
 
 

@@ -7,19 +7,15 @@ the artifact for this model hash is missing: the serving process never imports t
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
-import os
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from backends.errors import EngineError, LoadStopped
+from backends.local.export_runner import NOT_APPLICABLE, ExportFailed, run_export, usable
 from backends.local.progress import LoadProgress
 from backends.local.stamps import stamp_problem
 
@@ -106,11 +102,11 @@ def resolve(
         digest = file_hash(*weights)
         out = default_artifacts_dir(artifacts_dir) / f"{name}-{digest[:16]}-e{EXPORT_REV}"
         onnx_path = out / "model.fp32.onnx"
-        if not onnx_path.exists():
+        if not usable(onnx_path):
             if progress is not None:
                 progress.step("export", str(onnx_path), EXPORT_EXPECTED_S)
-            export(src, onnx_path, progress)
-        fused_path = fused(onnx_path, src / "config.json", progress)
+            export(src, onnx_path, digest, progress)
+        fused_path = fused(onnx_path, src / "config.json", progress, digest)
         return ModelArtifact(
             name, _promoted(model, onnx_path, precision, digest), src / "tokenizer.json", digest,
             BUILTINS[name][2], src, fused_path,
@@ -149,55 +145,7 @@ def _promoted(model: str, fp32: Path, precision: str, source: str) -> Path:
     return path
 
 
-def run_export(
-    module_args: list[str],
-    out: Path,
-    what: str,
-    announce: Callable[[], None] | None = None,
-    progress: LoadProgress | None = None,
-) -> bool:
-    """`python -m MODULE ARGS... TMP`, then TMP → `out`: once per file, under a file lock, in a
-    child process (torch stays out of the serving process). False when another process built
-    `out` while this one waited. `announce` runs only when this call builds (one log line).
-    A stopped `progress` ends the child and raises LoadStopped, leaving nothing behind."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with (out.parent / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if progress is not None:
-            progress.check()  # (a stop while this waited for another loader's build)
-        if out.exists():
-            return False
-        if announce is not None:
-            announce()
-        tmp = out.with_suffix(f".tmp{os.getpid()}")
-        child = subprocess.Popen(
-            [sys.executable, "-m", *module_args, str(tmp)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-        )
-        if progress is not None:
-            progress.adopt(child)
-        try:
-            stdout, stderr = child.communicate()
-        finally:
-            if progress is not None:
-                progress.adopt(None)
-        if progress is not None and child.returncode != 0:
-            try:
-                progress.check()  # ended by the stop, not failed: nothing to report or mark
-            except LoadStopped:
-                tmp.unlink(missing_ok=True)
-                raise
-        if child.returncode != 0 or not tmp.exists():
-            tail = (stderr or stdout).strip().splitlines()[-5:]
-            raise EngineError(f"{what} failed: " + " | ".join(tail))
-        os.replace(tmp, out)
-        return True
-
-
-def export(src: Path, onnx_path: Path, progress: LoadProgress | None = None) -> None:
+def export(src: Path, onnx_path: Path, digest: str, progress: LoadProgress | None = None) -> None:
     """The torch export of a builtin, once per model hash."""
 
     def announce() -> None:
@@ -211,19 +159,28 @@ def export(src: Path, onnx_path: Path, progress: LoadProgress | None = None) -> 
 
     t0 = time.perf_counter()
     args = ["backends.local.export", str(src)]
-    if run_export(args, onnx_path, f"ONNX export of {src}", announce, progress):
+    try:
+        built = run_export(args, onnx_path, f"ONNX export of {src}", announce, digest, progress)
+    except OSError as exc:  # a read-only or full artifacts directory: say which one
+        damaged = stamp_problem(onnx_path) if onnx_path.exists() else None
+        why = f"{onnx_path} {damaged}, and " if damaged else ""
+        raise EngineError(f"{why}cannot export {src} into {onnx_path.parent}: {exc}") from None
+    if built:
         took = time.perf_counter() - t0
         meta = {"source": str(src), "exported_s": round(took, 2)}
         (onnx_path.parent / "meta.json").write_text(json.dumps(meta))
         log.info("exported %s in %.1f s", onnx_path.name, took)
 
 
-def fused(onnx_path: Path, config: Path, progress: LoadProgress | None = None) -> Path | None:
+def fused(
+    onnx_path: Path, config: Path, progress: LoadProgress | None = None, source: str = ""
+) -> Path | None:
     """`model.fp32.onnx` → `model.fp32.fused.onnx`, fused once (a child process); None, with a
-    warning the first time and a marker file after, when fusion does not apply here."""
+    warning the first time and a marker file after, when fusion does not apply here. A fusion
+    that failed otherwise (killed, a full disk) is tried again at the next start."""
     out = onnx_path.with_name(onnx_path.stem + ".fused.onnx")
     skipped = out.with_suffix(".skipped")
-    if out.exists():
+    if usable(out):
         return out
     if skipped.exists():
         return None
@@ -237,14 +194,15 @@ def fused(onnx_path: Path, config: Path, progress: LoadProgress | None = None) -
     t0 = time.perf_counter()
     try:
         args = ["backends.local.fuse", str(onnx_path), str(config)]
-        if not run_export(args, out, "ONNX Runtime fusion", announce, progress):
+        if not run_export(args, out, "ONNX Runtime fusion", announce, source, progress):
             return out  # another loader fused it while this one waited
     except LoadStopped:
         raise  # fusion did not fail: the next start fuses
     except (EngineError, OSError) as exc:  # OSError: a read-only artifacts dir (an image)
         log.warning("serving the unfused graph of %s: %s", onnx_path.parent.name, exc)
-        with contextlib.suppress(OSError):
-            skipped.write_text(str(exc))
+        if isinstance(exc, ExportFailed) and exc.returncode == NOT_APPLICABLE:
+            with contextlib.suppress(OSError):
+                skipped.write_text(str(exc))
         return None
     log.info("fused %s in %.1f s: %s", onnx_path.name, time.perf_counter() - t0, out.name)
     return out

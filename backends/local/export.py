@@ -69,6 +69,9 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
+    from backends.local.export_runner import die_with_parent
+
+    die_with_parent()
     export_encoder(Path(argv[0]), Path(argv[1]))
     return 0
 

@@ -13,7 +13,8 @@ holds ONNX Runtime contrib ops, so it is served by ONNX Runtime (CPU or CUDA) on
 `latentgate build` keep using the portable export beside it.
 
 The fused graph is written only when attention actually fused and its outputs match the
-portable graph's on padded batches; otherwise this exits 1 and the caller serves the original.
+portable graph's on padded batches; otherwise this exits 3 (NOT_APPLICABLE: the caller serves
+the original and does not try again) and on any other failure 1 (tried again at the next start).
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
+
+from backends.local.export_runner import NOT_APPLICABLE, die_with_parent
 
 # Outputs are token embeddings of magnitude ~1; fusion reorders float sums, nothing more.
 MAX_ABS_DIFF = 1e-3
@@ -40,14 +44,19 @@ def fuse(src: Path, config: Path, out: Path) -> dict[str, int]:
     )
     stats = {k: int(v) for k, v in model.get_fused_operator_statistics().items() if v}
     if not stats.get("Attention") and not stats.get("MultiHeadAttention"):
-        raise SystemExit(f"no attention fused ({stats}): serving the portable graph")
+        _not_applicable(f"no attention fused ({stats}): serving the portable graph")
     model.save_model_to_file(str(out))
     diff = max_abs_diff(src, out)
     if diff > MAX_ABS_DIFF:
         out.unlink()
-        raise SystemExit(f"fused graph differs from the original by {diff:.2e}")
+        _not_applicable(f"fused graph differs from the original by {diff:.2e}")
     print(f"fused {stats}; max |diff| {diff:.2e}")
     return stats
+
+
+def _not_applicable(why: str) -> NoReturn:
+    print(why, file=sys.stderr)
+    raise SystemExit(NOT_APPLICABLE)
 
 
 def max_abs_diff(a: Path, b: Path) -> float:
@@ -76,6 +85,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 3:
         print(__doc__, file=sys.stderr)
         return 2
+    die_with_parent()
     fuse(Path(argv[0]), Path(argv[1]), Path(argv[2]))
     return 0
 

@@ -32,6 +32,7 @@ from backends.local import (
     file_hash,
     fused,
     run_export,
+    usable,
 )
 
 log = logging.getLogger("latentgate.semantic")
@@ -101,12 +102,12 @@ def build_onnx(artifact: Path, artifacts_dir: Path) -> Path:
         digest_size=12,
     ).hexdigest()
     out = artifacts_dir / "cross-encoder" / key / "model.onnx"
-    if out.exists():
+    if usable(out, key):
         return out
     log.info("building the cross-encoder ONNX model (once; cached at %s)", out)
     t0 = time.perf_counter()
     args = ["cache.semantic.cross_encoder_export", str(base), str(artifact)]
-    if run_export(args, out, "cross-encoder export"):
+    if run_export(args, out, "cross-encoder export", source=key):
         took = time.perf_counter() - t0
         log.info("cross-encoder (%s layers) exported in %.1f s", meta.get("layers"), took)
     return out

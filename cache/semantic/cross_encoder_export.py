@@ -61,6 +61,9 @@ def main(argv: list[str]) -> int:
     if len(argv) != 3:
         print(__doc__, file=sys.stderr)
         return 2
+    from backends.local import die_with_parent
+
+    die_with_parent()
     export(Path(argv[0]), Path(argv[1]), Path(argv[2]))
     return 0
 
