@@ -30,6 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.peers import require_tools  # noqa: E402
 from tests.conftest import base_config  # noqa: E402
 from tests.support.servers import GatewayProcess, RedisServer, free_port, wait_port  # noqa: E402
 
@@ -210,6 +211,7 @@ def main() -> int:
     ap.add_argument("--rate", type=int, default=2000)
     ap.add_argument("--only", help="comma-separated target names")
     args = ap.parse_args()
+    require_tools("wrk", "nginx")
     tmp = Path(tempfile.mkdtemp(prefix="lg-bench-"))
     script = tmp / "post.lua"
     script.write_text(LUA % BODY_BYTES.decode())

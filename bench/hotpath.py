@@ -207,6 +207,7 @@ def main() -> int:
     )
     ap.add_argument("--only", help="comma-separated row keys: " + ",".join(r.key for r in rows()))
     args = ap.parse_args()
+    peers.require_tools("wrk", "nginx")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = Path(tempfile.mkdtemp(prefix="lg-hotpath-"))
     RESULTS.mkdir(exist_ok=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +18,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.servers import self_connected
+
+
+def require_tools(*names: str) -> None:
+    """Exit with one line naming what to install when a tool a bench runs is not on PATH (the
+    project installs none of them: a traceback from deep in a run said less)."""
+    missing = [n for n in names if shutil.which(n) is None]
+    if missing:
+        sys.exit(
+            f"this bench needs {', '.join(missing)} on PATH; on Debian or Ubuntu: "
+            "apt-get install wrk nginx-light"
+        )
+
 
 ROOT = Path(__file__).resolve().parents[1]
 LITELLM_VERSION = "1.106.2"

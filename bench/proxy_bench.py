@@ -192,6 +192,7 @@ def main() -> int:
     )
     ap.add_argument("--render", metavar="JSON", help="print the table of a saved results file")
     args = ap.parse_args()
+    peers.require_tools("wrk", "nginx")
     if args.render:
         saved = json.loads(Path(args.render).read_text())
         print(table(saved["medians"], saved["args"]["rate"]))
