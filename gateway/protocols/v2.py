@@ -20,6 +20,7 @@ import numpy as np
 from backends import v2tensors
 from gateway.errors import BadRequest, PayloadTooLarge
 from gateway.protocols.base import Call, JSONRefused, decode_body, loads
+from gateway.protocols.v2_id import with_id
 
 INFER_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer$")
 BINARY_HEADER = v2tensors.BINARY_HEADER
@@ -278,18 +279,9 @@ def reply_with_id(
         if k.lower() == "inference-header-content-length":
             with contextlib.suppress(ValueError):
                 length = int(v)
-    head = body if length is None else body[:length]
-    try:
-        doc = json.loads(head)
-    except ValueError:
+    new_head = with_id(body if length is None else body[:length], request_id)
+    if new_head is None:
         return None
-    if not isinstance(doc, dict) or doc.get("id") == request_id:
-        return None
-    if request_id is None:
-        doc.pop("id", None)
-    else:
-        doc = {"id": request_id, **{k: v for k, v in doc.items() if k != "id"}}
-    new_head = json.dumps(doc, separators=(",", ":")).encode()
     if length is None:
         return new_head, headers
     fixed = [
