@@ -11,6 +11,8 @@ import json
 import re
 from typing import Any
 
+import numpy as np
+
 _WS = re.compile(rb"[ \t\n\r]*")
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 # strings and what separates them, up to the next bracket or a quote that opens none
@@ -19,7 +21,9 @@ _QUOTE = ord('"')
 _BRACKETS = tuple(b"[]{}")
 _SPECIAL = (_QUOTE, *_BRACKETS)
 _SCALAR = re.compile(rb"[^ \t\n\r,\]}]+")
-_CLOSER = {ord("{"): ord("}"), ord("["): ord("]")}
+_OPEN_ARRAY, _CLOSE_ARRAY, _OPEN_OBJECT, _CLOSE_OBJECT = b"[]{}"
+_CLOSER = {_OPEN_OBJECT: _CLOSE_OBJECT, _OPEN_ARRAY: _CLOSE_ARRAY}
+_STEPS = 256  # brackets read one by one before the rest of the value is read in numpy
 
 
 class _Unread(Exception):
@@ -133,7 +137,10 @@ def _container_end(head: bytes, pos: int) -> int:
     Python step. Without a backslash, quotes alternate opening and closing, and their count's
     parity says whether a bracket is inside a string; with one, each string is matched."""
     try:
-        return _brackets_end(head, pos)
+        try:
+            return _brackets_end(head, pos)
+        except _Nested:
+            return _depth_end(head, pos)
     except _Escaped:
         return _strings_end(head, pos)
 
@@ -142,13 +149,19 @@ class _Escaped(Exception):
     """A backslash: a quote may not open or close a string."""
 
 
+class _Nested(Exception):
+    """Brackets by the thousand (data as nested lists): one Python step each is too many."""
+
+
 def _brackets_end(head: bytes, pos: int) -> int:
     closers = [_CLOSER[head[pos]]]
     pos += 1
     size = len(head)
     inside = 0
     ahead = {c: _find(head, c, pos) for c in _BRACKETS}
-    while closers:
+    for _ in range(_STEPS):
+        if not closers:
+            return pos
         c, at = min(ahead.items(), key=_place)
         if at >= size:
             raise _Unread  # not closed
@@ -159,7 +172,26 @@ def _brackets_end(head: bytes, pos: int) -> int:
             _step(closers, c)
         pos = at + 1
         ahead[c] = _find(head, c, pos)  # (the other kinds are further on)
+    if closers:
+        raise _Nested
     return pos
+
+
+def _depth_end(head: bytes, pos: int) -> int:
+    """_brackets_end's reading in numpy: the depth outside strings, where it first reaches 0
+    (bracket kinds are not matched here: a nested value's inside is not checked)."""
+    a = np.frombuffer(head, np.uint8)[pos:]
+    inside = (np.cumsum(a == _QUOTE, dtype=np.int64) & 1).astype(bool)
+    opens = ((a == _OPEN_ARRAY) | (a == _OPEN_OBJECT)) & ~inside
+    closes = ((a == _CLOSE_ARRAY) | (a == _CLOSE_OBJECT)) & ~inside
+    depth = np.cumsum(opens, dtype=np.int64) - np.cumsum(closes, dtype=np.int64)
+    zero = np.flatnonzero(depth == 0)
+    if not zero.size:
+        raise _Unread  # not closed
+    end = pos + int(zero[0]) + 1
+    if head.find(b"\\", pos, end) >= 0:
+        raise _Escaped
+    return end
 
 
 def _strings_end(head: bytes, pos: int) -> int:

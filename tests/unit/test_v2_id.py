@@ -153,3 +153,15 @@ def test_generated_bodies_read_as_the_full_parse_reads_them(seed: int) -> None:
         head = json.dumps(doc, ensure_ascii=rng.random() < 0.5, indent=indent).encode()
         for request_id in (None, "id", rng.choice(IDS)):
             _same(with_id(head, request_id), _full_parse(head, request_id))
+
+
+@pytest.mark.parametrize("text", ["a", "]}[{", 'q\\"]'])
+def test_data_as_nested_lists_is_skipped_whole(text: str) -> None:
+    """Hundreds of brackets (past the ones read one by one), strings holding brackets."""
+    rows = [[i, text if i > 300 else "a", {"id": "nested", "x": [[]]}] for i in range(400)]
+    for doc in ({"outputs": [{"data": rows}], "id": "old"}, {"id": "old", "data": rows}):
+        head = json.dumps(doc).encode()
+        for request_id in (None, "old", 'ne"w'):
+            _same(with_id(head, request_id), _full_parse(head, request_id))
+    head = json.dumps({"data": rows}).encode()
+    assert with_id(head + b"]", "x") is None and with_id(head[:-2] + b"}", "x") is None
