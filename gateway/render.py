@@ -176,16 +176,18 @@ def _render(entry: CacheEntry, framing: Framing) -> Rendered | None:
     if not answer_type_fits(entry.kind, _content_type(entry)):
         return None  # (stored by a sidecar of an older version: never replayed)
     stream, include_usage = framing.stream, framing.include_usage
-    if framing.continuous_usage and framing.kind in _OPENAI_KINDS:
-        if entry.events is None:
-            return None
-        events = entry.events if framing.obfuscation else obfuscation.stripped(entry.events)
-        return openai_sse.join_events(events), replayable(entry.headers, entry.status)
     body: bytes | None
     ctype: str | None = None
     codec = convertible(entry.kind)  # per kind: openai_sse for chat/completions, anthropic_sse
     usage_rules = entry.kind in _OPENAI_KINDS
-    if entry.events is not None:
+    if framing.continuous_usage and framing.kind in _OPENAI_KINDS:
+        # usage on every chunk: keyed with its options, so replayed as recorded (never made
+        # from a stored body, which has no per-chunk usage to give)
+        if entry.events is None:
+            return None
+        events = entry.events if framing.obfuscation else obfuscation.stripped(entry.events)
+        body = openai_sse.join_events(events)
+    elif entry.events is not None:
         if stream or codec is None:
             events = entry.events
             if usage_rules and stream:
