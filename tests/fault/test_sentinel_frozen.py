@@ -17,7 +17,7 @@ import pytest
 from tests.fault.test_redis_modes import NOUNS, chat, exact_shared, load, semantic_shared
 from tests.integration.cache.conftest import ADMIN_TOKEN
 from tests.semantic.test_gateway import semantic_config
-from tests.support.redis_topologies import MASTER, RedisSentinelServers, cli
+from tests.support.redis_topologies import MASTER, RedisSentinelServers, cli, started_sentinels
 from tests.support.servers import GatewayProcess, RedisServer, ServerThread
 
 pytestmark = pytest.mark.slow
@@ -26,15 +26,8 @@ GIVE_UP_S = 60.0
 
 @pytest.fixture
 def sentinel() -> Iterator[RedisSentinelServers]:
-    topo = RedisSentinelServers().start()
-    try:
+    with started_sentinels() as topo:
         yield topo
-    finally:
-        procs = [s.proc for s in (topo.primary, topo.replica) if s is not None]
-        for proc in [*procs, *(p for _, p, _ in topo.sentinels)]:
-            if proc is not None and proc.poll() is None:  # a frozen one is woken, then stopped
-                os.kill(proc.pid, signal.SIGCONT)
-        topo.stop()
 
 
 def _frozen_pid(pid: int) -> bool:

@@ -10,11 +10,13 @@ redis-sentinel, with short failure timeouts so a failover takes seconds, not the
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tests.support.servers import RedisServer, free_port, wait_port
@@ -232,3 +234,18 @@ class RedisSentinelServers:
             if s is not None:
                 with contextlib.suppress(Exception):
                     s.stop()
+
+
+@contextlib.contextmanager
+def started_sentinels() -> Iterator[RedisSentinelServers]:
+    """A started sentinel topology, stopped at the end: a process a test froze (SIGSTOP) is woken
+    first, or its stop would wait on it."""
+    topo = RedisSentinelServers().start()
+    try:
+        yield topo
+    finally:
+        procs = [s.proc for s in (topo.primary, topo.replica) if s is not None]
+        for proc in [*procs, *(p for _, p, _ in topo.sentinels)]:
+            if proc is not None and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+        topo.stop()

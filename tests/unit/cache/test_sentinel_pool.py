@@ -16,22 +16,15 @@ import pytest
 from cache.keys import Selector
 from cache.metrics import CacheMetrics
 from cache.tiers.redis import RedisTier
-from tests.support.redis_topologies import MASTER, RedisSentinelServers, cli
+from tests.support.redis_topologies import MASTER, RedisSentinelServers, cli, started_sentinels
 from tests.unit.cache.conftest import redis_settings
 from tests.unit.cache.test_cluster_frozen_primary import _entry, _frozen, _get, _sync, _until
 
 
 @pytest.fixture
 def sentinel() -> Iterator[RedisSentinelServers]:
-    topo = RedisSentinelServers().start()
-    try:
+    with started_sentinels() as topo:
         yield topo
-    finally:
-        procs = [s.proc for s in (topo.primary, topo.replica) if s is not None]
-        for proc in [*procs, *(p for _, p, _ in topo.sentinels)]:
-            if proc is not None and proc.poll() is None:  # a frozen one is woken, then stopped
-                os.kill(proc.pid, signal.SIGCONT)
-        topo.stop()
 
 
 def _askers(port: int) -> int:
