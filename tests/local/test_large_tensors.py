@@ -161,7 +161,7 @@ def test_healthz_answers_while_typed_grpc_contents_are_read(gw: ServerThread) ->
         reply = future.result()
     assert list(reply.outputs[0].shape) == [1, 1]
     assert np.frombuffer(reply.raw_output_contents[0], "<i4").tolist() == [int(x.sum())]
-    assert answered >= 10, answered
+    assert answered > 4, answered  # 3-4 before (the loop held); 9-30 since, on a loaded machine
 
 
 def test_typed_fp32_contents_arrive_bit_for_bit_over_grpc(gw: ServerThread) -> None:
